@@ -1,0 +1,42 @@
+"""celery-redislock: cluster-wide concurrency limits and singletons for Celery tasks.
+
+Example::
+
+    from celery import Celery
+    from celery_redislock import LimitedTask, SingletonTask
+
+    app = Celery("proj", broker="redis://localhost:6379/0")
+
+    @app.task(base=LimitedTask, lock_slots=2)
+    def crawl(url): ...
+
+    @app.task(base=SingletonTask)
+    def rebuild_index(): ...
+"""
+
+from .errors import (
+    LockConfigurationError,
+    LockKeyError,
+    LockStoreUnavailable,
+    LockTimeout,
+    LockWaitTimeout,
+    RedisLockError,
+)
+from .semaphore import Busy, Lease, Semaphore
+from .task import LimitedTask, SingletonTask
+
+__all__ = [
+    "Busy",
+    "Lease",
+    "LimitedTask",
+    "LockConfigurationError",
+    "LockKeyError",
+    "LockStoreUnavailable",
+    "LockTimeout",
+    "LockWaitTimeout",
+    "RedisLockError",
+    "Semaphore",
+    "SingletonTask",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,37 @@
+"""Exceptions raised by celery-redislock."""
+
+from __future__ import annotations
+
+
+class RedisLockError(Exception):
+    """Base class of every error this package raises."""
+
+
+class LockConfigurationError(RedisLockError, ValueError):
+    """A limit is configured wrongly: raised when the task is defined, never in a worker.
+
+    The message names the task (or setting) and the problem, for example::
+
+        Task 'proj.tasks.sync': lock_key 'customer:{custmer_id}' names argument
+        'custmer_id', which the task does not take (it takes: customer_id, full)
+    """
+
+
+class LockKeyError(RedisLockError):
+    """The semaphore name could not be built from a task's arguments at run time."""
+
+
+class LockWaitTimeout(RedisLockError):
+    """A task waited longer than its ``lock_max_wait`` for a free slot and gave up.
+
+    The task fails with this exception; its message names the task, the semaphore and
+    how long it waited.
+    """
+
+
+class LockTimeout(RedisLockError):
+    """A blocking :meth:`Semaphore.acquire` used as a context manager found no free slot in time."""
+
+
+class LockStoreUnavailable(RedisLockError):
+    """The Redis server that holds the semaphores could not be reached."""

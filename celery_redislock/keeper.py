@@ -1,0 +1,171 @@
+"""Background renewal of held leases, one thread per process, safe across ``fork``.
+
+Celery's prefork pool forks its children after the worker has started, and threads do
+not survive a fork: so the keeper is made lazily, in the process that first needs it, and
+forgotten in a forked child (``os.register_at_fork``), which then makes its own. The same
+code serves the prefork, threads and solo pools and plain Python programs.
+
+A lease is renewed every third of its length. When Redis cannot be reached the keeper
+retries sooner; once a lease's time is certainly up without a successful renewal, or
+a renewal finds the lease gone, the lease is marked ``lost``, an error is logged, and
+the ``on_lost`` callbacks run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+from .semaphore import Lease
+
+logger = logging.getLogger(__name__)
+
+LostCallback = Callable[[Lease], None]
+
+
+@dataclass
+class _Kept:
+    lease: Lease
+    due: float
+    last_renewed: float
+    on_lost: List[LostCallback] = field(default_factory=list)
+
+
+class LeaseKeeper:
+    """Keeps leases alive until they are forgotten.
+
+    Example::
+
+        keeper = lease_keeper()
+        keeper.keep(lease, on_lost=lambda lease: log.error("lost %s", lease.name))
+        try:
+            work()
+        finally:
+            keeper.forget(lease)
+            lease.release()
+    """
+
+    def __init__(self) -> None:
+        self._kept: Dict[str, _Kept] = {}
+        self._wakeup = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+
+    def keep(self, lease: Lease, on_lost: Optional[LostCallback] = None) -> None:
+        """Renew ``lease`` in the background from now on."""
+        now = time.monotonic()
+        with self._wakeup:
+            self._kept[lease.token] = _Kept(
+                lease=lease,
+                due=now + lease.lease_seconds / 3,
+                last_renewed=now,
+                on_lost=[on_lost] if on_lost else [],
+            )
+            self._ensure_thread()
+            self._wakeup.notify()
+
+    def forget(self, lease: Lease) -> None:
+        """Stop renewing ``lease`` (it is about to be released, or was lost)."""
+        with self._wakeup:
+            self._kept.pop(lease.token, None)
+
+    def kept(self) -> List[Lease]:
+        """The leases being renewed now."""
+        with self._wakeup:
+            return [entry.lease for entry in self._kept.values()]
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="celery-redislock-keeper", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                due = self._due_now()
+                if not due:
+                    self._wakeup.wait(timeout=self._seconds_to_next())
+                    continue
+            for entry in due:
+                self._renew(entry)
+
+    def _due_now(self) -> List[_Kept]:
+        now = time.monotonic()
+        return [entry for entry in self._kept.values() if entry.due <= now]
+
+    def _seconds_to_next(self) -> float:
+        if not self._kept:
+            return 60.0
+        return max(0.0, min(entry.due for entry in self._kept.values()) - time.monotonic())
+
+    def _renew(self, entry: _Kept) -> None:
+        lease = entry.lease
+        started = time.monotonic()
+        try:
+            renewed = lease.renew()
+        except Exception as exc:  # Redis down or slow: the lease may still be alive
+            if started - entry.last_renewed >= lease.lease_seconds:
+                lease.lost = True
+                self._report_lost(entry, f"Redis unreachable for a whole lease: {exc!r}")
+                return
+            retry_in = min(1.0, lease.lease_seconds / 10)
+            logger.warning(
+                "celery-redislock: could not renew the lease on %r (%r); retrying in %.1f s",
+                lease.name, exc, retry_in,
+            )
+            self._reschedule(entry, started + retry_in)
+            return
+        if not renewed:
+            self._report_lost(entry, "the lease had already ended when renewed")
+            return
+        entry.last_renewed = started
+        self._reschedule(entry, started + lease.lease_seconds / 3)
+
+    def _reschedule(self, entry: _Kept, due: float) -> None:
+        with self._wakeup:
+            if entry.lease.token in self._kept:
+                entry.due = due
+
+    def _report_lost(self, entry: _Kept, why: str) -> None:
+        with self._wakeup:
+            still_kept = self._kept.pop(entry.lease.token, None) is not None
+        if not still_kept:
+            return  # released meanwhile: nothing was lost
+        logger.error(
+            "celery-redislock: LEASE LOST on %r (fence %s): %s; the slot may now be held "
+            "by another holder while this one still runs",
+            entry.lease.name, entry.lease.fence, why,
+        )
+        for callback in entry.on_lost:
+            try:
+                callback(entry.lease)
+            except Exception:
+                logger.exception("celery-redislock: a lease-lost callback failed")
+
+
+_keeper: Optional[LeaseKeeper] = None
+_keeper_guard = threading.Lock()
+
+
+def lease_keeper() -> LeaseKeeper:
+    """This process's :class:`LeaseKeeper`, made on first use."""
+    global _keeper
+    if _keeper is None:
+        with _keeper_guard:
+            if _keeper is None:
+                _keeper = LeaseKeeper()
+    return _keeper
+
+
+def _forget_parent_keeper() -> None:
+    global _keeper, _keeper_guard
+    _keeper = None
+    _keeper_guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_keeper)

@@ -1,0 +1,46 @@
+"""The Lua scripts of the engine, loaded from the ``.lua`` files beside this module.
+
+Each script is sent once per connection pool with ``EVALSHA``; when the server does not
+know it yet (first use, or after a restart or ``SCRIPT FLUSH``) it is sent whole with
+``EVAL``, which also caches it. Either way one call is one round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from typing import Any, Sequence
+
+from redis.exceptions import NoScriptError
+
+
+class LuaScript:
+    """A Lua script file, run atomically on the Redis server.
+
+    Example::
+
+        script = LuaScript.load("release.lua")
+        released = script.run(client, keys=[holders, details], args=[token])
+    """
+
+    def __init__(self, name: str, source: str) -> None:
+        self.name = name
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    @classmethod
+    def load(cls, filename: str) -> LuaScript:
+        source = resources.files(__package__).joinpath("lua", filename).read_text("utf-8")
+        return cls(filename, source)
+
+    def run(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run the script on ``client`` (a redis-py client or pipeline-free cluster client)."""
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return client.eval(self.source, len(keys), *keys, *args)
+
+
+ACQUIRE = LuaScript.load("acquire.lua")
+RELEASE = LuaScript.load("release.lua")
+RENEW = LuaScript.load("renew.lua")

@@ -1,0 +1,195 @@
+"""The leased semaphore against a real redis-server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from celery_redislock import Lease, LockConfigurationError, LockTimeout, Semaphore
+from celery_redislock.keys import redis_keys
+
+
+def wait_until(predicate, timeout=10.0, interval=0.01):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)
+
+
+def test_admits_up_to_slots_then_refuses(redis_client):
+    sem = Semaphore(redis_client, "crawler", slots=2, lease=10)
+    first, second = sem.acquire(), sem.acquire()
+    assert isinstance(first, Lease) and isinstance(second, Lease)
+    assert sem.acquire() is None
+    assert sem.holders() == 2
+    busy = sem.attempt()
+    assert busy.holders == 2 and busy.slots == 2
+    assert 9.0 < busy.retry_hint <= 10.0
+    sem.release(first)
+    third = sem.acquire()
+    assert third is not None
+
+
+def test_many_threads_never_exceed_slots(redis_server, redis_client):
+    slots, threads, rounds = 3, 12, 40
+    inside = 0
+    peak = 0
+    guard = threading.Lock()
+    acquired_total = []
+
+    def worker():
+        nonlocal inside, peak
+        client = redis_server.client()
+        sem = Semaphore(client, "hammered", slots=slots, lease=10)
+        done = 0
+        while done < rounds:
+            lease = sem.acquire()
+            if lease is None:
+                continue
+            with guard:
+                inside += 1
+                peak = max(peak, inside)
+            time.sleep(0.001)
+            with guard:
+                inside -= 1
+            assert sem.release(lease)
+            done += 1
+        acquired_total.append(done)
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(timeout=120)
+    assert sum(acquired_total) == threads * rounds
+    assert peak == slots  # reached, never exceeded
+    assert redis_client.keys("*") == []  # idle semaphore leaves nothing behind
+
+
+def test_expired_lease_frees_its_slot(redis_client):
+    sem = Semaphore(redis_client, "short", slots=1, lease=0.3)
+    crashed = sem.acquire()  # never renewed nor released: as if its process died
+    assert crashed is not None
+    assert sem.acquire() is None
+    wait_until(lambda: sem.holders() == 0, timeout=5)
+    successor = sem.acquire()
+    assert successor is not None
+    assert successor.fence > crashed.fence
+    assert sem.release(crashed) is False  # the dead holder cannot free the successor's slot
+    assert sem.holders() == 1
+
+
+def test_renewal_keeps_the_slot_beyond_its_lease(redis_client):
+    sem = Semaphore(redis_client, "renewed", slots=1, lease=0.5)
+    lease = sem.acquire(keep_alive=True)
+    try:
+        time.sleep(1.6)  # more than 3 leases: only renewal explains still holding it
+        assert sem.acquire() is None
+        assert not lease.lost
+    finally:
+        assert sem.release(lease)
+    assert sem.acquire() is not None
+
+
+def test_manual_renew_and_lost_lease(redis_client):
+    sem = Semaphore(redis_client, "manual", slots=1, lease=0.2)
+    lease = sem.acquire()
+    before = lease.expires_at_ms
+    time.sleep(0.05)
+    assert sem.renew(lease)
+    assert lease.expires_at_ms > before
+    wait_until(lambda: sem.holders() == 0, timeout=5)
+    assert sem.renew(lease) is False
+    assert lease.lost
+
+
+def test_release_is_idempotent_and_owner_checked(redis_client):
+    sem = Semaphore(redis_client, "owned", slots=1, lease=10)
+    lease = sem.acquire()
+    stranger = Lease(name="owned", token="not-a-holder", fence=0, lease_seconds=10,
+                     acquired_at_ms=0, expires_at_ms=0, _client=redis_client, _keys=sem.keys)
+    assert sem.release(stranger) is False
+    assert sem.holders() == 1
+    assert sem.release(lease) is True
+    assert sem.release(lease) is False
+    assert sem.holders() == 0
+
+
+def test_fencing_numbers_increase(redis_client):
+    sem = Semaphore(redis_client, "fenced", slots=3, lease=10)
+    fences, held = [], []
+    for _ in range(20):
+        lease = sem.acquire()
+        fences.append(lease.fence)
+        held.append(lease)
+        if len(held) == 3:  # all released: the idle key is deleted, numbers still rise
+            for lease in held:
+                sem.release(lease)
+            held.clear()
+    assert fences == sorted(fences) and len(set(fences)) == len(fences)
+
+
+def test_blocking_acquire_waits_for_release(redis_client):
+    sem = Semaphore(redis_client, "blocking", slots=1, lease=10)
+    held = sem.acquire()
+    threading.Timer(0.3, sem.release, args=(held,)).start()
+    started = time.monotonic()
+    lease = sem.acquire(blocking=True, timeout=5)
+    assert lease is not None
+    assert 0.2 < time.monotonic() - started < 5
+    assert sem.acquire(blocking=True, timeout=0.2) is None
+
+
+def test_context_manager_holds_and_releases(redis_client):
+    sem = Semaphore(redis_client, "context", slots=1, lease=10)
+    with sem as lease:
+        assert isinstance(lease, Lease)
+        assert sem.acquire() is None
+        with pytest.raises(LockTimeout):
+            with sem.hold(timeout=0.1):
+                pass
+    assert sem.holders() == 0
+    with sem.hold(timeout=1) as lease:
+        assert sem.holders() == 1
+
+
+def test_repeated_acquire_with_same_token_takes_one_slot(redis_client):
+    """A client that lost the reply of an acquire may repeat it safely."""
+    from celery_redislock.scripts import ACQUIRE
+
+    sem = Semaphore(redis_client, "repeat", slots=2, lease=10)
+    for _ in range(3):
+        reply = ACQUIRE.run(redis_client, sem.keys, ["tok", 10000, "", 2])
+        assert reply[0] == 1
+    assert sem.holders() == 1
+
+
+def test_keys_share_a_cluster_slot_and_are_bounded():
+    holders, details = redis_keys("x" * 5000 + "{evil}")
+    tag = holders[holders.index("{") + 1: holders.index("}")]
+    assert tag == details[details.index("{") + 1: details.index("}")]
+    assert len(tag) == 16 and all(c in "0123456789abcdef" for c in tag)
+    assert len(holders) < 200
+    assert redis_keys("a" * 200 + "1") != redis_keys("a" * 200 + "2")
+
+
+def test_script_reloads_after_script_flush(redis_client):
+    sem = Semaphore(redis_client, "flushed", slots=1, lease=10)
+    sem.release(sem.acquire())
+    redis_client.script_flush()
+    assert sem.acquire() is not None
+
+
+@pytest.mark.parametrize("slots", [0, -1, 1.5, "2", True, None])
+def test_bad_slots_are_refused(redis_client, slots):
+    with pytest.raises(LockConfigurationError, match="slots must be a positive integer"):
+        Semaphore(redis_client, "bad", slots=slots)
+
+
+@pytest.mark.parametrize("lease", [0, -1, "10", None])
+def test_bad_lease_is_refused(redis_client, lease):
+    with pytest.raises(LockConfigurationError, match="lease must be a positive number"):
+        Semaphore(redis_client, "bad", lease=lease)
