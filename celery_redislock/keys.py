@@ -108,7 +108,7 @@ class KeyTemplate:
 
     def _check_fields(self, template: str, signature: inspect.Signature) -> None:
         try:
-            fields = [field for _, field, _, _ in string.Formatter().parse(template)]
+            parsed = list(string.Formatter().parse(template))
         except ValueError as exc:
             raise LockConfigurationError(
                 f"{self.owner}: lock_key {template!r} is not a valid template: {exc}"
@@ -121,9 +121,14 @@ class KeyTemplate:
             name for name, p in parameters.items()
             if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         ]
-        for field in fields:
+        for _, field, _, conversion in parsed:
             if field is None:
                 continue
+            if conversion not in (None, "r", "s", "a"):
+                raise LockConfigurationError(
+                    f"{self.owner}: lock_key {template!r} has an unknown conversion "
+                    f"!{conversion} (use !r, !s or !a)"
+                )
             root = _field_root(field)
             if not root or root.isdigit():
                 example = accepted[0] if accepted else "argument_name"

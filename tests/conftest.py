@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+# pytest-celery 1.x replaces the classic in-process ``celery_worker`` fixture with one that
+# needs a Docker engine; bring the classic one (celery.contrib.pytest) back for our tests.
+from celery.contrib.pytest import celery_worker  # noqa: F401
 from redis_process import RedisServer
 
 

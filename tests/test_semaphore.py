@@ -148,9 +148,8 @@ def test_context_manager_holds_and_releases(redis_client):
     with sem as lease:
         assert isinstance(lease, Lease)
         assert sem.acquire() is None
-        with pytest.raises(LockTimeout):
-            with sem.hold(timeout=0.1):
-                pass
+        with pytest.raises(LockTimeout), sem.hold(timeout=0.1):
+            pass
     assert sem.holders() == 0
     with sem.hold(timeout=1) as lease:
         assert sem.holders() == 1

@@ -1,0 +1,259 @@
+"""LimitedTask and SingletonTask in a real (in-process) Celery worker, with a real Redis.
+
+Uses pytest-celery's classic ``celery_app`` / ``celery_worker`` fixtures: the worker runs
+the solo pool in a thread of this process, against a private redis-server that serves as
+broker, result backend and lock store (one database each).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+from celery import Celery
+from celery.exceptions import Ignore, Reject
+from celery.signals import task_prerun
+
+from celery_redislock import (
+    LimitedTask,
+    LockConfigurationError,
+    LockStoreUnavailable,
+    LockWaitTimeout,
+    Semaphore,
+    SingletonTask,
+)
+
+LOCK_DB, BROKER_DB, BACKEND_DB = 0, 1, 2
+FAST_RETRY = {"lock_retry_backoff": 0.02, "lock_retry_backoff_max": 0.05}
+
+
+@pytest.fixture(scope="session")
+def celery_config(redis_server):
+    base = f"redis://127.0.0.1:{redis_server.port}"
+    return {
+        "broker_url": f"{base}/{BROKER_DB}",
+        "result_backend": f"{base}/{BACKEND_DB}",
+        "redislock_url": f"{base}/{LOCK_DB}",
+        "task_serializer": "json",
+        "result_serializer": "json",
+    }
+
+
+@pytest.fixture
+def lock_client(redis_server):
+    client = redis_server.client(db=LOCK_DB)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def deliveries():
+    """Counts, per task id, how many times a worker started a run (contended or not)."""
+    seen: Counter = Counter()
+
+    def count(task_id=None, **_):
+        seen[task_id] += 1
+
+    task_prerun.connect(count, weak=False)
+    yield seen
+    task_prerun.disconnect(count)
+
+
+def wait_until(predicate, timeout=15.0, interval=0.01, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def holders(lock_client, name):
+    return Semaphore(lock_client, name).holders()
+
+
+def test_body_runs_holding_a_slot_which_is_released(celery_app, celery_worker, lock_client):
+    @celery_app.task(base=LimitedTask, lock_slots=2, bind=True, shared=False)
+    def crawl(self, url):
+        lease = self.request.redislock_lease
+        return [url, holders(lock_client, self.name), lease.fence > 0]
+
+    celery_worker.reload()
+    assert crawl.delay("a").get(timeout=10) == ["a", 1, True]
+    assert holders(lock_client, crawl.name) == 0
+    assert lock_client.keys("*") == []
+
+
+def test_contention_neither_uses_retry_budget_nor_shows_in_retries(
+    celery_app, celery_worker, lock_client, deliveries
+):
+    own_retries_seen = []
+
+    @celery_app.task(base=LimitedTask, lock_key="budget", bind=True, max_retries=3,
+                     shared=False, **FAST_RETRY)
+    def patient(self):
+        own_retries_seen.append(self.request.retries)
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)  # the task's own retry logic still works
+        return self.request.retries
+
+    celery_worker.reload()
+    blocker = Semaphore(lock_client, "budget", slots=1, lease=30)
+    held = blocker.acquire()
+    result = patient.delay()
+    wait_until(lambda: deliveries[result.id] >= 12, what="12 contended deliveries")
+    assert own_retries_seen == []  # the body never ran while the slot was taken
+    blocker.release(held)
+    assert result.get(timeout=10) == 1
+    assert own_retries_seen == [0, 1]
+    assert holders(lock_client, "budget") == 0
+
+
+def test_released_when_the_body_fails(celery_app, celery_worker, lock_client):
+    @celery_app.task(base=SingletonTask, shared=False)
+    def broken():
+        raise ValueError("boom")
+
+    celery_worker.reload()
+    for _ in range(3):  # would wait forever on the second call if the slot leaked
+        with pytest.raises(ValueError, match="boom"):
+            broken.delay().get(timeout=10)
+    assert holders(lock_client, broken.name) == 0
+
+
+@pytest.mark.parametrize("ending", [Ignore, lambda: Reject("no", requeue=False)])
+def test_released_when_the_body_ignores_or_rejects(celery_app, celery_worker, lock_client,
+                                                   ending):
+    ran = threading.Event()
+
+    @celery_app.task(base=LimitedTask, lock_key="ends", shared=False)
+    def ends():
+        ran.set()
+        raise ending()
+
+    @celery_app.task(base=LimitedTask, lock_key="ends", shared=False, **FAST_RETRY)
+    def after():
+        return "ran"
+
+    celery_worker.reload()
+    ends.delay()
+    assert ran.wait(10)
+    wait_until(lambda: holders(lock_client, "ends") == 0, what="slot released")
+    assert after.delay().get(timeout=10) == "ran"
+
+
+def test_per_key_limit_binds_arguments_by_name(celery_app, celery_worker, lock_client):
+    @celery_app.task(base=LimitedTask, lock_key="customer:{customer_id}", bind=True,
+                     shared=False)
+    def sync_customer(self, customer_id, full=False):
+        return self.request.redislock_lease.name
+
+    celery_worker.reload()
+    assert sync_customer.delay(5).get(timeout=10) == "customer:5"
+    assert sync_customer.delay(customer_id=5, full=True).get(timeout=10) == "customer:5"
+
+
+def test_gives_up_after_lock_max_wait(celery_app, celery_worker, lock_client):
+    @celery_app.task(base=LimitedTask, lock_key="max-wait", lock_max_wait=0.3,
+                     shared=False, **FAST_RETRY)
+    def impatient():
+        return "ran"
+
+    celery_worker.reload()
+    held = Semaphore(lock_client, "max-wait").acquire()
+    started = time.monotonic()
+    with pytest.raises(LockWaitTimeout, match="max-wait"):
+        impatient.delay().get(timeout=10)
+    assert time.monotonic() - started >= 0.3
+    Semaphore(lock_client, "max-wait").release(held)
+
+
+def test_unreachable_lock_store_fails_closed(celery_app, celery_worker, own_redis_server,
+                                             deliveries):
+    """With the lock store down, tasks wait (re-queued), never run unlimited nor vanish."""
+    celery_app.conf.redislock_url = own_redis_server.url
+    ran = threading.Event()
+
+    @celery_app.task(base=LimitedTask, shared=False, **FAST_RETRY)
+    def guarded():
+        ran.set()
+        return "ran"
+
+    celery_worker.reload()
+    own_redis_server.stop()
+    result = guarded.delay()
+    wait_until(lambda: deliveries[result.id] >= 3, what="deliveries while Redis is down")
+    assert not ran.is_set()
+    own_redis_server.start()
+    assert result.get(timeout=15) == "ran"
+
+
+def test_eager_apply_takes_a_slot_and_waits_for_one(celery_app, lock_client):
+    @celery_app.task(base=LimitedTask, lock_key="eager", bind=True, lock_max_wait=0.2,
+                     shared=False)
+    def eager(self):
+        return holders(lock_client, "eager")
+
+    assert eager.apply().get() == 1
+    held = Semaphore(lock_client, "eager").acquire()
+    with pytest.raises(LockWaitTimeout, match="eager"):
+        eager.apply().get()
+    threading.Timer(0.1, Semaphore(lock_client, "eager").release, args=(held,)).start()
+    assert eager.apply().get() == 1  # the held slot comes back within the wait
+
+
+def test_switched_off_and_direct_calls_never_touch_redis():
+    app = Celery("offline", set_as_current=False)
+    app.conf.redislock_url = "redis://127.0.0.1:1/0"  # nothing listens there
+    app.conf.task_always_eager = True
+
+    @app.task(base=LimitedTask, lock_slots=1, shared=False)
+    def plain(x):
+        return x * 2
+
+    assert plain(21) == 42  # a direct call is a function call: no limit
+    with pytest.raises(LockStoreUnavailable):
+        plain.delay(1).get()
+    app.conf.redislock_enabled = False  # for unit tests: limits off, Redis never called
+
+    @app.task(base=LimitedTask, lock_slots=1, shared=False)
+    def unlimited(x):
+        return x * 2
+
+    assert unlimited.delay(2).get() == 4
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lock_slots": 0}, "lock_slots must be a positive integer"),
+        ({"lock_slots": "2"}, "lock_slots must be a positive integer"),
+        ({"lock_key": "c:{nope}"}, "names argument 'nope'"),
+        ({"lock_key": "c:{customer_id"}, "not a valid template"),
+        ({"lock_lease": -1}, "lock_lease must be a positive number"),
+        ({"lock_max_wait": "soon"}, "lock_max_wait must be a number"),
+    ],
+)
+def test_bad_options_fail_when_the_task_is_defined(options, message):
+    app = Celery("definitions", set_as_current=False)
+
+    def sync_customer(customer_id):
+        pass
+
+    with pytest.raises(LockConfigurationError, match=message) as caught:
+        app.task(base=LimitedTask, shared=False, name="proj.sync", **options)(sync_customer)
+        app.finalize()
+    assert "proj.sync" in str(caught.value)
+
+
+def test_singleton_refuses_more_slots():
+    app = Celery("singleton", set_as_current=False)
+
+    def rebuild_index():
+        pass
+
+    with pytest.raises(LockConfigurationError, match="exactly one slot"):
+        app.task(base=SingletonTask, lock_slots=2, shared=False, name="x")(rebuild_index)
+        app.finalize()
