@@ -14,6 +14,7 @@ Example::
     def rebuild_index(): ...
 """
 
+from .admission import Busy, Lease, RateLimited
 from .errors import (
     LockConfigurationError,
     LockKeyError,
@@ -22,7 +23,9 @@ from .errors import (
     LockWaitTimeout,
     RedisLockError,
 )
-from .semaphore import Busy, Lease, Semaphore
+from .rate import Rate
+from .rate_limiter import RateLimiter
+from .semaphore import Semaphore
 from .task import LimitedTask, SingletonTask
 
 __all__ = [
@@ -34,6 +37,9 @@ __all__ = [
     "LockStoreUnavailable",
     "LockTimeout",
     "LockWaitTimeout",
+    "Rate",
+    "RateLimited",
+    "RateLimiter",
     "RedisLockError",
     "Semaphore",
     "SingletonTask",

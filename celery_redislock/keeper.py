@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from .semaphore import Lease
+from .admission import Lease
 
 logger = logging.getLogger(__name__)
 

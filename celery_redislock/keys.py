@@ -178,6 +178,18 @@ def name_digest(name: str) -> str:
     return hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+def _readable(name: str) -> str:
+    return name if len(name) <= READABLE_NAME_LENGTH else name[:READABLE_NAME_LENGTH] + "~"
+
+
+def rate_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The Redis key of the rate limiter ``name``: ``{prefix}{<digest>}:r:<name>``.
+
+    It shares its hash slot with the semaphore of the same name.
+    """
+    return f"{prefix}{{{name_digest(name)}}}:r:{_readable(name)}"
+
+
 def redis_keys(name: str, prefix: str = DEFAULT_PREFIX) -> Tuple[str, str]:
     """The two Redis keys of the semaphore ``name``: its holders and its details.
 
@@ -187,6 +199,5 @@ def redis_keys(name: str, prefix: str = DEFAULT_PREFIX) -> Tuple[str, str]:
         >>> redis_keys("customer:42")
         ('redislock:{85280b862f4ca735}:h:customer:42', 'redislock:{85280b862f4ca735}:d:customer:42')
     """
-    readable = name if len(name) <= READABLE_NAME_LENGTH else name[:READABLE_NAME_LENGTH] + "~"
     base = f"{prefix}{{{name_digest(name)}}}"
-    return f"{base}:h:{readable}", f"{base}:d:{readable}"
+    return f"{base}:h:{_readable(name)}", f"{base}:d:{_readable(name)}"

@@ -41,6 +41,6 @@ class LuaScript:
             return client.eval(self.source, len(keys), *keys, *args)
 
 
-ACQUIRE = LuaScript.load("acquire.lua")
+ADMIT = LuaScript.load("admit.lua")
 RELEASE = LuaScript.load("release.lua")
 RENEW = LuaScript.load("renew.lua")

@@ -10,68 +10,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, Iterator, List, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
+from .admission import Busy, Lease, RateLimited, SlotLimit, admit
 from .errors import LockConfigurationError, LockTimeout
-from .keys import DEFAULT_PREFIX, check_prefix, redis_keys
-from .scripts import ACQUIRE, RELEASE, RENEW
+from .keys import DEFAULT_PREFIX, check_prefix
 
 DEFAULT_LEASE = 30.0
-
-
-@dataclass
-class Lease:
-    """One holder's slot in a semaphore: what :meth:`Semaphore.acquire` hands out.
-
-    ``fence`` is the fencing number of this acquisition: it increases with every
-    acquisition of the same semaphore, so a downstream system that remembers the highest
-    number it has seen can refuse writes from an older holder whose lease ran out while it
-    was paused. ``lost`` turns true when a renewal found that the lease had already ended.
-    """
-
-    name: str
-    token: str
-    fence: int
-    lease_seconds: float
-    acquired_at_ms: int
-    expires_at_ms: int
-    lost: bool = False
-    _client: Any = field(default=None, repr=False, compare=False)
-    _keys: List[str] = field(default_factory=list, repr=False, compare=False)
-
-    def renew(self) -> bool:
-        """Extend the lease by ``lease_seconds`` from now; False (and ``lost``) if it had ended."""
-        lease_end, lost = RENEW.run(
-            self._client, self._keys, [self.token, _milliseconds(self.lease_seconds)]
-        )
-        if lost:
-            self.lost = True
-            return False
-        self.expires_at_ms = int(lease_end)
-        return True
-
-    def release(self) -> bool:
-        """Give the slot back; False if it was no longer held. Safe to call twice."""
-        return bool(RELEASE.run(self._client, self._keys, [self.token]))
-
-
-@dataclass(frozen=True)
-class Busy:
-    """Why an acquire attempt was refused: every slot was taken.
-
-    ``retry_hint`` is the time (seconds) until the earliest current lease ends, which is
-    when a crashed holder's slot would come back; ``average_hold`` is the recent average
-    time holders kept a slot, or None before anyone released one.
-    """
-
-    name: str
-    holders: int
-    slots: int
-    retry_hint: float
-    average_hold: Optional[float]
-    server_time_ms: int
 
 
 class Semaphore:
@@ -118,7 +63,8 @@ class Semaphore:
         self.name = name
         self.slots = check_slots(slots, f"Semaphore {name!r}")
         self.lease = check_lease(lease, f"Semaphore {name!r}")
-        self.keys = list(redis_keys(name, check_prefix(prefix)))
+        self.limit = SlotLimit(name, self.slots, check_prefix(prefix))
+        self.keys = self.limit.keys
         self._held_here = threading.local()
 
     def attempt(self, description: str = "") -> Union[Lease, Busy]:
@@ -126,31 +72,9 @@ class Semaphore:
 
         ``description`` is stored beside the holder for operators (who holds the slot).
         """
-        token = uuid.uuid4().hex
-        reply = ACQUIRE.run(
-            self.client, self.keys, [token, _milliseconds(self.lease), description, self.slots]
-        )
-        if reply[0] == 1:
-            _, now_ms, lease_end, fence = reply[:4]
-            return Lease(
-                name=self.name,
-                token=token,
-                fence=int(fence),
-                lease_seconds=self.lease,
-                acquired_at_ms=int(now_ms),
-                expires_at_ms=int(lease_end),
-                _client=self.client,
-                _keys=self.keys,
-            )
-        _, now_ms, _index, holders, until_first_end, average_hold = reply
-        return Busy(
-            name=self.name,
-            holders=int(holders),
-            slots=self.slots,
-            retry_hint=max(0, int(until_first_end)) / 1000.0,
-            average_hold=None if int(average_hold) < 0 else int(average_hold) / 1000.0,
-            server_time_ms=int(now_ms),
-        )
+        outcome = admit(self.client, [self.limit], lease=self.lease, description=description)
+        assert not isinstance(outcome, RateLimited)
+        return outcome
 
     def acquire(
         self,
@@ -248,10 +172,6 @@ def check_lease(lease: Any, owner: str, option: str = "lease") -> float:
             f"{owner}: {option} must be a positive number of seconds, not {lease!r}"
         )
     return float(lease)
-
-
-def _milliseconds(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 def _server_time_ms(client: Any) -> int:

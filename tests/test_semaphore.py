@@ -157,11 +157,11 @@ def test_context_manager_holds_and_releases(redis_client):
 
 def test_repeated_acquire_with_same_token_takes_one_slot(redis_client):
     """A client that lost the reply of an acquire may repeat it safely."""
-    from celery_redislock.scripts import ACQUIRE
+    from celery_redislock.scripts import ADMIT
 
     sem = Semaphore(redis_client, "repeat", slots=2, lease=10)
     for _ in range(3):
-        reply = ACQUIRE.run(redis_client, sem.keys, ["tok", 10000, "", 2])
+        reply = ADMIT.run(redis_client, sem.keys, ["tok", 10000, "", 1, "s", 2, 0, 0])
         assert reply[0] == 1
     assert sem.holders() == 1
 

@@ -1,4 +1,4 @@
--- Give back the slots one holder token has in N leased semaphores (see acquire.lua).
+-- Give back the slots one holder token has in N leased semaphores (see admit.lua).
 --
 -- KEYS[2i-1], KEYS[2i]  holders and details of semaphore i
 -- ARGV[1]               holder token

@@ -1,4 +1,4 @@
--- Extend one holder's leases in N leased semaphores (see acquire.lua).
+-- Extend one holder's leases in N leased semaphores (see admit.lua).
 --
 -- KEYS[2i-1], KEYS[2i]  holders and details of semaphore i
 -- ARGV[1]               holder token

@@ -1,0 +1,71 @@
+"""A rate limit shared by every process: GCRA on the Redis server's clock."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from .admission import Busy, RateLimit, RateLimited, admit
+from .keys import DEFAULT_PREFIX, check_prefix
+from .rate import Rate
+
+
+class RateLimiter:
+    """At most ``rate`` starts of ``name``, across every process using ``client``.
+
+    Example::
+
+        import redis
+        from celery_redislock import RateLimiter
+
+        partner_api = RateLimiter(redis.Redis(), "partner-api", rate="10/s")
+
+        if partner_api.try_acquire():          # one round trip, never waits
+            call_partner()
+
+        if partner_api.acquire(timeout=5):     # waits for its turn, at most 5 s
+            call_partner()
+
+    A refused caller is promised a start time, and callers that wait are served in the
+    order they were promised; newcomers do not overtake them. A caller that gives up
+    leaves its promised turn unused (the rate dips by one start).
+    """
+
+    def __init__(
+        self, client: Any, name: str, rate: Any, *, burst: int = 1,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.rate = Rate.parse(rate, burst, owner=f"RateLimiter {name!r}")
+        self.limit = RateLimit(name, self.rate, check_prefix(prefix))
+
+    def attempt(self, promise: Optional[int] = None) -> Optional[RateLimited]:
+        """Try once: None when admitted, else :class:`RateLimited` with the promised start."""
+        promises = {self.limit.keys[0]: promise} if promise else None
+        outcome = admit(self.client, [self.limit], lease=1, promises=promises)
+        assert not isinstance(outcome, Busy)
+        return outcome if isinstance(outcome, RateLimited) else None
+
+    def try_acquire(self) -> bool:
+        """True if a start is allowed now (and counted), else False."""
+        return self.attempt() is None
+
+    def acquire(self, timeout: Optional[float] = None) -> bool:
+        """Wait for this caller's turn: True once admitted, False after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        promise: Optional[int] = None
+        while True:
+            refused = self.attempt(promise)
+            if refused is None:
+                return True
+            promise = refused.promise
+            wait = max(refused.wait, 0.001)
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining < wait:
+                    return False
+            time.sleep(wait)
+
+    def __repr__(self) -> str:
+        return f"RateLimiter({self.name!r}, rate={self.rate})"

@@ -1,0 +1,127 @@
+"""The GCRA rate limiter against a real redis-server: boundaries, burst, idle, promises."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from celery_redislock import LockConfigurationError, Rate, RateLimiter
+from celery_redislock.admission import RateLimit, SlotLimit, admit
+
+
+def server_us(client):
+    seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "period"),
+    [("100/m", 100, 60), ("10/s", 10, 1), ("5/10s", 5, 10), ("3/h", 3, 3600),
+     ("2 / 30 sec", 2, 30), ("1/d", 1, 86400), ("0.5/s", 0.5, 1)],
+)
+def test_rate_strings(text, count, period):
+    rate = Rate.parse(text)
+    assert (rate.count, rate.period) == (count, period)
+
+
+@pytest.mark.parametrize("text", ["100", "100/", "/m", "abc/m", "10/fortnight", "0/s", 10, None])
+def test_bad_rate_strings_are_refused(text):
+    with pytest.raises(LockConfigurationError, match="rate"):
+        Rate.parse(text, owner="Task 'x'")
+
+
+@pytest.mark.parametrize("burst", [0, -1, 1.5, "2", True])
+def test_bad_burst_is_refused(burst):
+    with pytest.raises(LockConfigurationError, match="burst must be a positive integer"):
+        Rate.parse("1/s", burst)
+
+
+def test_never_seen_key_admits_at_once(redis_client):
+    assert RateLimiter(redis_client, "fresh", "1/h").try_acquire()
+
+
+def test_exact_spacing_at_the_boundary(redis_client):
+    limiter = RateLimiter(redis_client, "spaced", "10/s")  # one start per 100 ms
+    before = server_us(redis_client)
+    assert limiter.try_acquire()
+    after = server_us(redis_client)
+    refused = limiter.attempt()
+    assert refused is not None
+    assert 0.05 < refused.wait <= 0.1
+    # The refusal promised the next start 100 ms after the first; it is refused until
+    # then, and admitted at that time.
+    assert before + 100_000 <= refused.promise <= after + 100_000
+    while server_us(redis_client) < refused.promise - 2_000:
+        assert limiter.attempt(refused.promise) is not None
+    while server_us(redis_client) < refused.promise:
+        pass
+    assert limiter.attempt(refused.promise) is None
+
+
+def test_burst_admits_back_to_back_then_spaces(redis_client):
+    limiter = RateLimiter(redis_client, "bursty", "2/s", burst=3)
+    assert [limiter.try_acquire() for _ in range(4)] == [True, True, True, False]
+
+
+def test_long_idle_does_not_bank_more_than_the_burst(redis_client):
+    limiter = RateLimiter(redis_client, "idle", "20/s", burst=2)
+    limiter.try_acquire()
+    time.sleep(0.5)  # ten intervals of idleness
+    assert [limiter.try_acquire() for _ in range(3)] == [True, True, False]
+
+
+def test_newcomers_do_not_overtake_promised_waiters(redis_client):
+    limiter = RateLimiter(redis_client, "queue", "5/s")  # 200 ms apart
+    assert limiter.try_acquire()
+    first = limiter.attempt()
+    second = limiter.attempt()
+    assert second.promise - first.promise == 200_000
+    while server_us(redis_client) < first.promise:
+        time.sleep(0.005)
+    assert limiter.attempt() is not None  # a newcomer waits behind the promise line
+    assert limiter.attempt(first.promise) is None  # the promised waiter gets its turn
+
+
+def test_blocking_acquire_achieves_the_rate(redis_client):
+    limiter = RateLimiter(redis_client, "steady", "50/s")  # 20 ms apart
+    starts = []
+    for _ in range(15):
+        assert limiter.acquire(timeout=2)
+        starts.append(server_us(redis_client))
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert min(gaps) >= 19_000
+    assert (starts[-1] - starts[0]) / 14 < 30_000
+
+
+def test_acquire_gives_up_after_timeout(redis_client):
+    limiter = RateLimiter(redis_client, "slow", "1/m")
+    assert limiter.try_acquire()
+    assert limiter.acquire(timeout=0.1) is False
+
+
+def test_state_expires_when_idle(redis_client):
+    limiter = RateLimiter(redis_client, "ttl", "10/s")
+    limiter.try_acquire()
+    ttl = redis_client.pttl(limiter.limit.keys[0])
+    assert 0 < ttl <= 1200
+
+
+def test_slots_and_rate_are_all_or_nothing(redis_client):
+    slots = SlotLimit("both", 1, "redislock:")
+    rate = RateLimit("both", Rate.parse("1/h"), "redislock:")
+    first = admit(redis_client, [slots, rate], lease=10)
+    assert first.fences["both"] > 0
+    first.release()
+    # The rate refuses now: no slot may be left taken by the refused attempt.
+    refused = admit(redis_client, [slots, rate], lease=10)
+    assert refused.__class__.__name__ == "RateLimited"
+    assert redis_client.zcard(slots.keys[0]) == 0
+    # A full semaphore refuses: the rate must not be spent (nor a promise made).
+    other_rate = RateLimit("other", Rate.parse("1/h"), "redislock:")
+    held = admit(redis_client, [slots], lease=10)
+    busy = admit(redis_client, [slots, other_rate], lease=10)
+    assert busy.__class__.__name__ == "Busy"
+    assert redis_client.exists(other_rate.keys[0]) == 0
+    held.release()
+    assert admit(redis_client, [slots, other_rate], lease=10).__class__.__name__ == "Lease"
