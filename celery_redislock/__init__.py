@@ -15,6 +15,7 @@ Example::
 """
 
 from .admission import Busy, Lease, RateLimited
+from .config import check_limits
 from .errors import (
     LockConfigurationError,
     LockKeyError,
@@ -23,6 +24,7 @@ from .errors import (
     LockWaitTimeout,
     RedisLockError,
 )
+from .install import install
 from .rate import Rate
 from .rate_limiter import RateLimiter
 from .semaphore import Semaphore
@@ -43,6 +45,8 @@ __all__ = [
     "RedisLockError",
     "Semaphore",
     "SingletonTask",
+    "check_limits",
+    "install",
 ]
 
 __version__ = "0.1.0"

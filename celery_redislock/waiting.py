@@ -1,26 +1,27 @@
-"""What a task does when it finds no free slot: it goes back to the queue for later.
+"""What a run that was not admitted does: it goes back to the queue for later.
 
-The task is re-published with a countdown, as :meth:`celery.Task.retry` would, but with
-``retries`` unchanged, so waiting for a slot uses none of the task's ``max_retries`` budget
-and does not show in ``self.request.retries``. The run that found the semaphore full then
-ends with :class:`celery.exceptions.Ignore`: no result is stored and no callback runs;
-the re-published copy, which has the same task id, carries on.
+The run is re-published with a countdown, as :meth:`celery.Task.retry` would, but with
+``retries`` unchanged, so waiting uses none of the task's ``max_retries`` budget and does
+not show in ``self.request.retries``. The run that was refused then ends with
+:class:`celery.exceptions.Ignore`: no result is stored and no callback runs; the
+re-published copy, which has the same task id, carries on.
 
-How long it has waited so far travels with the message in the ``redislock_wait`` header,
-measured on the Redis server's clock.
+What the wait has been so far travels with the message in the ``redislock_wait`` header:
+when it started (on the Redis server's clock), how many times the run was refused, and
+the start times rate limiters promised it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping, NoReturn, Optional, Sequence
+from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Union
 
 from celery.exceptions import Ignore
 
+from .admission import Busy, RateLimited
 from .backoff import RetryPolicy
 from .errors import LockWaitTimeout
-from .semaphore import Busy
 
 logger = logging.getLogger(__name__)
 
@@ -35,56 +36,74 @@ DEFAULT_VISIBILITY_TIMEOUT = 3600
 
 PUBLISH_ATTEMPTS = 3
 
+Refusal = Union[Busy, RateLimited, None]
+
 
 def wait_state(request: Any) -> Mapping[str, Any]:
-    """The ``redislock_wait`` header of a request: ``{"since": ms, "attempts": n}``, or {}."""
+    """The ``redislock_wait`` header of a request, or {}.
+
+    ``{"since": ms, "attempts": n, "promises": {rate_key: start_us}}``
+    """
     headers = getattr(request, "headers", None) or {}
     state = headers.get(WAIT_HEADER)
     return state if isinstance(state, dict) else {}
 
 
-def requeue_for_slot(
+def describe(refusal: Refusal) -> str:
+    if isinstance(refusal, Busy):
+        return f"found all {refusal.slots} slot(s) of {refusal.name!r} taken"
+    if isinstance(refusal, RateLimited):
+        return f"is over the rate limit of {refusal.name!r}"
+    return "could not reach the lock store"
+
+
+def requeue(
     task: Any,
     request: Any,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     policy: RetryPolicy,
-    busy: Optional[Busy],
-    reason: str,
+    refusal: Refusal,
 ) -> NoReturn:
     """Re-publish the current run of ``task`` with a countdown, then end it (``Ignore``).
 
-    ``busy`` is what the semaphore said, or None when the lock store could not be reached.
-    Raises :class:`LockWaitTimeout` instead when the task has waited ``policy.max_wait``.
+    ``refusal`` is why it was not admitted: :class:`Busy`, :class:`RateLimited`, or None
+    when the lock store could not be reached. Raises :class:`LockWaitTimeout` instead when
+    the run has waited, or would have to wait, longer than ``policy.max_wait``.
     """
     state = wait_state(request)
     attempts = int(state.get("attempts", 0))
-    since = state.get("since")
-    if since is None and busy is not None:
-        since = busy.server_time_ms
-    waited = (busy.server_time_ms - since) / 1000.0 if busy is not None and since else 0.0
+    promises: Dict[str, int] = dict(state.get("promises") or {})
+    now_ms = refusal.server_time_ms if refusal is not None else None
+    since = state.get("since") or now_ms
+    waited = (now_ms - since) / 1000.0 if now_ms is not None and since else 0.0
 
     ceiling = _visibility_ceiling(task)
+    if isinstance(refusal, RateLimited):
+        promises[refusal.key] = refusal.promise
+        countdown = refusal.wait if ceiling is None else min(refusal.wait, ceiling)
+        must_wait = refusal.wait
+    else:
+        countdown = policy.countdown(attempts, refusal, ceiling)
+        must_wait = 0.0
     if policy.max_wait is not None:
-        left = policy.max_wait - waited
-        if left <= 0:
+        if waited + must_wait >= policy.max_wait and (waited > 0 or must_wait > 0):
+            more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
             raise LockWaitTimeout(
-                f"Task {task.name!r}[{request.id}] waited {waited:.1f} s for a slot of "
-                f"{busy.name if busy else '?'!r}, more than its lock_max_wait of "
-                f"{policy.max_wait} s"
+                f"Task {task.name!r}[{request.id}] {describe(refusal)} and gave up: it "
+                f"waited {waited:.1f} s{more}, beyond its max_wait of {policy.max_wait} s"
             )
-        ceiling = left if ceiling is None else min(ceiling, left)
-    countdown = policy.countdown(attempts, busy, ceiling)
+        countdown = min(countdown, max(policy.max_wait - waited, 0.0))
 
     headers = dict(getattr(request, "headers", None) or {})
-    headers[WAIT_HEADER] = {"since": since, "attempts": attempts + 1}
+    headers[WAIT_HEADER] = {"since": since, "attempts": attempts + 1, "promises": promises}
     signature = task.signature_from_request(
         request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
     )
     _publish(signature)
     logger.info(
         "celery-redislock: task %s[%s] %s; waiting %.2f s (attempt %d)",
-        task.name, request.id, reason, countdown, attempts + 1,
+        task.name, request.id, describe(refusal), countdown, attempts + 1,
     )
     raise Ignore()
 

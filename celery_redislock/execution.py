@@ -1,0 +1,124 @@
+"""Running one task under its limits: admit, run the body, give the slots back.
+
+Shared by :class:`~celery_redislock.LimitedTask` and by plain tasks limited through the
+``redislock_limits`` setting (see :mod:`celery_redislock.install`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Dict, Mapping, Sequence, TypeVar
+
+from redis.exceptions import RedisError
+
+from .admission import Busy, Lease, Outcome, RateLimited, admit
+from .errors import LockStoreUnavailable, LockWaitTimeout
+from .keeper import lease_keeper
+from .limit import TaskLimits
+from .settings import Settings, read_settings, redis_client
+from .waiting import describe, requeue, wait_state
+
+logger = logging.getLogger(__name__)
+
+Result = TypeVar("Result")
+
+
+def task_settings(task: Any) -> Settings:
+    """The package settings of ``task``'s app, read once per task object."""
+    settings = getattr(task, "_redislock_settings", None)
+    if settings is None:
+        settings = read_settings(task._get_app())
+        task._redislock_settings = settings
+    return settings
+
+
+def run_limited(
+    task: Any,
+    limits: TaskLimits,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    body: Callable[[], Result],
+) -> Result:
+    """Run ``body`` for the current request of ``task`` once its limits admit it.
+
+    Not admitted: the run is re-queued with a countdown (worker), or waits here (eager).
+    Admitted: the slots are kept alive while ``body`` runs and given back however it ends.
+    """
+    settings = task_settings(task)
+    if not settings.enabled:
+        return body()
+    request = task.request
+    client = redis_client(task._get_app(), settings)
+    limiters = limits.limiters(args, kwargs, settings.prefix)
+    description = json.dumps({
+        "task": task.name, "id": request.id, "worker": request.hostname, "pid": os.getpid(),
+    })
+    promises = dict(wait_state(request).get("promises") or {})
+    try:
+        outcome: Any = admit(client, limiters, lease=limits.lease, description=description,
+                             promises=promises)
+    except RedisError as exc:
+        if request.is_eager:
+            raise LockStoreUnavailable(
+                f"Task {task.name!r}: the lock store is unreachable: {exc}"
+            ) from exc
+        # Fail closed: never run unlimited, never drop the task; ask again later.
+        logger.warning("celery-redislock: task %s[%s]: lock store unreachable (%r)",
+                       task.name, request.id, exc)
+        outcome = None
+    if not isinstance(outcome, Lease):
+        if not request.is_eager:
+            requeue(task, request, args, kwargs, limits.retry, outcome)
+        outcome = _wait_in_place(task, limits, client, limiters, description, outcome)
+    lease: Lease = outcome
+    if lease.holds_slots:
+        lease_keeper().keep(lease)
+    request.redislock_lease = lease
+    try:
+        return body()
+    finally:
+        if lease.holds_slots:
+            give_back(task, lease)
+
+
+def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequence[Any],
+                   description: str, outcome: Outcome) -> Lease:
+    """Eager runs (``apply()``, ``task_always_eager``) have no queue to go back to: they
+    wait here, at most ``max_wait`` seconds."""
+    max_wait = limits.retry.max_wait
+    deadline = None if max_wait is None else time.monotonic() + max_wait
+    promises: Dict[str, int] = {}
+    pause = 0.01
+    while not isinstance(outcome, Lease):
+        if isinstance(outcome, RateLimited):
+            promises[outcome.key] = outcome.promise
+            sleep = outcome.wait
+        else:
+            assert isinstance(outcome, Busy)
+            sleep = min(pause, max(outcome.retry_hint, 0.001))
+            pause = min(pause * 2, 0.5)
+        if deadline is not None and time.monotonic() + sleep > deadline:
+            raise LockWaitTimeout(
+                f"Task {task.name!r} {describe(outcome)} and gave up after its "
+                f"max_wait of {max_wait} s"
+            )
+        time.sleep(max(sleep, 0.001))
+        outcome = admit(client, limiters, lease=limits.lease, description=description,
+                        promises=promises)
+    return outcome
+
+
+def give_back(task: Any, lease: Lease) -> None:
+    """Release ``lease``; if Redis cannot be reached, its lease runs out by itself."""
+    lease_keeper().forget(lease)
+    try:
+        lease.release()
+    except RedisError as exc:
+        logger.warning(
+            "celery-redislock: task %s could not release its slot of %r (%r); the slot "
+            "comes back when its lease ends, within %.0f s",
+            task.name, lease.name, exc, lease.lease_seconds,
+        )
