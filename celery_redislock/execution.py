@@ -19,7 +19,7 @@ from .errors import LockStoreUnavailable, LockWaitTimeout
 from .keeper import lease_keeper
 from .limit import TaskLimits
 from .settings import Settings, read_settings, redis_client
-from .waiting import describe, requeue, wait_state
+from .waiting import WAIT_HEADER, describe, requeue, wait_state
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ def run_limited(
             requeue(task, request, args, kwargs, limits.retry, outcome)
         outcome = _wait_in_place(task, limits, client, limiters, description, outcome)
     lease: Lease = outcome
+    _forget_wait(request)
     if lease.holds_slots:
         lease_keeper().keep(lease)
     request.redislock_lease = lease
@@ -82,6 +83,13 @@ def run_limited(
     finally:
         if lease.holds_slots:
             give_back(task, lease)
+
+
+def _forget_wait(request: Any) -> None:
+    """Admitted: the wait is over. Drop its header, which ``self.retry()`` would copy."""
+    headers = getattr(request, "headers", None)
+    if isinstance(headers, dict) and WAIT_HEADER in headers:
+        request.headers = {k: v for k, v in headers.items() if k != WAIT_HEADER}
 
 
 def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequence[Any],

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 # pytest-celery 1.x replaces the classic in-process ``celery_worker`` fixture with one that
 # needs a Docker engine; bring the classic one (celery.contrib.pytest) back for our tests.
 from celery.contrib.pytest import celery_worker  # noqa: F401
+from celery.signals import task_prerun
+
 from redis_process import RedisServer
+from support import BROKER_DB, LOCK_DB
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +37,39 @@ def own_redis_server():
     server = RedisServer().start()
     yield server
     server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def celery_config(redis_server):
+    """For pytest-celery's ``celery_app``: broker and lock store on the private server;
+    results in this process's memory (the classic worker runs in a thread of this process)."""
+    base = f"redis://127.0.0.1:{redis_server.port}"
+    return {
+        "broker_url": f"{base}/{BROKER_DB}",
+        "result_backend": "cache+memory://",
+        "redislock_url": f"{base}/{LOCK_DB}",
+        "task_serializer": "json",
+        "result_serializer": "json",
+    }
+
+
+@pytest.fixture
+def lock_client(redis_server):
+    """A client of the lock store database, emptied for each test."""
+    client = redis_server.client(db=LOCK_DB)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def deliveries():
+    """Counts, per task id, how many times a worker started a run (refused or not)."""
+    seen: Counter = Counter()
+
+    def count(task_id=None, **_):
+        seen[task_id] += 1
+
+    task_prerun.connect(count, weak=False)
+    yield seen
+    task_prerun.disconnect(count)

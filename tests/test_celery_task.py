@@ -2,19 +2,17 @@
 
 Uses pytest-celery's classic ``celery_app`` / ``celery_worker`` fixtures: the worker runs
 the solo pool in a thread of this process, against a private redis-server that serves as
-broker, result backend and lock store (one database each).
+broker and lock store (one database each); results stay in this process's memory.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 
 import pytest
 from celery import Celery
 from celery.exceptions import Ignore, Reject
-from celery.signals import task_prerun
 
 from celery_redislock import (
     LimitedTask,
@@ -25,49 +23,7 @@ from celery_redislock import (
     SingletonTask,
 )
 
-LOCK_DB, BROKER_DB, BACKEND_DB = 0, 1, 2
-FAST_RETRY = {"lock_retry_backoff": 0.02, "lock_retry_backoff_max": 0.05}
-
-
-@pytest.fixture(scope="session")
-def celery_config(redis_server):
-    base = f"redis://127.0.0.1:{redis_server.port}"
-    return {
-        "broker_url": f"{base}/{BROKER_DB}",
-        "result_backend": f"{base}/{BACKEND_DB}",
-        "redislock_url": f"{base}/{LOCK_DB}",
-        "task_serializer": "json",
-        "result_serializer": "json",
-    }
-
-
-@pytest.fixture
-def lock_client(redis_server):
-    client = redis_server.client(db=LOCK_DB)
-    client.flushdb()
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def deliveries():
-    """Counts, per task id, how many times a worker started a run (contended or not)."""
-    seen: Counter = Counter()
-
-    def count(task_id=None, **_):
-        seen[task_id] += 1
-
-    task_prerun.connect(count, weak=False)
-    yield seen
-    task_prerun.disconnect(count)
-
-
-def wait_until(predicate, timeout=15.0, interval=0.01, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
+from support import FAST_RETRY, wait_until
 
 
 def holders(lock_client, name):
@@ -83,7 +39,7 @@ def test_body_runs_holding_a_slot_which_is_released(celery_app, celery_worker, l
     celery_worker.reload()
     assert crawl.delay("a").get(timeout=10) == ["a", 1, True]
     assert holders(lock_client, crawl.name) == 0
-    assert lock_client.keys("*") == []
+    assert all(0 < lock_client.pttl(key) <= 60_000 for key in lock_client.keys("*"))
 
 
 def test_contention_neither_uses_retry_budget_nor_shows_in_retries(
@@ -109,6 +65,28 @@ def test_contention_neither_uses_retry_budget_nor_shows_in_retries(
     assert result.get(timeout=10) == 1
     assert own_retries_seen == [0, 1]
     assert holders(lock_client, "budget") == 0
+
+
+def test_own_retry_after_a_wait_starts_a_fresh_wait(celery_app, celery_worker, lock_client,
+                                                     deliveries):
+    """The wait that ended when the run was admitted does not count against the retry."""
+    waits = []
+
+    @celery_app.task(base=LimitedTask, lock_key="fresh", bind=True, lock_max_wait=5,
+                     shared=False, **FAST_RETRY)
+    def flaky(self):
+        waits.append((self.request.headers or {}).get("redislock_wait"))
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return self.request.retries
+
+    celery_worker.reload()
+    held = Semaphore(lock_client, "fresh").acquire()
+    result = flaky.delay()
+    wait_until(lambda: deliveries[result.id] >= 3, what="contended deliveries")
+    Semaphore(lock_client, "fresh").release(held)
+    assert result.get(timeout=10) == 1
+    assert waits == [None, None]
 
 
 def test_released_when_the_body_fails(celery_app, celery_worker, lock_client):

@@ -10,13 +10,7 @@ import pytest
 from celery_redislock import Lease, LockConfigurationError, LockTimeout, Semaphore
 from celery_redislock.keys import redis_keys
 
-
-def wait_until(predicate, timeout=10.0, interval=0.01):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)
+from support import wait_until
 
 
 def test_admits_up_to_slots_then_refuses(redis_client):
@@ -66,7 +60,26 @@ def test_many_threads_never_exceed_slots(redis_server, redis_client):
         thread.join(timeout=120)
     assert sum(acquired_total) == threads * rounds
     assert peak == slots  # reached, never exceeded
-    assert redis_client.keys("*") == []  # idle semaphore leaves nothing behind
+    assert_idle(redis_client)
+
+
+def assert_idle(client):
+    """An idle semaphore keeps only its statistics, for at most a minute."""
+    keys = client.keys("*")
+    assert all(b":d:" in key for key in keys), keys
+    assert all(0 < client.pttl(key) <= 60_000 for key in keys)
+
+
+def test_average_hold_is_known_after_a_release(redis_client):
+    sem = Semaphore(redis_client, "singleton", slots=1, lease=10)
+    lease = sem.acquire()
+    time.sleep(0.2)
+    sem.release(lease)
+    held = sem.acquire()
+    busy = sem.attempt()
+    assert 0.15 <= busy.average_hold < 1.0
+    sem.release(held)
+    assert_idle(redis_client)
 
 
 def test_expired_lease_frees_its_slot(redis_client):

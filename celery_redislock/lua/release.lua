@@ -5,10 +5,11 @@
 --
 -- Returns how many of the N semaphores the token was removed from: 0 when it held none
 -- (already released, or its lease ran out), so releasing twice is harmless and a token
--- never frees a slot that another holder has. A semaphore left with no holder is deleted
--- whole, so idle keys use no memory.
+-- never frees a slot that another holder has. A semaphore left with no holder keeps only
+-- its statistics (average hold time, last fencing number), for a minute; then nothing.
 
 local token = ARGV[1]
+local STATISTICS_TTL = 60000
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local released = 0
@@ -19,14 +20,16 @@ for i = 1, #KEYS / 2 do
     released = released + 1
     local entry = redis.call('HGET', details, token)
     redis.call('HDEL', details, token)
-    if redis.call('ZCARD', holders) == 0 then
-      redis.call('DEL', holders, details)
-    elseif entry then
+    if entry then
       local acquired = tonumber(string.match(entry, '^(%d+)|'))
       local held = now - acquired
       local average = tonumber(redis.call('HGET', details, '#hold') or '-1')
       if average >= 0 then held = average * 0.8 + held * 0.2 end
       redis.call('HSET', details, '#hold', string.format('%.0f', held))
+    end
+    if redis.call('ZCARD', holders) == 0 then
+      redis.call('DEL', holders)
+      redis.call('PEXPIRE', details, STATISTICS_TTL)
     end
   end
 end
