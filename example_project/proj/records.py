@@ -57,6 +57,14 @@ class Recorder:
         seconds, micros = self.client.time()
         return int(seconds) * 1_000_000 + int(micros)
 
+    def delivered(self, task_id: str) -> None:
+        """Record that a worker picked up a run of ``task_id`` (admitted or not)."""
+        self.client.hincrby(self._key("deliveries"), task_id, 1)
+
+    def times_sent_back(self, task_id: str) -> int:
+        """How many deliveries of ``task_id`` were sent back to wait, so far."""
+        return max(0, int(self.client.hget(self._key("deliveries"), task_id) or 1) - 1)
+
     def started(self, task_id: str, limit_key: str, slots: int, waits: int) -> None:
         """Record that ``task_id`` entered its body holding a slot of ``limit_key``."""
         level = self.client.incr(self._key("running", limit_key))

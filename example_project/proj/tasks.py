@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from celery import Task
+from celery.signals import task_prerun
 
 from celery_redislock import LimitedTask, SingletonTask
 from proj.app import app
@@ -25,21 +26,19 @@ FAST_RETRY: dict[str, Any] = {
     "lock_retry_backoff_max": 0.5,
 }
 
-#: The message header in which celery-redislock counts a run's trips back to the queue.
-WAIT_HEADER = "redislock_wait"
 
-
-def times_sent_back(task: Task) -> int:
-    """How many times this run found its semaphore full and went back to the queue."""
-    state = (task.request.headers or {}).get(WAIT_HEADER) or {}
-    return int(state.get("attempts", 0)) if isinstance(state, dict) else 0
+@task_prerun.connect
+def count_delivery(task_id: str, **_: Any) -> None:
+    """Every delivery of a run passes here, including those sent back to wait for a slot."""
+    recorder().delivered(task_id)
 
 
 def pretend_to_work(task: Task) -> str:
     """Record the start, sleep 0.1-0.4 s (the "work"), record the end; return the key held."""
     lease = task.request.redislock_lease
     runs = recorder()
-    runs.started(task.request.id, lease.name, slots=task.lock_slots, waits=times_sent_back(task))
+    waits = runs.times_sent_back(task.request.id)
+    runs.started(task.request.id, lease.name, slots=task.lock_slots, waits=waits)
     try:
         time.sleep(random.uniform(0.1, 0.4))
     finally:
