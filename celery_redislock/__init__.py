@@ -14,6 +14,7 @@ Example::
     def rebuild_index(): ...
 """
 
+from . import recovery  # noqa: F401 - connects the worker's crash-recovery receivers
 from .admission import Busy, Lease, RateLimited
 from .config import check_limits
 from .errors import (

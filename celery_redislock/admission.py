@@ -134,14 +134,16 @@ def admit(
     lease: float,
     description: str = "",
     promises: Optional[Mapping[str, int]] = None,
+    owner: str = "",
 ) -> Outcome:
     """Try once to pass every limiter: a :class:`Lease`, :class:`Busy` or :class:`RateLimited`.
 
     ``promises`` maps a rate limiter's Redis key to the start time (µs) it promised this
-    run earlier. All limiters must live on one Redis server (or one Cluster hash slot).
+    run earlier. ``owner`` starts the holder token (see :func:`holder_token`). All limiters
+    must live on one Redis server (or one Cluster hash slot).
     """
     promises = promises or {}
-    token = uuid.uuid4().hex
+    token = owner + uuid.uuid4().hex
     keys: List[str] = []
     args: List[Any] = [token, milliseconds(lease), description, len(limiters)]
     for limiter in limiters:
@@ -194,6 +196,17 @@ def admit(
         wait=max(0, int(reply[4])) / 1000.0,
         server_time_ms=now_ms,
     )
+
+
+def owner_prefix(worker: str, task_id: str = "") -> str:
+    """The start of the holder tokens of a worker's runs, or of one task's runs on it.
+
+    Tokens of task runs are ``"<worker node>|<task id>|<random>"``, so the worker's main
+    process can free what a pool child that died held, and a restarted worker what its
+    previous life held (see :mod:`celery_redislock.recovery`).
+    """
+    worker = worker.replace("|", "_")
+    return f"{worker}|{task_id}|" if task_id else f"{worker}|"
 
 
 def milliseconds(seconds: float) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Mapping, Sequence, TypeVar
 
 from redis.exceptions import RedisError
 
-from .admission import Busy, Lease, Outcome, RateLimited, admit
+from .admission import Busy, Lease, Outcome, RateLimited, admit, owner_prefix
 from .errors import LockStoreUnavailable, LockWaitTimeout
 from .keeper import lease_keeper
 from .limit import TaskLimits
@@ -57,9 +57,10 @@ def run_limited(
         "task": task.name, "id": request.id, "worker": request.hostname, "pid": os.getpid(),
     })
     promises = dict(wait_state(request).get("promises") or {})
+    owner = owner_prefix(request.hostname or "", request.id or "")
     try:
         outcome: Any = admit(client, limiters, lease=limits.lease, description=description,
-                             promises=promises)
+                             promises=promises, owner=owner)
     except RedisError as exc:
         if request.is_eager:
             raise LockStoreUnavailable(
@@ -72,7 +73,7 @@ def run_limited(
     if not isinstance(outcome, Lease):
         if not request.is_eager:
             requeue(task, request, args, kwargs, limits.retry, outcome)
-        outcome = _wait_in_place(task, limits, client, limiters, description, outcome)
+        outcome = _wait_in_place(task, limits, client, limiters, description, owner, outcome)
     lease: Lease = outcome
     _forget_wait(request)
     if lease.holds_slots:
@@ -93,7 +94,7 @@ def _forget_wait(request: Any) -> None:
 
 
 def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequence[Any],
-                   description: str, outcome: Outcome) -> Lease:
+                   description: str, owner: str, outcome: Outcome) -> Lease:
     """Eager runs (``apply()``, ``task_always_eager``) have no queue to go back to: they
     wait here, at most ``max_wait`` seconds."""
     max_wait = limits.retry.max_wait
@@ -115,7 +116,7 @@ def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequenc
             )
         time.sleep(max(sleep, 0.001))
         outcome = admit(client, limiters, lease=limits.lease, description=description,
-                        promises=promises)
+                        promises=promises, owner=owner)
     return outcome
 
 

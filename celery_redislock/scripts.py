@@ -44,3 +44,4 @@ class LuaScript:
 ADMIT = LuaScript.load("admit.lua")
 RELEASE = LuaScript.load("release.lua")
 RENEW = LuaScript.load("renew.lua")
+RELEASE_OWNER = LuaScript.load("release_owner.lua")

@@ -1,0 +1,169 @@
+"""Slots that a run could not give back itself, freed by the worker's main process.
+
+A pool child killed by SIGKILL, the OOM killer, a hard ``time_limit`` or
+``revoke(terminate=True)`` never runs its ``finally``. The worker's main process sees it
+happen (``task_failure`` with ``WorkerLostError`` or ``TimeLimitExceeded``, or
+``task_revoked`` with ``terminated=True``) and frees that run's slots at once, by the
+holder token prefix ``"<worker node>|<task id>|"``, instead of leaving them until their
+leases run out.
+
+A worker that starts frees what its previous life under the same node name still held
+(``"<worker node>|"``): node names are unique in a Celery cluster, so those holders are
+dead. Slots of other workers are never touched. The receivers are connected when the
+package is imported; they act only in apps that use ``LimitedTask`` or ``install()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, List, Mapping, Optional, Sequence
+
+from billiard.exceptions import WorkerLostError
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import task_failure, task_revoked, worker_init, worker_shutdown
+
+from .admission import SlotLimit, owner_prefix
+from .limit import TaskLimits
+from .scripts import RELEASE_OWNER
+from .settings import read_settings, redis_client
+
+logger = logging.getLogger(__name__)
+
+#: The node name of the worker whose main process this is, once it has started.
+_this_worker: dict = {}
+
+
+def limits_of(task: Any) -> Optional[TaskLimits]:
+    """The limits a task runs under, or None if the package does not limit it."""
+    from .install import _limits_of
+    from .task import LimitedTask
+
+    if isinstance(task, LimitedTask):
+        return task.task_limits()
+    if getattr(type(task), "_redislock_wrapped", False):
+        return _limits_of(task)
+    return None
+
+
+def uses_limits(app: Any) -> bool:
+    """True if any task of ``app`` is a ``LimitedTask`` or limited by ``redislock_limits``."""
+    from .task import LimitedTask
+
+    return any(
+        isinstance(task, LimitedTask) or getattr(type(task), "_redislock_wrapped", False)
+        for task in app.tasks.values()
+    )
+
+
+def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+                   worker: str) -> int:
+    """Free the slots that run ``task_id`` of ``task`` holds through worker ``worker``."""
+    limits = limits_of(task)
+    if limits is None:
+        return 0
+    settings = read_settings(task._get_app())
+    slot_keys = [
+        key for limiter in limits.limiters(args or (), kwargs or {}, settings.prefix)
+        if isinstance(limiter, SlotLimit) for key in limiter.keys
+    ]
+    if not slot_keys:
+        return 0
+    client = redis_client(task._get_app(), settings)
+    return int(RELEASE_OWNER.run(client, slot_keys, [owner_prefix(worker, task_id)]))
+
+
+def free_worker_slots(app: Any, worker: str) -> int:
+    """Free every slot held by runs of worker ``worker`` (a node name), on any key."""
+    settings = read_settings(app)
+    client = redis_client(app, settings)
+    freed = 0
+    for holders_keys in _batches(client.scan_iter(match=_glob_escape(settings.prefix) + "*:h:*",
+                                                  count=1000), 200):
+        keys: List[str] = []
+        for holders in holders_keys:
+            keys.extend((holders, details_key(holders)))
+        freed += int(RELEASE_OWNER.run(client, keys, [owner_prefix(worker)]))
+    return freed
+
+
+def details_key(holders_key: Any) -> str:
+    """The details key of a semaphore from its holders key (``...}:h:name`` → ``...}:d:name``)."""
+    key = holders_key.decode() if isinstance(holders_key, bytes) else holders_key
+    cut = key.index("}:h:")
+    return key[:cut] + "}:d:" + key[cut + 4:]
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"\\{char}" if char in "*?[]\\" else char for char in text)
+
+
+def _batches(items: Iterable[Any], size: int) -> Iterable[List[Any]]:
+    batch: List[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+@worker_init.connect
+def _forget_previous_life(sender: Any = None, **_: Any) -> None:
+    app, worker = getattr(sender, "app", None), getattr(sender, "hostname", None)
+    if app is None or not worker:
+        return
+    _this_worker["name"] = worker
+    try:
+        if not uses_limits(app):
+            return
+        freed = free_worker_slots(app, worker)
+    except Exception as exc:  # never stop a worker from starting over this
+        logger.warning("celery-redislock: could not free slots of a previous %s: %r",
+                       worker, exc)
+        return
+    if freed:
+        logger.warning("celery-redislock: freed %d slot(s) still held by a previous run of %s",
+                       freed, worker)
+
+
+def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str) -> None:
+    worker = _this_worker.get("name") or getattr(getattr(task, "request", None), "hostname", None)
+    if not worker or task is None:
+        return
+    try:
+        freed = free_run_slots(task, task_id, args, kwargs, worker)
+    except Exception as exc:
+        logger.warning("celery-redislock: could not free the slots of %s[%s] (%s): %r; they "
+                       "come back when their leases end", task.name, task_id, why, exc)
+        return
+    if freed:
+        logger.info("celery-redislock: freed %d slot(s) of %s[%s] (%s)",
+                    freed, task.name, task_id, why)
+
+
+@task_failure.connect
+def _on_task_failure(sender: Any = None, task_id: Optional[str] = None, exception: Any = None,
+                     args: Any = None, kwargs: Any = None, **_: Any) -> None:
+    if isinstance(exception, (WorkerLostError, TimeLimitExceeded)) and task_id:
+        _free_for_dead_run(sender, task_id, args, kwargs, type(exception).__name__)
+
+
+@task_revoked.connect
+def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
+                     **_: Any) -> None:
+    if terminated and request is not None:
+        _free_for_dead_run(sender, request.id, request.args, request.kwargs, "terminated")
+
+
+@worker_shutdown.connect
+def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
+    """After a warm shutdown every run has ended: anything still held is a leftover."""
+    app, worker = getattr(sender, "app", None), getattr(sender, "hostname", None)
+    if app is None or not worker:
+        return
+    try:
+        if uses_limits(app):
+            free_worker_slots(app, worker)
+    except Exception as exc:
+        logger.warning("celery-redislock: could not free leftover slots of %s: %r", worker, exc)
