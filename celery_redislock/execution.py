@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Mapping, Sequence, TypeVar
 
 from redis.exceptions import RedisError
 
+from . import signals
 from .admission import Busy, Lease, Outcome, RateLimited, admit, owner_prefix
 from .errors import LockStoreUnavailable, LockWaitTimeout
 from .keeper import lease_keeper
@@ -75,15 +76,26 @@ def run_limited(
             requeue(task, request, args, kwargs, limits.retry, outcome)
         outcome = _wait_in_place(task, limits, client, limiters, description, owner, outcome)
     lease: Lease = outcome
+    since = wait_state(request).get("since")
     _forget_wait(request)
     if lease.holds_slots:
-        lease_keeper().keep(lease)
+        lease_keeper().keep(lease, on_lost=lambda lost: signals.lease_lost.send(
+            sender=task, task_id=request.id, lease=lost))
     request.redislock_lease = lease
+    lease_started = time.monotonic()
+    signals.lock_acquired.send(
+        sender=task, task_id=request.id, lease=lease,
+        waited=(lease.acquired_at_ms - since) / 1000.0 if since else 0.0,
+    )
     try:
         return body()
     finally:
         if lease.holds_slots:
             give_back(task, lease)
+            signals.lock_released.send(
+                sender=task, task_id=request.id, lease=lease,
+                held=time.monotonic() - lease_started,
+            )
 
 
 def _forget_wait(request: Any) -> None:

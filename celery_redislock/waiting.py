@@ -19,6 +19,7 @@ from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Union
 
 from celery.exceptions import Ignore
 
+from . import signals
 from .admission import Busy, RateLimited
 from .backoff import RetryPolicy
 from .errors import LockWaitTimeout
@@ -101,11 +102,22 @@ def requeue(
         request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
     )
     _publish(signature)
+    _announce(task, request, refusal, countdown)
     logger.info(
         "celery-redislock: task %s[%s] %s; waiting %.2f s (attempt %d)",
         task.name, request.id, describe(refusal), countdown, attempts + 1,
     )
     raise Ignore()
+
+
+def _announce(task: Any, request: Any, refusal: Refusal, countdown: float) -> None:
+    if isinstance(refusal, RateLimited):
+        signals.rate_limited.send(sender=task, task_id=request.id, key=refusal.name,
+                                  countdown=countdown, promise=refusal.promise)
+    else:
+        signals.lock_contended.send(sender=task, task_id=request.id,
+                                    key=refusal.name if refusal else None,
+                                    countdown=countdown, reason=describe(refusal))
 
 
 def _publish(signature: Any) -> None:

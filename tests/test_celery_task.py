@@ -235,3 +235,46 @@ def test_singleton_refuses_more_slots():
     with pytest.raises(LockConfigurationError, match="exactly one slot"):
         app.task(base=SingletonTask, lock_slots=2, shared=False, name="x")(rebuild_index)
         app.finalize()
+
+
+def test_signals_report_contention_acquire_and_release(celery_app, celery_worker, lock_client):
+    from celery_redislock import signals
+
+    seen = []
+
+    def record(signal_name):
+        def receiver(sender=None, **kwargs):
+            seen.append((signal_name, sender.name, kwargs))
+        return receiver
+
+    receivers = {name: record(name) for name in
+                 ("lock_acquired", "lock_contended", "lock_released")}
+    for name, receiver in receivers.items():
+        getattr(signals, name).connect(receiver, weak=False)
+    try:
+        @celery_app.task(base=LimitedTask, lock_key="signalled", name="tests.signalled",
+                         shared=False, **FAST_RETRY)
+        def signalled():
+            return "ran"
+
+        celery_worker.reload()
+        held = Semaphore(lock_client, "signalled").acquire()
+        result = signalled.delay()
+        wait_until(lambda: any(name == "lock_contended" for name, _, _ in seen),
+                   what="a lock_contended signal")
+        Semaphore(lock_client, "signalled").release(held)
+        assert result.get(timeout=10) == "ran"
+        wait_until(lambda: any(name == "lock_released" for name, _, _ in seen),
+                   what="a lock_released signal")
+    finally:
+        for name, receiver in receivers.items():
+            getattr(signals, name).disconnect(receiver)
+
+    by_name = {name: kwargs for name, _, kwargs in seen}
+    assert {sender for _, sender, _ in seen} == {"tests.signalled"}
+    assert by_name["lock_contended"]["key"] == "signalled"
+    assert 0 < by_name["lock_contended"]["countdown"] <= 0.05
+    assert by_name["lock_acquired"]["waited"] > 0
+    assert by_name["lock_acquired"]["lease"].name == "signalled"
+    assert by_name["lock_released"]["held"] >= 0
+    assert by_name["lock_released"]["task_id"] == result.id
