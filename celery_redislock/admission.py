@@ -24,10 +24,10 @@ class SlotLimit:
     name: str
     slots: int
     prefix: str
+    keys: List[str] = field(init=False, repr=False, compare=False)
 
-    @property
-    def keys(self) -> List[str]:
-        return list(redis_keys(self.name, self.prefix))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", list(redis_keys(self.name, self.prefix)))
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,10 @@ class RateLimit:
     name: str
     rate: Rate
     prefix: str
+    keys: List[str] = field(init=False, repr=False, compare=False)
 
-    @property
-    def keys(self) -> List[str]:
-        return [rate_key(self.name, self.prefix)]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", [rate_key(self.name, self.prefix)])
 
 
 Limiter = Union[SlotLimit, RateLimit]

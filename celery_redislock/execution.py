@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
 
+#: Who holds a slot, for operators: JSON with the task, its id, the worker and the process.
+_DESCRIPTION = '{{"task": {task}, "id": {id}, "worker": {worker}, "pid": {pid}}}'
+
 
 def task_settings(task: Any) -> Settings:
     """The package settings of ``task``'s app, read once per task object."""
@@ -54,9 +57,10 @@ def run_limited(
     request = task.request
     client = redis_client(task._get_app(), settings)
     limiters = limits.limiters(args, kwargs, settings.prefix)
-    description = json.dumps({
-        "task": task.name, "id": request.id, "worker": request.hostname, "pid": os.getpid(),
-    })
+    description = _DESCRIPTION.format(
+        task=json.dumps(task.name), id=json.dumps(request.id),
+        worker=json.dumps(request.hostname), pid=os.getpid(),
+    )
     promises = dict(wait_state(request).get("promises") or {})
     owner = owner_prefix(request.hostname or "", request.id or "")
     try:

@@ -53,19 +53,22 @@ class LeaseKeeper:
         self._kept: Dict[str, _Kept] = {}
         self._wakeup = threading.Condition()
         self._thread: Optional[threading.Thread] = None
+        self._next_due = 0.0
 
     def keep(self, lease: Lease, on_lost: Optional[LostCallback] = None) -> None:
         """Renew ``lease`` in the background from now on."""
         now = time.monotonic()
+        due = now + lease.lease_seconds / 3
         with self._wakeup:
+            # Wake the thread only if it sleeps past this lease's first renewal.
+            wake = not self._kept or due < self._next_due
             self._kept[lease.token] = _Kept(
-                lease=lease,
-                due=now + lease.lease_seconds / 3,
-                last_renewed=now,
-                on_lost=[on_lost] if on_lost else [],
+                lease=lease, due=due, last_renewed=now, on_lost=[on_lost] if on_lost else [],
             )
             self._ensure_thread()
-            self._wakeup.notify()
+            if wake:
+                self._next_due = due
+                self._wakeup.notify()
 
     def forget(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (it is about to be released, or was lost)."""
@@ -99,9 +102,9 @@ class LeaseKeeper:
         return [entry for entry in self._kept.values() if entry.due <= now]
 
     def _seconds_to_next(self) -> float:
-        if not self._kept:
-            return 60.0
-        return max(0.0, min(entry.due for entry in self._kept.values()) - time.monotonic())
+        self._next_due = min((entry.due for entry in self._kept.values()),
+                             default=time.monotonic() + 60.0)
+        return max(0.0, self._next_due - time.monotonic())
 
     def _renew(self, entry: _Kept) -> None:
         lease = entry.lease

@@ -7,7 +7,7 @@ The same fields describe a limit whether they come from a task's options (``lock
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .admission import Limiter, RateLimit, SlotLimit
@@ -78,6 +78,7 @@ class TaskLimits:
     rules: Tuple[LimitRule, ...]
     retry: RetryPolicy
     source: str
+    _constant: Dict[str, List[Limiter]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def lease(self) -> float:
@@ -88,7 +89,15 @@ class TaskLimits:
     def limiters(self, args: Sequence[Any], kwargs: Mapping[str, Any],
                  prefix: str) -> List[Limiter]:
         """The limiters one call with these arguments must pass."""
-        return [limiter for rule in self.rules for limiter in rule.limiters(args, kwargs, prefix)]
+        constant = self._constant.get(prefix)
+        if constant is not None:
+            return constant
+        limiters = [
+            limiter for rule in self.rules for limiter in rule.limiters(args, kwargs, prefix)
+        ]
+        if all(rule.key.is_constant for rule in self.rules):
+            self._constant[prefix] = limiters
+        return limiters
 
     @classmethod
     def compile(

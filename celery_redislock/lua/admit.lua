@@ -62,10 +62,14 @@ for i = 1, count do
   if kind == 's' then
     limiter.holders, limiter.details = KEYS[key_index], KEYS[key_index + 1]
     key_index = key_index + 2
-    drop_expired(limiter.holders, limiter.details)
-    if not redis.call('ZSCORE', limiter.holders, token) then
+    local slots = tonumber(ARGV[base + 1])
+    -- Fast path: room even counting expired leases. Expired ones are dropped only when
+    -- the semaphore looks full, since only then do they change the answer.
+    if redis.call('ZCARD', limiter.holders) >= slots
+        and not redis.call('ZSCORE', limiter.holders, token) then
+      drop_expired(limiter.holders, limiter.details)
       local used = redis.call('ZCARD', limiter.holders)
-      if used >= tonumber(ARGV[base + 1]) then
+      if used >= slots then
         local first = redis.call('ZRANGE', limiter.holders, 0, 0, 'WITHSCORES')
         local until_first_end = 0
         if first[2] then until_first_end = tonumber(first[2]) - now end

@@ -18,13 +18,11 @@ for i = 1, #KEYS / 2 do
   local holders, details = KEYS[2 * i - 1], KEYS[2 * i]
   if redis.call('ZREM', holders, token) == 1 then
     released = released + 1
-    local entry = redis.call('HGET', details, token)
-    redis.call('HDEL', details, token)
-    if entry then
-      local acquired = tonumber(string.match(entry, '^(%d+)|'))
-      local held = now - acquired
-      local average = tonumber(redis.call('HGET', details, '#hold') or '-1')
-      if average >= 0 then held = average * 0.8 + held * 0.2 end
+    local saved = redis.call('HMGET', details, token, '#hold')
+    if saved[1] then
+      local held = now - tonumber(string.match(saved[1], '^(%d+)|'))
+      if saved[2] then held = tonumber(saved[2]) * 0.8 + held * 0.2 end
+      redis.call('HDEL', details, token)
       redis.call('HSET', details, '#hold', string.format('%.0f', held))
     end
     if redis.call('ZCARD', holders) == 0 then
