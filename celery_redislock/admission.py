@@ -8,11 +8,13 @@ for another.
 
 from __future__ import annotations
 
-import uuid
+import itertools
+import os
+import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
-from .keys import rate_key, redis_keys
+from .keys import rate_key, semaphore_key
 from .rate import Rate
 from .scripts import ADMIT, RELEASE, RENEW
 
@@ -24,10 +26,14 @@ class SlotLimit:
     name: str
     slots: int
     prefix: str
-    keys: List[str] = field(init=False, repr=False, compare=False)
+    key: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "keys", list(redis_keys(self.name, self.prefix)))
+        object.__setattr__(self, "key", semaphore_key(self.name, self.prefix))
+        object.__setattr__(self, "_spec", f"s:{self.slots}")
+
+    def spec(self, promises: Mapping[str, int]) -> str:
+        return self._spec
 
 
 @dataclass(frozen=True)
@@ -37,10 +43,15 @@ class RateLimit:
     name: str
     rate: Rate
     prefix: str
-    keys: List[str] = field(init=False, repr=False, compare=False)
+    key: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "keys", [rate_key(self.name, self.prefix)])
+        object.__setattr__(self, "key", rate_key(self.name, self.prefix))
+
+    def spec(self, promises: Mapping[str, int]) -> str:
+        interval = self.rate.interval * 1_000_000
+        tolerance = interval * (self.rate.burst - 1)
+        return f"r:{interval!r}:{tolerance!r}:{int(promises.get(self.key, 0))}"
 
 
 Limiter = Union[SlotLimit, RateLimit]
@@ -50,23 +61,29 @@ Limiter = Union[SlotLimit, RateLimit]
 class Lease:
     """One holder's slots: what an admission hands out.
 
-    ``fence`` is the fencing number of this acquisition: it increases with every
-    acquisition of the same semaphore, so a downstream system that remembers the highest
-    number it has seen can refuse writes from an older holder whose lease ran out while it
-    was paused (for several semaphores, ``fences`` has one per semaphore name). ``lost``
-    turns true when a renewal found that the lease had already ended.
+    ``fence`` is the fencing number of this acquisition: it is higher than every earlier
+    acquisition's of the same semaphores, so a downstream system that remembers the
+    highest number it has seen can refuse writes from an older holder whose lease ran out
+    while it was paused. ``lost`` turns true when a renewal found that the lease had
+    already ended.
     """
 
     name: str
-    token: str
     fence: int
     lease_seconds: float
     acquired_at_ms: int
     expires_at_ms: int
     lost: bool = False
-    fences: Dict[str, int] = field(default_factory=dict)
     _client: Any = field(default=None, repr=False, compare=False)
     _keys: List[str] = field(default_factory=list, repr=False, compare=False)
+    _member: str = field(default="", repr=False, compare=False)
+    _taken_at: float = field(default_factory=time.monotonic, repr=False, compare=False)
+    _contended: bool = field(default=True, repr=False, compare=False)
+
+    @property
+    def token(self) -> str:
+        """The holder token: unique to this acquisition."""
+        return self._member.split(" ", 1)[0]
 
     @property
     def holds_slots(self) -> bool:
@@ -78,7 +95,7 @@ class Lease:
         if not self._keys:
             return True
         lease_end, lost = RENEW.run(
-            self._client, self._keys, [self.token, milliseconds(self.lease_seconds)]
+            self._client, self._keys, [self._member, milliseconds(self.lease_seconds)]
         )
         if lost:
             self.lost = True
@@ -90,7 +107,11 @@ class Lease:
         """Give the slots back; False if they were no longer held. Safe to call twice."""
         if not self._keys:
             return False
-        return bool(RELEASE.run(self._client, self._keys, [self.token]))
+        if len(self._keys) == 1 and not self._contended:
+            # Nobody waited when it was taken: no statistics to keep, a plain ZREM will do.
+            return bool(self._client.zrem(self._keys[0], self._member))
+        held_ms = round((time.monotonic() - self._taken_at) * 1000)
+        return bool(RELEASE.run(self._client, self._keys, [self._member, held_ms]))
 
 
 @dataclass(frozen=True)
@@ -143,39 +164,26 @@ def admit(
     must live on one Redis server (or one Cluster hash slot).
     """
     promises = promises or {}
-    token = owner + uuid.uuid4().hex
-    keys: List[str] = []
-    args: List[Any] = [token, milliseconds(lease), description, len(limiters)]
-    for limiter in limiters:
-        limiter_keys = limiter.keys
-        keys.extend(limiter_keys)
-        if isinstance(limiter, SlotLimit):
-            args.extend(("s", limiter.slots, 0, 0))
-        else:
-            interval = limiter.rate.interval * 1_000_000
-            args.extend((
-                "r", repr(interval), repr(interval * (limiter.rate.burst - 1)),
-                int(promises.get(limiter_keys[0], 0)),
-            ))
-    reply = ADMIT.run(client, keys, args)
+    token = owner + new_token()
+    reply = ADMIT.run(
+        client,
+        [limiter.key for limiter in limiters],
+        [token, milliseconds(lease), description,
+         *(limiter.spec(promises) for limiter in limiters)],
+    )
     status, now_ms = int(reply[0]), int(reply[1])
     if status == 1:
-        lease_end = int(reply[2])
-        slot_limits = [
-            (limiter, int(fence)) for limiter, fence in zip(limiters, reply[3:])
-            if isinstance(limiter, SlotLimit)
-        ]
-        fences = {limiter.name: fence for limiter, fence in slot_limits}
+        semaphores = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
         return Lease(
-            name=", ".join(limiter.name for limiter, _ in slot_limits),
-            token=token,
-            fence=slot_limits[0][1] if slot_limits else 0,
+            name=", ".join(limiter.name for limiter in semaphores),
+            fence=int(reply[3]),
             lease_seconds=lease,
             acquired_at_ms=now_ms,
-            expires_at_ms=lease_end,
-            fences=fences,
+            expires_at_ms=int(reply[2]),
             _client=client,
-            _keys=[key for limiter, _ in slot_limits for key in limiter.keys],
+            _keys=[limiter.key for limiter in semaphores],
+            _member=f"{token} {now_ms} {int(reply[3])} {description}",
+            _contended=bool(int(reply[4])),
         )
     limiter = limiters[int(reply[2]) - 1]
     if status == 0:
@@ -191,11 +199,27 @@ def admit(
         )
     return RateLimited(
         name=limiter.name,
-        key=limiter.keys[0],
+        key=limiter.key,
         promise=int(reply[3]),
         wait=max(0, int(reply[4])) / 1000.0,
         server_time_ms=now_ms,
     )
+
+
+def new_token() -> str:
+    """A token no other acquisition anywhere has: this process's random id and a counter."""
+    return f"{_process_id}{next(_counter):x}"
+
+
+def _new_process_id() -> None:
+    global _process_id, _counter
+    _process_id = os.urandom(8).hex() + "."
+    _counter = itertools.count()
+
+
+_process_id, _counter = "", itertools.count()
+_new_process_id()
+os.register_at_fork(after_in_child=_new_process_id)
 
 
 def owner_prefix(worker: str, task_id: str = "") -> str:
@@ -205,8 +229,12 @@ def owner_prefix(worker: str, task_id: str = "") -> str:
     process can free what a pool child that died held, and a restarted worker what its
     previous life held (see :mod:`celery_redislock.recovery`).
     """
-    worker = worker.replace("|", "_")
-    return f"{worker}|{task_id}|" if task_id else f"{worker}|"
+    worker = _token_safe(worker)
+    return f"{worker}|{_token_safe(task_id)}|" if task_id else f"{worker}|"
+
+
+def _token_safe(text: str) -> str:
+    return text.replace("|", "_").replace(" ", "_")
 
 
 def milliseconds(seconds: float) -> int:

@@ -5,10 +5,10 @@ Two steps, kept apart:
 * :class:`KeyTemplate` turns a task's call arguments into a *name*, such as
   ``"customer:42"``. Arguments are bound by name with defaults applied, so ``f(42)`` and
   ``f(customer_id=42)`` give the same name.
-* :func:`redis_keys` turns a name into the Redis keys of its semaphore. The keys carry a
-  hash tag made from a digest of the name, so both keys of a semaphore share one Redis
-  Cluster hash slot whatever characters the arguments contain, and a name of any length
-  gives keys of bounded length.
+* :func:`semaphore_key` and :func:`rate_key` turn a name into a Redis key. Keys carry a
+  hash tag made from a digest of the name, so the semaphore and the rate limiter of one
+  name share a Redis Cluster hash slot whatever characters the arguments contain, and a
+  name of any length gives a key of bounded length.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import string
-from typing import Any, Callable, Mapping, Sequence, Tuple, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 from .errors import LockConfigurationError, LockKeyError
 
@@ -186,18 +186,20 @@ def rate_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The Redis key of the rate limiter ``name``: ``{prefix}{<digest>}:r:<name>``.
 
     It shares its hash slot with the semaphore of the same name.
+
+        >>> rate_key("customer:42")
+        'redislock:{85280b862f4ca735}:r:customer:42'
     """
     return f"{prefix}{{{name_digest(name)}}}:r:{_readable(name)}"
 
 
-def redis_keys(name: str, prefix: str = DEFAULT_PREFIX) -> Tuple[str, str]:
-    """The two Redis keys of the semaphore ``name``: its holders and its details.
+def semaphore_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The Redis key of the semaphore ``name``: ``{prefix}{<digest>}:s:<name>``.
 
-    ``{prefix}{<digest>}:h:<name>`` and ``{prefix}{<digest>}:d:<name>``, where the name is
-    cut to :data:`READABLE_NAME_LENGTH` characters (the digest keeps cut names distinct).
+    The name is cut to :data:`READABLE_NAME_LENGTH` characters (the digest keeps cut
+    names distinct).
 
-        >>> redis_keys("customer:42")
-        ('redislock:{85280b862f4ca735}:h:customer:42', 'redislock:{85280b862f4ca735}:d:customer:42')
+        >>> semaphore_key("customer:42")
+        'redislock:{85280b862f4ca735}:s:customer:42'
     """
-    base = f"{prefix}{{{name_digest(name)}}}"
-    return f"{base}:h:{_readable(name)}", f"{base}:d:{_readable(name)}"
+    return f"{prefix}{{{name_digest(name)}}}:s:{_readable(name)}"

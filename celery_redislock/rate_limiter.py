@@ -42,7 +42,7 @@ class RateLimiter:
 
     def attempt(self, promise: Optional[int] = None) -> Optional[RateLimited]:
         """Try once: None when admitted, else :class:`RateLimited` with the promised start."""
-        promises = {self.limit.keys[0]: promise} if promise else None
+        promises = {self.limit.key: promise} if promise else None
         outcome = admit(self.client, [self.limit], lease=1, promises=promises)
         assert not isinstance(outcome, Busy)
         return outcome if isinstance(outcome, RateLimited) else None

@@ -63,8 +63,8 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
         return 0
     settings = read_settings(task._get_app())
     slot_keys = [
-        key for limiter in limits.limiters(args or (), kwargs or {}, settings.prefix)
-        if isinstance(limiter, SlotLimit) for key in limiter.keys
+        limiter.key for limiter in limits.limiters(args or (), kwargs or {}, settings.prefix)
+        if isinstance(limiter, SlotLimit)
     ]
     if not slot_keys:
         return 0
@@ -77,20 +77,10 @@ def free_worker_slots(app: Any, worker: str) -> int:
     settings = read_settings(app)
     client = redis_client(app, settings)
     freed = 0
-    for holders_keys in _batches(client.scan_iter(match=_glob_escape(settings.prefix) + "*:h:*",
-                                                  count=1000), 200):
-        keys: List[str] = []
-        for holders in holders_keys:
-            keys.extend((holders, details_key(holders)))
+    pattern = _glob_escape(settings.prefix) + "*}:s:*"
+    for keys in _batches(client.scan_iter(match=pattern, count=1000), 200):
         freed += int(RELEASE_OWNER.run(client, keys, [owner_prefix(worker)]))
     return freed
-
-
-def details_key(holders_key: Any) -> str:
-    """The details key of a semaphore from its holders key (``...}:h:name`` → ``...}:d:name``)."""
-    key = holders_key.decode() if isinstance(holders_key, bytes) else holders_key
-    cut = key.index("}:h:")
-    return key[:cut] + "}:d:" + key[cut + 4:]
 
 
 def _glob_escape(text: str) -> str:

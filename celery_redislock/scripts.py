@@ -20,7 +20,7 @@ class LuaScript:
     Example::
 
         script = LuaScript.load("release.lua")
-        released = script.run(client, keys=[holders, details], args=[token])
+        released = script.run(client, keys=[semaphore], args=[member])
     """
 
     def __init__(self, name: str, source: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Optional, Union
 
 from .admission import Busy, Lease, RateLimited, SlotLimit, admit
 from .errors import LockConfigurationError, LockTimeout
+from .keeper import lease_keeper
 from .keys import DEFAULT_PREFIX, check_prefix
 
 DEFAULT_LEASE = 30.0
@@ -64,7 +65,7 @@ class Semaphore:
         self.slots = check_slots(slots, f"Semaphore {name!r}")
         self.lease = check_lease(lease, f"Semaphore {name!r}")
         self.limit = SlotLimit(name, self.slots, check_prefix(prefix))
-        self.keys = self.limit.keys
+        self.key = self.limit.key
         self._held_here = threading.local()
 
     def attempt(self, description: str = "") -> Union[Lease, Busy]:
@@ -97,8 +98,6 @@ class Semaphore:
             outcome = self.attempt(description)
             if isinstance(outcome, Lease):
                 if keep_alive:
-                    from .keeper import lease_keeper
-
                     lease_keeper().keep(outcome)
                 return outcome
             if not blocking:
@@ -115,8 +114,6 @@ class Semaphore:
     def release(self, lease: Lease) -> bool:
         """Give back ``lease``'s slot: True if it was held, False if not (already released
         or expired). Never frees another holder's slot, and is safe to call twice."""
-        from .keeper import lease_keeper
-
         lease_keeper().forget(lease)
         return lease.release()
 
@@ -127,7 +124,7 @@ class Semaphore:
     def holders(self) -> int:
         """How many live leases the semaphore has now (expired ones not counted)."""
         now_ms = _server_time_ms(self.client)
-        return int(self.client.zcount(self.keys[0], f"({now_ms}", "+inf"))
+        return int(self.client.zcount(self.key, f"({now_ms}", "+inf"))
 
     @contextlib.contextmanager
     def hold(self, timeout: Optional[float] = None, *, description: str = "") -> Iterator[Lease]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_redislock import LockConfigurationError, LockKeyError
-from celery_redislock.keys import KeyTemplate, check_prefix, redis_keys
+from celery_redislock.keys import KeyTemplate, check_prefix, rate_key, semaphore_key
 
 
 def sync_customer(customer_id, full=False, *, region="eu"):
@@ -88,7 +88,7 @@ def test_prefix_must_not_carry_a_hash_tag():
 
 
 def test_redis_keys_use_prefix_and_digest_tag():
-    holders, details = redis_keys("customer:5", prefix="app1:")
-    assert holders.startswith("app1:{") and holders.endswith(":h:customer:5")
-    assert details.endswith(":d:customer:5")
-    assert redis_keys("customer:5") != redis_keys("customer:6")
+    key = semaphore_key("customer:5", prefix="app1:")
+    assert key.startswith("app1:{") and key.endswith("}:s:customer:5")
+    assert rate_key("customer:5", prefix="app1:").endswith("}:r:customer:5")
+    assert semaphore_key("customer:5") != semaphore_key("customer:6")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from celery_redislock import Lease, LockConfigurationError, LockTimeout, Semaphore
-from celery_redislock.keys import redis_keys
+from celery_redislock.keys import rate_key, semaphore_key
 
 from support import wait_until
 
@@ -64,14 +64,18 @@ def test_many_threads_never_exceed_slots(redis_server, redis_client):
 
 
 def assert_idle(client):
-    """An idle semaphore keeps only its statistics, for at most a minute."""
-    keys = client.keys("*")
-    assert all(b":d:" in key for key in keys), keys
-    assert all(0 < client.pttl(key) <= 60_000 for key in keys)
+    """An idle semaphore keeps only its statistics, and only until its key expires."""
+    for key in client.keys("*"):
+        assert 0 < client.pttl(key) <= 60_000
+        assert {member for member in client.zrange(key, 0, -1)} <= {b"#fence", b"#hold"}
 
 
-def test_average_hold_is_known_after_a_release(redis_client):
+def test_average_hold_is_known_once_contended(redis_client):
     sem = Semaphore(redis_client, "singleton", slots=1, lease=10)
+    sem.release(sem.acquire())
+    lease = sem.acquire()
+    assert sem.attempt().average_hold is None  # refused: holds taken from now on are timed
+    sem.release(lease)
     lease = sem.acquire()
     time.sleep(0.2)
     sem.release(lease)
@@ -91,8 +95,9 @@ def test_expired_lease_frees_its_slot(redis_client):
     successor = sem.acquire()
     assert successor is not None
     assert successor.fence > crashed.fence
-    assert sem.release(crashed) is False  # the dead holder cannot free the successor's slot
+    sem.release(crashed)  # the dead holder's late release cannot free the successor's slot
     assert sem.holders() == 1
+    assert sem.release(crashed) is False
 
 
 def test_renewal_keeps_the_slot_beyond_its_lease(redis_client):
@@ -122,8 +127,9 @@ def test_manual_renew_and_lost_lease(redis_client):
 def test_release_is_idempotent_and_owner_checked(redis_client):
     sem = Semaphore(redis_client, "owned", slots=1, lease=10)
     lease = sem.acquire()
-    stranger = Lease(name="owned", token="not-a-holder", fence=0, lease_seconds=10,
-                     acquired_at_ms=0, expires_at_ms=0, _client=redis_client, _keys=sem.keys)
+    stranger = Lease(name="owned", fence=0, lease_seconds=10, acquired_at_ms=0,
+                     expires_at_ms=0, _client=redis_client, _keys=[sem.key],
+                     _member="not-a-holder 0 0 ")
     assert sem.release(stranger) is False
     assert sem.holders() == 1
     assert sem.release(lease) is True
@@ -168,24 +174,14 @@ def test_context_manager_holds_and_releases(redis_client):
         assert sem.holders() == 1
 
 
-def test_repeated_acquire_with_same_token_takes_one_slot(redis_client):
-    """A client that lost the reply of an acquire may repeat it safely."""
-    from celery_redislock.scripts import ADMIT
-
-    sem = Semaphore(redis_client, "repeat", slots=2, lease=10)
-    for _ in range(3):
-        reply = ADMIT.run(redis_client, sem.keys, ["tok", 10000, "", 1, "s", 2, 0, 0])
-        assert reply[0] == 1
-    assert sem.holders() == 1
-
-
 def test_keys_share_a_cluster_slot_and_are_bounded():
-    holders, details = redis_keys("x" * 5000 + "{evil}")
-    tag = holders[holders.index("{") + 1: holders.index("}")]
-    assert tag == details[details.index("{") + 1: details.index("}")]
+    name = "x" * 5000 + "{evil}"
+    semaphore, rate = semaphore_key(name), rate_key(name)
+    tag = semaphore[semaphore.index("{") + 1: semaphore.index("}")]
+    assert tag == rate[rate.index("{") + 1: rate.index("}")]
     assert len(tag) == 16 and all(c in "0123456789abcdef" for c in tag)
-    assert len(holders) < 200
-    assert redis_keys("a" * 200 + "1") != redis_keys("a" * 200 + "2")
+    assert len(semaphore) < 200
+    assert semaphore_key("a" * 200 + "1") != semaphore_key("a" * 200 + "2")
 
 
 def test_script_reloads_after_script_flush(redis_client):

@@ -1,51 +1,46 @@
 -- Admit one run past N limiters at once, all or nothing, on the server's clock.
 --
--- A limiter is either a leased semaphore ('s', two keys) or a rate limiter ('r', one key).
+-- A limiter is a leased semaphore ('s') or a rate limiter ('r'), one key each:
 --
---   semaphore  holders  sorted set: member = holder token, score = end of its lease (ms)
---              details  hash: holder token -> "acquired_ms|fence|description",
---                       '#fence' -> last fencing number, '#hold' -> average hold time (ms)
---   rate       state    hash: 'tat' -> theoretical arrival time (us), GCRA;
---                       'line' -> end of the line of promised start times (us)
+--   semaphore  sorted set. Each holder is a member "token acquired_ms fence description"
+--              scored by the end of its lease (ms). Two members keep statistics, with
+--              negative scores so they never count as holders: '#fence' (minus the last
+--              fencing number) and, once a run has been refused, '#hold' (minus 1 + the
+--              average hold time in ms; -0.5 until a holder has been released since).
+--              The key lives at least a minute, and at least until its last lease ends.
+--   rate       hash: 'tat' -> theoretical arrival time (us), GCRA;
+--              'line' -> end of the line of promised start times (us)
 --
--- ARGV[1] holder token, unique per acquisition     ARGV[2] lease length (ms)
--- ARGV[3] holder description (opaque text)          ARGV[4] N, the number of limiters
--- then four values per limiter i, from ARGV[5 + 4 * (i - 1)]:
---   's', slots, -, -
---   'r', interval (us), tolerance (us), promise (us; 0 for none)
--- KEYS: each limiter's keys in order (two for 's', one for 'r').
+-- KEYS[i]     the key of limiter i
+-- ARGV[1]     holder token, unique per acquisition
+-- ARGV[2]     lease length (ms)
+-- ARGV[3]     holder description (opaque text for operators)
+-- ARGV[3+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise us or 0>'
 --
 -- Replies:
---   {1, now_ms, lease_end_ms, fence_1, ..., fence_N}   admitted (fence 0 for rate limiters)
+--   {1, now_ms, lease_end_ms, fence, contended}
+--                                              admitted; the holder's entry in every
+--                                              semaphore is "token now_ms fence description"
+--                                              (fence 0 without a semaphore); contended is 1
+--                                              if a semaphore keeps an average hold time,
+--                                              which release.lua must then update
 --   {0, now_ms, i, holders, ms_until_first_lease_end, average_hold_ms}
---                                                      semaphore i is full; nothing written
---   {2, now_ms, i, promise_us, wait_ms}                rate limiter i refused; the run is
---                                                      promised a start time (kept in the
---                                                      line) and nothing else is written
+--                                              semaphore i is full; nothing is taken
+--   {2, now_ms, i, promise_us, wait_ms}        rate limiter i refused; the run is promised
+--                                              a start time, and nothing else is written
 --
 -- A newcomer (no promise) is admitted by a rate limiter only when no promised start is
 -- still ahead of it, so waiters are served in the order they were promised. A run that
 -- comes back with a promise is admitted when the GCRA allows; early, it keeps its promise;
 -- at or after its promised time but overtaken, it is promised again at the end of the line.
---
--- Repeating a call with a token that already holds the semaphores takes no second slot.
 
 local token = ARGV[1]
 local lease = tonumber(ARGV[2])
 local description = ARGV[3]
-local count = tonumber(ARGV[4])
+local STATISTICS_TTL = 60000
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-
-local function drop_expired(holders, details)
-  local expired = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
-  if #expired == 0 then return end
-  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
-  for first = 1, #expired, 1000 do
-    redis.call('HDEL', details, unpack(expired, first, math.min(first + 999, #expired)))
-  end
-end
 
 local function number(value)
   return tonumber(value or '0') or 0
@@ -54,36 +49,33 @@ end
 -- Phase 1: look at every limiter; stop at the first semaphore that is full.
 local limiters = {}
 local rate_refusal = nil
-local key_index = 1
-for i = 1, count do
-  local base = 5 + 4 * (i - 1)
-  local kind = ARGV[base]
-  local limiter = {kind = kind}
-  if kind == 's' then
-    limiter.holders, limiter.details = KEYS[key_index], KEYS[key_index + 1]
-    key_index = key_index + 2
-    local slots = tonumber(ARGV[base + 1])
-    -- Fast path: room even counting expired leases. Expired ones are dropped only when
-    -- the semaphore looks full, since only then do they change the answer.
-    if redis.call('ZCARD', limiter.holders) >= slots
-        and not redis.call('ZSCORE', limiter.holders, token) then
-      drop_expired(limiter.holders, limiter.details)
-      local used = redis.call('ZCARD', limiter.holders)
-      if used >= slots then
-        local first = redis.call('ZRANGE', limiter.holders, 0, 0, 'WITHSCORES')
-        local until_first_end = 0
-        if first[2] then until_first_end = tonumber(first[2]) - now end
-        local hold = tonumber(redis.call('HGET', limiter.details, '#hold') or '-1')
-        return {0, now, i, used, until_first_end, hold}
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local spec = ARGV[3 + i]
+  local limiter = {kind = string.sub(spec, 1, 1), key = key}
+  if limiter.kind == 's' then
+    local slots = tonumber(string.sub(spec, 3))
+    local used = redis.call('ZCOUNT', key, '(' .. now, '+inf')
+    if used >= slots then
+      redis.call('ZREMRANGEBYSCORE', key, 0, now)  -- tidy up leases that ran out
+      local first = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES',
+                               'LIMIT', 0, 1)
+      local until_first_end = 0
+      if first[2] then until_first_end = tonumber(first[2]) - now end
+      local hold = redis.call('ZSCORE', key, '#hold')
+      if hold then
+        hold = -tonumber(hold) - 1
+      else
+        redis.call('ZADD', key, -0.5, '#hold')  -- contended: releases now keep the average
       end
+      return {0, now, i, used, until_first_end, hold and hold >= 0 and hold or -1}
     end
   else
-    limiter.state = KEYS[key_index]
-    key_index = key_index + 1
-    limiter.interval = tonumber(ARGV[base + 1])
-    local tolerance = tonumber(ARGV[base + 2])
-    local promise = tonumber(ARGV[base + 3])
-    local saved = redis.call('HMGET', limiter.state, 'tat', 'line')
+    local interval, tolerance, promise = string.match(spec, '^r:([^:]+):([^:]+):([^:]+)$')
+    limiter.interval = tonumber(interval)
+    tolerance = tonumber(tolerance)
+    promise = tonumber(promise)
+    local saved = redis.call('HMGET', key, 'tat', 'line')
     limiter.tat = math.max(number(saved[1]), now_us)
     limiter.line = math.max(number(saved[2]), now_us)
     local allowed_at = limiter.tat - tolerance
@@ -96,8 +88,7 @@ for i = 1, count do
 end
 
 local function expire_rate_state(limiter, tat, line)
-  local ttl = math.ceil((math.max(tat, line) - now_us) / 1000) + 1000
-  redis.call('PEXPIRE', limiter.state, ttl)
+  redis.call('PEXPIRE', limiter.key, math.ceil((math.max(tat, line) - now_us) / 1000) + 1000)
 end
 
 -- Refused by a rate limiter: keep an early run's promise, else promise a start time.
@@ -107,35 +98,43 @@ if rate_refusal then
   if promise == 0 or now_us >= promise then
     promise = math.max(limiter.line, rate_refusal.allowed_at)
     limiter.line = promise + limiter.interval
-    redis.call('HSET', limiter.state, 'line', string.format('%.0f', limiter.line))
+    redis.call('HSET', limiter.key, 'line', string.format('%.0f', limiter.line))
     expire_rate_state(limiter, limiter.tat, limiter.line)
   end
   return {2, now, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000)}
 end
 
--- Phase 2: admitted by every limiter; take the slots and spend the rate.
+-- Phase 2: admitted by every limiter. One fencing number for the whole admission, above
+-- the last one of every semaphore (and the server's time in microseconds, so it keeps
+-- rising after an idle semaphore was deleted).
+local fence = 0
+local has_semaphore = false
+local contended = 0
+for i = 1, #KEYS do
+  if limiters[i].kind == 's' then
+    has_semaphore = true
+    local stats = redis.call('ZMSCORE', limiters[i].key, '#fence', '#hold')
+    fence = math.max(fence, stats[1] and (1 - tonumber(stats[1])) or 0)
+    if stats[2] then contended = 1 end
+  end
+end
+if has_semaphore then fence = math.max(fence, now_us) end
+local fence_text = string.format('%.0f', fence)
 local lease_end = now + lease
-local reply = {1, now, lease_end}
-for i = 1, count do
+local member = token .. ' ' .. string.format('%.0f', now) .. ' ' .. fence_text .. ' '
+  .. description
+
+for i = 1, #KEYS do
   local limiter = limiters[i]
-  local fence = 0
   if limiter.kind == 's' then
-    fence = now_us
-    local last = tonumber(redis.call('HGET', limiter.details, '#fence') or '0')
-    if last >= fence then fence = last + 1 end
-    local fence_text = string.format('%.0f', fence)
-    redis.call('ZADD', limiter.holders, lease_end, token)
-    redis.call('HSET', limiter.details, token, now .. '|' .. fence_text .. '|' .. description,
-               '#fence', fence_text)
-    if redis.call('PTTL', limiter.holders) < lease then
-      redis.call('PEXPIRE', limiter.holders, lease)
-      redis.call('PEXPIRE', limiter.details, lease)
+    redis.call('ZADD', limiter.key, lease_end, member, -fence, '#fence')
+    if redis.call('PTTL', limiter.key) < lease then
+      redis.call('PEXPIRE', limiter.key, math.max(lease, STATISTICS_TTL))
     end
   else
     local tat = limiter.tat + limiter.interval
-    redis.call('HSET', limiter.state, 'tat', string.format('%.0f', tat))
+    redis.call('HSET', limiter.key, 'tat', string.format('%.0f', tat))
     expire_rate_state(limiter, tat, limiter.line)
   end
-  reply[#reply + 1] = fence
 end
-return reply
+return {1, now, lease_end, fence, contended}
