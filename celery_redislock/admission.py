@@ -171,20 +171,21 @@ def admit(
         [token, milliseconds(lease), description,
          *(limiter.spec(promises) for limiter in limiters)],
     )
-    status, now_ms = int(reply[0]), int(reply[1])
-    if status == 1:
+    if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended"
+        now_ms, lease_end, fence, contended = (int(part) for part in reply.split())
         semaphores = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
         return Lease(
             name=", ".join(limiter.name for limiter in semaphores),
-            fence=int(reply[3]),
+            fence=fence,
             lease_seconds=lease,
             acquired_at_ms=now_ms,
-            expires_at_ms=int(reply[2]),
+            expires_at_ms=lease_end,
             _client=client,
             _keys=[limiter.key for limiter in semaphores],
-            _member=f"{token} {now_ms} {int(reply[3])} {description}",
-            _contended=bool(int(reply[4])),
+            _member=f"{token} {now_ms} {fence} {description}",
+            _contended=bool(contended),
         )
+    status, now_ms = int(reply[0]), int(reply[1])
     limiter = limiters[int(reply[2]) - 1]
     if status == 0:
         assert isinstance(limiter, SlotLimit)

@@ -18,7 +18,7 @@
 -- ARGV[3+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise us or 0>'
 --
 -- Replies:
---   {1, now_ms, lease_end_ms, fence, contended}
+--   "now_ms lease_end_ms fence contended"      (one string: cheap to send and parse)
 --                                              admitted; the holder's entry in every
 --                                              semaphore is "token now_ms fence description"
 --                                              (fence 0 without a semaphore); contended is 1
@@ -137,4 +137,4 @@ for i = 1, #KEYS do
     expire_rate_state(limiter, tat, limiter.line)
   end
 end
-return {1, now, lease_end, fence, contended}
+return string.format('%.0f %.0f %.0f %d', now, lease_end, fence, contended)
