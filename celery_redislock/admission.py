@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
+from .channel import channel_for
 from .keys import rate_key, semaphore_key
 from .rate import Rate
 from .scripts import ADMIT, RELEASE, RENEW
@@ -103,13 +104,23 @@ class Lease:
         self.expires_at_ms = int(lease_end)
         return True
 
-    def release(self) -> bool:
-        """Give the slots back; False if they were no longer held. Safe to call twice."""
+    def release(self, wait: bool = True) -> bool:
+        """Give the slots back; False if they were no longer held. Safe to call twice.
+
+        ``wait=False`` may send the release without waiting for its answer (and then
+        returns True): for callers that do not need it.
+        """
         if not self._keys:
             return False
         if len(self._keys) == 1 and not self._contended:
             # Nobody waited when it was taken: no statistics to keep, a plain ZREM will do.
-            return bool(self._client.zrem(self._keys[0], self._member))
+            channel = channel_for(self._client)
+            if channel is None:
+                return bool(self._client.zrem(self._keys[0], self._member))
+            if wait:
+                return bool(channel.call("ZREM", self._keys[0], self._member))
+            channel.send("ZREM", self._keys[0], self._member)
+            return True
         held_ms = round((time.monotonic() - self._taken_at) * 1000)
         return bool(RELEASE.run(self._client, self._keys, [self._member, held_ms]))
 

@@ -140,7 +140,7 @@ def give_back(task: Any, lease: Lease) -> None:
     """Release ``lease``; if Redis cannot be reached, its lease runs out by itself."""
     lease_keeper().forget(lease)
     try:
-        lease.release()
+        lease.release(wait=False)
     except RedisError as exc:
         logger.warning(
             "celery-redislock: task %s could not release its slot of %r (%r); the slot "

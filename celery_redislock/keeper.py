@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 
 LostCallback = Callable[[Lease], None]
 
+#: Seconds between two looks of an idle keeper.
+IDLE_WAKE = 1.0
+
 
 @dataclass
 class _Kept:
@@ -61,7 +64,7 @@ class LeaseKeeper:
         due = now + lease.lease_seconds / 3
         with self._wakeup:
             # Wake the thread only if it sleeps past this lease's first renewal.
-            wake = not self._kept or due < self._next_due
+            wake = self._thread is None or due < self._next_due
             self._kept[lease.token] = _Kept(
                 lease=lease, due=due, last_renewed=now, on_lost=[on_lost] if on_lost else [],
             )
@@ -102,8 +105,11 @@ class LeaseKeeper:
         return [entry for entry in self._kept.values() if entry.due <= now]
 
     def _seconds_to_next(self) -> float:
+        # Idle, it still looks up every second, so that keeping a new lease (first due a
+        # third of a lease from now) seldom needs to wake it: a wake-up costs a context
+        # switch on every task.
         self._next_due = min((entry.due for entry in self._kept.values()),
-                             default=time.monotonic() + 60.0)
+                             default=time.monotonic() + IDLE_WAKE)
         return max(0.0, self._next_due - time.monotonic())
 
     def _renew(self, entry: _Kept) -> None:

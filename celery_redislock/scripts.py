@@ -13,6 +13,8 @@ from typing import Any, Sequence
 
 from redis.exceptions import NoScriptError
 
+from .channel import channel_for
+
 
 class LuaScript:
     """A Lua script file, run atomically on the Redis server.
@@ -34,11 +36,14 @@ class LuaScript:
         return cls(filename, source)
 
     def run(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run the script on ``client`` (a redis-py client or pipeline-free cluster client)."""
+        """Run the script on ``client`` (a redis-py client, or a cluster client when every
+        key is in one hash slot)."""
+        channel = channel_for(client)
+        call = channel.call if channel is not None else client.execute_command
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            return call("EVALSHA", self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            return client.eval(self.source, len(keys), *keys, *args)
+            return call("EVAL", self.source, len(keys), *keys, *args)
 
 
 ADMIT = LuaScript.load("admit.lua")

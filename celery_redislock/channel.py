@@ -1,0 +1,93 @@
+"""One connection per thread for the commands on every task's path, and releases that do
+not wait for their reply.
+
+Every limited run costs an admission and a release. Through redis-py's client each call
+also takes a connection from the pool, wraps it in retry and metrics bookkeeping, and
+puts it back; and the release waits for a reply the run does not need. A ``Channel``
+keeps one connection of the client's pool for the calling thread, sends the release
+without waiting, and reads its reply (just ``:1``) together with the next call's. A
+connection error drops the connection; the next call opens a new one.
+
+Only plain ``redis.Redis`` clients over a ``ConnectionPool`` get a channel; any other
+client (Cluster, custom pools) is called the ordinary way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Optional
+
+import redis
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
+
+logger = logging.getLogger(__name__)
+
+_POOLS = (redis.ConnectionPool,)
+
+
+class Channel:
+    """A connection of ``client``'s pool, used by one thread only.
+
+    Example::
+
+        channel = channel_for(client)
+        reply = channel.call("EVALSHA", sha, 1, key, token)
+        channel.send("ZREM", key, member)     # sent now; its reply is read later
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.connection = client.connection_pool.make_connection()
+        self.unread = 0
+
+    def call(self, *command: Any) -> Any:
+        """Send ``command`` and return its reply (after the replies of earlier sends)."""
+        try:
+            self.connection.send_command(*command, check_health=False)
+            self._read_unread()
+            return self.connection.read_response()
+        except (ConnectionError, TimeoutError, OSError):
+            self._drop()
+            raise
+
+    def send(self, *command: Any) -> None:
+        """Send ``command`` without waiting for its reply."""
+        try:
+            self.connection.send_command(*command, check_health=False)
+        except (ConnectionError, TimeoutError, OSError):
+            self._drop()
+            raise
+        self.unread += 1
+
+    def _read_unread(self) -> None:
+        while self.unread:
+            self.unread -= 1
+            try:
+                self.connection.read_response()
+            except RedisError as exc:
+                if isinstance(exc, (ConnectionError, TimeoutError)):
+                    raise
+                logger.warning("celery-redislock: a release sent earlier failed: %r", exc)
+
+    def _drop(self) -> None:
+        self.unread = 0
+        self.connection.disconnect()
+
+
+_local = threading.local()
+
+
+def channel_for(client: Any) -> Optional[Channel]:
+    """This thread's channel to ``client``, or None if the client cannot have one."""
+    pool = getattr(client, "connection_pool", None)
+    if type(client) is not redis.Redis or type(pool) not in _POOLS:
+        return None
+    channels = getattr(_local, "channels", None)
+    if channels is None or _local.pid != os.getpid():
+        channels = _local.channels = {}
+        _local.pid = os.getpid()
+    channel = channels.get(id(pool))
+    if channel is None:
+        channel = channels[id(pool)] = Channel(client)
+    return channel
