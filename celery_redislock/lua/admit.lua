@@ -32,7 +32,8 @@
 -- A newcomer (no promise) is admitted by a rate limiter only when no promised start is
 -- still ahead of it, so waiters are served in the order they were promised. A run that
 -- comes back with a promise is admitted when the GCRA allows; early, it keeps its promise;
--- at or after its promised time but overtaken, it is promised again at the end of the line.
+-- at or after its promised time but overtaken (another promised run came late and took
+-- its start), it is promised the next start and the end of the line moves back by one.
 
 local token = ARGV[1]
 local lease = tonumber(ARGV[2])
@@ -95,9 +96,17 @@ end
 if rate_refusal then
   local limiter = rate_refusal.limiter
   local promise = rate_refusal.promise
-  if promise == 0 or now_us >= promise then
+  if promise == 0 then
+    -- A newcomer: the next start time at the end of the line.
     promise = math.max(limiter.line, rate_refusal.allowed_at)
     limiter.line = promise + limiter.interval
+  elseif now_us >= promise then
+    -- Came back on time (or late) but another run took the start: it keeps its place at
+    -- the front, the next start time, and the line moves back by one to make room.
+    promise = rate_refusal.allowed_at
+    limiter.line = limiter.line + limiter.interval
+  end
+  if promise ~= rate_refusal.promise then
     redis.call('HSET', limiter.key, 'line', string.format('%.0f', limiter.line))
     expire_rate_state(limiter, limiter.tat, limiter.line)
   end

@@ -1,0 +1,122 @@
+"""End to end: limits from ``redislock_limits`` on plain tasks, across real prefork workers.
+
+The workers run :mod:`config_app`, whose tasks are plain ``@app.task`` functions limited
+only by the setting: a concurrency limit, a global rate limit per key, and a task under
+two limits at once (a slot per merchant and a global rate).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List
+
+import pytest
+from config_app import (
+    API_RATE_PER_SECOND,
+    CALL_API,
+    CHARGE,
+    CHARGE_RATE_PER_SECOND,
+    SEND_EMAIL,
+    create_app,
+)
+from test_workers import (
+    assert_each_ran_once,
+    assert_no_lease_lost,
+    lock_store,
+    peaks,
+    record_store,
+    wait_for_results,
+    wait_until,
+)
+
+from celery_redislock import Semaphore
+
+if TYPE_CHECKING:
+    from worker_cluster import WorkerCluster, WorkerClusterFactory
+
+pytest_plugins = ["worker_cluster"]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(worker_cluster_factory: WorkerClusterFactory) -> WorkerCluster:
+    """Three worker processes of the config-limited app, two prefork children each."""
+    return worker_cluster_factory(workers=3, concurrency=2, app_module="config_app",
+                                  app_factory=create_app)
+
+
+def start_times(record, results) -> List[int]:
+    """When the limits admitted each task, on the Redis server's clock (µs), in order."""
+    return sorted(int(record.hget("admitted", result.id)) * 1000 for result in results)
+
+
+def most_starts_in_any_window(starts: List[int], window_us: int) -> int:
+    """The largest number of starts inside any half-open window of ``window_us``."""
+    most, first = 0, 0
+    for last, start in enumerate(starts):
+        while start - starts[first] >= window_us:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def test_config_slots_limit_a_plain_task(cluster: WorkerCluster) -> None:
+    task = cluster.app.tasks[SEND_EMAIL]
+    results = [task.delay(n) for n in range(16)]
+    assert sorted(wait_for_results(cluster, results)) == list(range(16))
+    record = record_store(cluster)
+    assert_each_ran_once(record, results)
+    assert max(peaks(record, "email")) == 2
+    assert Semaphore(lock_store(cluster), SEND_EMAIL).holders() == 0
+    assert_no_lease_lost(cluster)
+
+
+def test_global_rate_across_worker_processes(cluster: WorkerCluster) -> None:
+    """A backlog of 60 calls at 20/s per token, on 3 workers x 2 processes: starts are
+    never more than 20 in any second, and the backlog runs at (nearly) 20 per second."""
+    task = cluster.app.tasks[CALL_API]
+    count = 3 * API_RATE_PER_SECOND
+    results = [task.delay("t1") for _ in range(count)]
+    other = [task.delay("t2") for _ in range(5)]  # another token has its own rate
+    wait_for_results(cluster, results + other)
+
+    record = record_store(cluster)
+    assert_each_ran_once(record, results + other)
+    starts = start_times(record, results)
+    assert most_starts_in_any_window(starts, 1_000_000) <= API_RATE_PER_SECOND
+    interval_us = 1_000_000 // API_RATE_PER_SECOND
+    assert min(b - a for a, b in zip(starts, starts[1:])) >= interval_us - 1000  # ms clock
+    achieved = (count - 1) / ((starts[-1] - starts[0]) / 1_000_000)
+    assert achieved >= 0.9 * API_RATE_PER_SECOND, f"achieved {achieved:.1f}/s"
+    assert start_times(record, other)[0] < starts[-1], "token t2 waited behind t1"
+
+
+def test_two_limits_are_taken_together(cluster: WorkerCluster) -> None:
+    """charge has a slot per merchant and a global 10/s rate. While the test holds
+    merchant 1's slot, merchant 1's charges wait without spending the rate, so the other
+    merchants' charges still run at the full rate; neither limit is ever exceeded."""
+    task = cluster.app.tasks[CHARGE]
+    blocker = Semaphore(lock_store(cluster), "merchant:1")
+    held = blocker.acquire()
+    blocked = [task.delay(1, amount) for amount in range(4)]
+    free = [task.delay(2 + amount % 3, amount, seconds=0.05) for amount in range(15)]
+    wait_for_results(cluster, free)
+
+    record = record_store(cluster)
+    assert not any(record.hexists("started", result.id) for result in blocked)
+    starts = start_times(record, free)
+    interval_us = 1_000_000 // CHARGE_RATE_PER_SECOND
+    assert min(b - a for a, b in zip(starts, starts[1:])) >= interval_us - 1000  # ms clock
+    achieved = (len(starts) - 1) / ((starts[-1] - starts[0]) / 1_000_000)
+    assert achieved >= 0.85 * CHARGE_RATE_PER_SECOND, f"achieved {achieved:.1f}/s"
+
+    blocker.release(held)
+    wait_for_results(cluster, blocked)
+    assert_each_ran_once(record, blocked + free)
+    for merchant in (1, 2, 3, 4):
+        assert max(peaks(record, f"merchant:{merchant}")) == 1
+    every = start_times(record, blocked + free)
+    assert min(b - a for a, b in zip(every, every[1:])) >= interval_us - 1000
+    wait_until(lambda: Semaphore(lock_store(cluster), "merchant:2").holders() == 0, 5,
+               "merchant 2's slot to be given back")
+    assert_no_lease_lost(cluster)
