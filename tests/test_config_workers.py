@@ -10,15 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List
 
 import pytest
-from config_app import (
-    API_RATE_PER_SECOND,
-    CALL_API,
-    CHARGE,
-    CHARGE_RATE_PER_SECOND,
-    SEND_EMAIL,
-    create_app,
-)
-from test_workers import (
+
+from celery_redislock import Semaphore
+
+from cluster_checks import (
     assert_each_ran_once,
     assert_no_lease_lost,
     lock_store,
@@ -27,8 +22,14 @@ from test_workers import (
     wait_for_results,
     wait_until,
 )
-
-from celery_redislock import Semaphore
+from config_app import (
+    API_RATE_PER_SECOND,
+    CALL_API,
+    CHARGE,
+    CHARGE_RATE_PER_SECOND,
+    SEND_EMAIL,
+    create_app,
+)
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory

@@ -1,0 +1,1 @@
+"""Benchmarks of celery-redislock against a private redis-server (see README.md)."""

@@ -1,0 +1,80 @@
+"""Run both benchmarks and print one markdown summary.
+
+Run from the repository root::
+
+    python -m benchmarks.run_all            # defaults of both benchmarks
+    python -m benchmarks.run_all --quick    # fewer cycles, tasks and rounds
+
+Each benchmark starts (and stops) its own private redis-server; results are written to
+``benchmarks/results/`` (semaphore.json, task_overhead.json, summary.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import bench_semaphore, bench_task_overhead
+from .common import markdown_table, write_json
+
+
+def benchmark_arguments(quick: bool) -> Dict[str, List[str]]:
+    """Command-line arguments of each benchmark."""
+    if quick:
+        return {
+            "semaphore": ["--cycles", "2000", "--rounds", "3"],
+            "task_overhead": ["--tasks", "1000", "--rounds", "3"],
+        }
+    return {"semaphore": [], "task_overhead": []}
+
+
+def summary(semaphore: Dict[str, Any], tasks: Dict[str, Any]) -> str:
+    """The combined markdown summary: targets first, then each benchmark's report."""
+    sem = semaphore["results"]
+    rows = [
+        (
+            "Semaphore cycles/s vs redis-py Lock",
+            f"{sem[bench_semaphore.SEMAPHORE]['cycles_per_second_median']:,.0f} vs "
+            f"{sem[bench_semaphore.LOCK]['cycles_per_second_median']:,.0f}",
+            f"{semaphore['ratio_semaphore_over_lock']:.3f}", ">= 1.0",
+            "met" if semaphore["target_met"] else "NOT met",
+        ),
+        (
+            "LimitedTask tasks/s vs plain task",
+            f"{tasks['results']['limited']['tasks_per_second_median']:,.0f} vs "
+            f"{tasks['results']['plain']['tasks_per_second_median']:,.0f}",
+            f"{tasks['ratio_limited_over_plain']:.3f}", ">= 0.9",
+            "met" if tasks["target_met"] else "NOT met",
+        ),
+    ]
+    table = markdown_table(("measure", "measured", "ratio", "target", "status"), rows)
+    return (
+        f"# celery-redislock benchmarks\n\n{table}\n\n"
+        f"{semaphore['markdown']}\n{tasks['markdown']}"
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    """Run both benchmarks, print the combined summary, write results/summary.json."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a shorter, noisier run")
+    args = parser.parse_args(argv)
+    arguments = benchmark_arguments(args.quick)
+    semaphore = bench_semaphore.main(arguments["semaphore"])
+    tasks = bench_task_overhead.main(arguments["task_overhead"])
+    text = summary(semaphore, tasks)
+    write_json("summary.json", {
+        "semaphore_ratio": semaphore["ratio_semaphore_over_lock"],
+        "semaphore_target_met": semaphore["target_met"],
+        "task_ratio": tasks["ratio_limited_over_plain"],
+        "task_target_met": tasks["target_met"],
+        "markdown": text,
+    })
+    print("\n" + "=" * 72 + "\n")
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,125 @@
+"""The Celery app of the task-overhead benchmark, loaded both by the worker and the sender.
+
+Every URL comes from the environment, so the benchmark can point it at its private
+redis-server:
+
+``REDISLOCK_BENCH_BROKER_URL``    broker
+``REDISLOCK_BENCH_BACKEND_URL``   result backend
+``REDISLOCK_BENCH_LOCK_URL``      lock store (``redislock_url``), also holds the counters
+``REDISLOCK_BENCH_IGNORE_RESULT`` ``"1"`` (default): tasks store no result; ``"0"``: they do
+``REDISLOCK_BENCH_PROFILE_DIR``   if set, each worker child profiles itself (cProfile)
+                                  and writes ``<pid>.prof`` there when it exits
+``REDISLOCK_BENCH_PROFILE_CLOCK`` the profiler's clock: ``wall`` (default), ``process``
+                                  (CPU of the whole child, every thread) or ``thread``
+                                  (CPU of the thread that runs the tasks)
+
+Both tasks do nothing. A finished task is counted by a ``task_postrun`` handler (so a
+limited task's count comes after its slot is given back) with one ``INCR`` of
+``bench:done:<task name>`` in the lock store.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+import redis
+from celery import Celery, Task
+from celery.signals import task_postrun, worker_process_init, worker_process_shutdown
+
+from celery_redislock import LimitedTask
+
+BROKER_ENV = "REDISLOCK_BENCH_BROKER_URL"
+BACKEND_ENV = "REDISLOCK_BENCH_BACKEND_URL"
+LOCK_ENV = "REDISLOCK_BENCH_LOCK_URL"
+IGNORE_RESULT_ENV = "REDISLOCK_BENCH_IGNORE_RESULT"
+PROFILE_ENV = "REDISLOCK_BENCH_PROFILE_DIR"
+PROFILE_CLOCK_ENV = "REDISLOCK_BENCH_PROFILE_CLOCK"
+PROFILE_CLOCKS: Dict[str, Callable[[], float]] = {
+    "wall": time.perf_counter,
+    "process": time.process_time,
+    "thread": time.thread_time,
+}
+
+QUEUE = "redislock-bench"
+PLAIN = "bench.plain"
+LIMITED = "bench.limited"
+#: Far more slots than the worker has processes: the limited task is never contended.
+LIMITED_SLOTS = 1000
+
+
+def counter_key(task_name: str) -> str:
+    """The Redis key that counts finished runs of ``task_name``."""
+    return f"bench:done:{task_name}"
+
+
+def _required_env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(f"environment variable {name} is not set")
+    return value
+
+
+app = Celery(
+    "redislock_bench",
+    broker=_required_env(BROKER_ENV),
+    backend=_required_env(BACKEND_ENV),
+)
+app.conf.update(
+    redislock_url=_required_env(LOCK_ENV),
+    task_ignore_result=os.environ.get(IGNORE_RESULT_ENV, "1") == "1",
+    task_default_queue=QUEUE,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+
+
+@app.task(name=PLAIN)
+def plain() -> None:
+    """A task that does nothing."""
+
+
+@app.task(name=LIMITED, base=LimitedTask, lock_slots=LIMITED_SLOTS)
+def limited() -> None:
+    """A task that does nothing, inside a slot of a never-full semaphore."""
+
+
+_counter_client: Optional[redis.Redis] = None
+_profiler: Optional[cProfile.Profile] = None
+
+
+def _counter() -> redis.Redis:
+    """This process's client of the lock store, made on first use (after any fork)."""
+    global _counter_client
+    if _counter_client is None:
+        _counter_client = redis.Redis.from_url(_required_env(LOCK_ENV))
+    return _counter_client
+
+
+@task_postrun.connect
+def count_finished(sender: Optional[Task] = None, **_: Any) -> None:
+    """Count one finished run of the task that just ran."""
+    if sender is not None and sender.name in (PLAIN, LIMITED):
+        _counter().incr(counter_key(sender.name))
+
+
+@worker_process_init.connect
+def start_profiling(**_: Any) -> None:
+    """In profiling mode, profile this worker child from its start."""
+    global _profiler
+    if os.environ.get(PROFILE_ENV):
+        clock = PROFILE_CLOCKS[os.environ.get(PROFILE_CLOCK_ENV, "wall")]
+        _profiler = cProfile.Profile(clock)
+        _profiler.enable()
+
+
+@worker_process_shutdown.connect
+def stop_profiling(**_: Any) -> None:
+    """In profiling mode, write this worker child's profile as it exits."""
+    directory = os.environ.get(PROFILE_ENV)
+    if _profiler is not None and directory:
+        _profiler.disable()
+        _profiler.dump_stats(str(Path(directory) / f"{os.getpid()}.prof"))

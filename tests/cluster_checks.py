@@ -1,0 +1,88 @@
+"""Checks shared by the end-to-end tests: what the task bodies recorded, and the lock store."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, List
+
+import redis
+from celery.result import AsyncResult, ResultSet
+
+from celery_redislock import Semaphore
+
+if TYPE_CHECKING:
+    from worker_cluster import WorkerCluster
+
+#: Longest wait for a batch of tasks to finish (seconds).
+RESULTS_TIMEOUT = 60.0
+
+
+def record_store(cluster: WorkerCluster) -> redis.Redis:
+    """A client of the database where the task bodies record their runs."""
+    assert cluster.urls is not None
+    return redis.Redis.from_url(cluster.urls.record, decode_responses=True)
+
+
+def lock_store(cluster: WorkerCluster) -> redis.Redis:
+    """A client of the lock store's database."""
+    assert cluster.urls is not None
+    return redis.Redis.from_url(cluster.urls.lock)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
+               interval: float = 0.02) -> None:
+    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_for_results(cluster: WorkerCluster, results: List[AsyncResult]) -> List[Any]:
+    """The return values of ``results`` once all succeeded; fail on error, timeout, or
+    when a worker process exits meanwhile."""
+    pending = ResultSet(results, app=cluster.app)
+
+    def all_ready() -> bool:
+        cluster.check_running()
+        return pending.ready()
+
+    wait_until(all_ready, RESULTS_TIMEOUT, f"{len(results)} task results", interval=0.05)
+    values = pending.join(timeout=RESULTS_TIMEOUT)
+    assert [result.status for result in results] == ["SUCCESS"] * len(results)
+    return values
+
+
+def peaks(record: redis.Redis, key: str) -> List[int]:
+    """How many bodies of ``key`` were running as each of them started."""
+    return [int(value) for value in record.lrange(f"peaks:{key}", 0, -1)]
+
+
+def assert_each_ran_once(record: redis.Redis, results: List[AsyncResult]) -> None:
+    """Every task's body ran exactly once, however often it went back to the queue."""
+    runs = {result.id: record.get(f"runs:{result.id}") for result in results}
+    assert runs == {result.id: "1" for result in results}
+
+
+def holders(cluster: WorkerCluster, name: str) -> int:
+    """How many live leases the semaphore ``name`` has now."""
+    return Semaphore(lock_store(cluster), name).holders()
+
+
+def assert_slots_all_given_back(cluster: WorkerCluster, names: List[str]) -> None:
+    """Every slot of the semaphores ``names`` was released (none is left to expire)."""
+    assert {name: holders(cluster, name) for name in names} == dict.fromkeys(names, 0)
+
+
+def assert_no_lease_lost(cluster: WorkerCluster) -> None:
+    """No worker logged that a lease ran out while its task still ran."""
+    assert "LEASE LOST" not in cluster.logs()
+
+
+def server_time_us(client: redis.Redis) -> int:
+    """The Redis server's clock, in microseconds (the clock the records use)."""
+    seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+

@@ -1,0 +1,130 @@
+"""End to end: LimitedTask limits hold across several real prefork Celery workers.
+
+Each test starts three ``celery worker`` processes of three pool children each (see
+:mod:`worker_cluster`) on a private Redis server, sends tasks of :mod:`worker_app`, and
+checks what the task bodies recorded in the record store: how many ran at once per limit
+key, and that every task ran exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Dict, List
+
+import pytest
+from celery.result import AsyncResult
+
+from cluster_checks import (
+    assert_each_ran_once,
+    assert_no_lease_lost,
+    assert_slots_all_given_back,
+    holders,
+    peaks,
+    record_store,
+    server_time_us,
+    wait_for_results,
+    wait_until,
+)
+from worker_app import (
+    CUSTOMERS_KEY,
+    LIMITED_KEY,
+    LIMITED_SLEEP,
+    SHORT_LEASE_KEY,
+    SHORT_LEASE_SLEEP,
+    SYNC_CUSTOMER,
+)
+
+if TYPE_CHECKING:
+    from worker_cluster import WorkerCluster, WorkerClusterFactory
+
+#: The harness is a plugin (imported by pytest, so that its asserts are rewritten).
+pytest_plugins = ["worker_cluster"]
+
+pytestmark = pytest.mark.slow
+
+@pytest.fixture
+def cluster(worker_cluster_factory: WorkerClusterFactory) -> WorkerCluster:
+    """Three worker processes with three prefork children each."""
+    return worker_cluster_factory(workers=3, concurrency=3)
+
+
+def test_slots_bound_concurrency_across_all_workers(cluster: WorkerCluster) -> None:
+    """30 tasks with lock_slots=2 on 9 pool processes: exactly 2 at once at the peak."""
+    task = cluster.app.tasks[LIMITED_SLEEP]
+    results = [task.delay(0.2) for _ in range(30)]
+
+    values = wait_for_results(cluster, results)
+
+    record = record_store(cluster)
+    assert sorted(values) == sorted(result.id for result in results)
+    assert_each_ran_once(record, results)
+    seen = peaks(record, LIMITED_KEY)
+    assert len(seen) == 30
+    assert max(seen) == 2, f"concurrency per start: {seen}"
+    assert record.get(f"running:{LIMITED_KEY}") == "0"
+    assert_slots_all_given_back(cluster, [LIMITED_SLEEP])
+    assert_no_lease_lost(cluster)
+
+
+def test_per_key_limit_with_positional_and_keyword_calls(cluster: WorkerCluster) -> None:
+    """lock_key="customer:{customer_id}": one at a time per customer, however the
+    argument is passed, while different customers run side by side."""
+    task = cluster.app.tasks[SYNC_CUSTOMER]
+    calls: List[Callable[[int], AsyncResult]] = [
+        lambda customer: task.delay(customer),
+        lambda customer: task.delay(customer_id=customer),
+        lambda customer: task.delay(customer, seconds=0.3),
+        lambda customer: task.apply_async(kwargs={"customer_id": customer, "seconds": 0.3}),
+    ]
+    customers = [1, 2, 3]
+    results: Dict[int, List[AsyncResult]] = {customer: [] for customer in customers}
+    for call in calls:
+        for customer in customers:
+            results[customer].append(call(customer))
+    every = [result for batch in results.values() for result in batch]
+
+    values = wait_for_results(cluster, every)
+
+    record = record_store(cluster)
+    assert values == [customer for customer in customers for _ in calls]
+    assert_each_ran_once(record, every)
+    for customer in customers:
+        seen = peaks(record, f"customer:{customer}")
+        assert seen == [1] * len(calls), f"customer {customer}: concurrency per start {seen}"
+    across = peaks(record, CUSTOMERS_KEY)
+    assert len(across) == len(every)
+    assert max(across) > 1, f"customers never ran side by side: {across}"
+    assert_slots_all_given_back(cluster, [f"customer:{customer}" for customer in customers])
+    assert_no_lease_lost(cluster)
+
+
+def test_lease_is_renewed_while_a_long_task_runs(cluster: WorkerCluster) -> None:
+    """A task on a 1 s lease that runs 3 s keeps its only slot all along: a second task
+    of the same key starts only after the first ended."""
+    task = cluster.app.tasks[SHORT_LEASE_SLEEP]
+    record = record_store(cluster)
+    first = task.delay(3.0)
+    wait_until(lambda: record.hexists("started", first.id), 30, "the first task to start")
+    first_started = int(record.hget("started", first.id))
+    second = task.delay(0.1)
+
+    # Past twice the lease, the first still holds the slot and the second still waits.
+    wait_until(lambda: server_time_us(record) >= first_started + 2_500_000, 10,
+               "2.5 s into the first task")
+    assert not record.hexists("ended", first.id), "the first task ended too soon"
+    assert not record.hexists("started", second.id), "the second task did not wait"
+    assert holders(cluster, SHORT_LEASE_SLEEP) == 1
+
+    assert wait_for_results(cluster, [first, second]) == [first.id, second.id]
+    times = {
+        name: {result.id: int(record.hget(name, result.id)) for result in (first, second)}
+        for name in ("started", "ended")
+    }
+    assert times["ended"][first.id] - times["started"][first.id] >= 3_000_000
+    assert times["started"][second.id] >= times["ended"][first.id]
+    assert peaks(record, SHORT_LEASE_KEY) == [1, 1]
+    assert_each_ran_once(record, [first, second])
+    assert f"[{second.id}] found all 1 slot(s)" in cluster.logs(), (
+        "the second task never found the slot taken"
+    )
+    assert_slots_all_given_back(cluster, [SHORT_LEASE_SLEEP])
+    assert_no_lease_lost(cluster)

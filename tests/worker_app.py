@@ -1,0 +1,194 @@
+"""The Celery app that the real worker processes of ``test_workers.py`` run.
+
+The workers start it with ``celery -A worker_app worker``; the URLs of their broker, result
+backend, lock store and record store come from the environment (see :class:`AppUrls`).
+The test process builds its own instance with :func:`create_app` and the same URLs, so
+both sides share one set of task definitions.
+
+Every task body records what it sees in the record store, a Redis database of its own:
+
+``running:<key>``   how many bodies of limit key ``<key>`` run now (INCR at start, DECR at end)
+``peaks:<key>``     list of ``running:<key>`` as each body started: its maximum is the
+                    highest concurrency ever reached for that key
+``runs:<task id>``  how many times a body ran for that task id (must end at exactly 1)
+``started``         hash: task id -> Redis server time (microseconds) when the body started
+``ended``           hash: task id -> Redis server time (microseconds) when the body ended
+
+All of one step is a single Lua script, so it is atomic and timed by the Redis server's
+clock, which every process shares.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import redis
+from celery import Celery
+
+from celery_redislock import LimitedTask
+
+BROKER_URL_ENV = "REDISLOCK_TEST_BROKER_URL"
+BACKEND_URL_ENV = "REDISLOCK_TEST_BACKEND_URL"
+LOCK_URL_ENV = "REDISLOCK_TEST_LOCK_URL"
+RECORD_URL_ENV = "REDISLOCK_TEST_RECORD_URL"
+
+#: Limit keys under which the tasks below record their runs.
+LIMITED_KEY = "limited"
+CUSTOMERS_KEY = "customers"
+SHORT_LEASE_KEY = "short-lease"
+
+#: Names of the tasks, as both the workers and the test process register them.
+LIMITED_SLEEP = "worker_app.limited_sleep"
+SYNC_CUSTOMER = "worker_app.sync_customer"
+SHORT_LEASE_SLEEP = "worker_app.short_lease_sleep"
+
+#: Small countdowns when every slot is taken, so that the tests run fast.
+FAST_RETRY: Mapping[str, float] = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
+
+_RECORD_START = """
+local now = redis.call('TIME')
+local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+redis.call('INCR', 'runs:' .. ARGV[1])
+redis.call('HSET', 'started', ARGV[1], string.format('%.0f', micros))
+for i = 2, #ARGV do
+  local running = redis.call('INCR', 'running:' .. ARGV[i])
+  redis.call('RPUSH', 'peaks:' .. ARGV[i], running)
+end
+return micros
+"""
+
+_RECORD_END = """
+local now = redis.call('TIME')
+local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+for i = 2, #ARGV do
+  redis.call('DECR', 'running:' .. ARGV[i])
+end
+redis.call('HSET', 'ended', ARGV[1], string.format('%.0f', micros))
+return micros
+"""
+
+
+@dataclass(frozen=True)
+class AppUrls:
+    """Where the app's broker, result backend, lock store and record store are."""
+
+    broker: str
+    backend: str
+    lock: str
+    record: str
+
+    @classmethod
+    def on_server(cls, server_url: str) -> AppUrls:
+        """Four databases of one Redis server: broker 0, backend 1, locks 2, records 3.
+
+        ``server_url`` is a ``redis://host:port`` URL, with or without a database number.
+        """
+        base = server_url.rstrip("/")
+        scheme, _, rest = base.partition("://")
+        host_port = rest.split("/", 1)[0]
+        root = f"{scheme}://{host_port}"
+        return cls(broker=f"{root}/0", backend=f"{root}/1", lock=f"{root}/2",
+                   record=f"{root}/3")
+
+    @classmethod
+    def from_environment(cls, environ: Optional[Mapping[str, str]] = None) -> AppUrls:
+        """Read the URLs from the ``REDISLOCK_TEST_*_URL`` environment variables."""
+        environ = os.environ if environ is None else environ
+        return cls(broker=environ[BROKER_URL_ENV], backend=environ[BACKEND_URL_ENV],
+                   lock=environ[LOCK_URL_ENV], record=environ[RECORD_URL_ENV])
+
+    def environment(self) -> Dict[str, str]:
+        """The environment variables that :meth:`from_environment` reads."""
+        return {BROKER_URL_ENV: self.broker, BACKEND_URL_ENV: self.backend,
+                LOCK_URL_ENV: self.lock, RECORD_URL_ENV: self.record}
+
+
+class Recorder:
+    """Writes the start and end of task bodies to the record store (see the module doc).
+
+    One per process; redis-py notices a fork and reconnects in the child.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        self._start = self.client.register_script(_RECORD_START)
+        self._end = self.client.register_script(_RECORD_END)
+
+    def start(self, task_id: str, keys: Sequence[str]) -> int:
+        """Record that the body of ``task_id`` started under each of ``keys``."""
+        return int(self._start(args=[task_id, *keys]))
+
+    def end(self, task_id: str, keys: Sequence[str]) -> int:
+        """Record that the body of ``task_id`` ended under each of ``keys``."""
+        return int(self._end(args=[task_id, *keys]))
+
+    def run(self, task_id: str, keys: Sequence[str], seconds: float) -> None:
+        """Record a body that works for ``seconds`` under ``keys``."""
+        self.start(task_id, keys)
+        try:
+            time.sleep(seconds)  # the simulated work of the task body
+        finally:
+            self.end(task_id, keys)
+
+
+_recorders: Dict[str, Recorder] = {}
+_recorders_guard = threading.Lock()
+
+
+def recorder(url: str) -> Recorder:
+    """The :class:`Recorder` of ``url``, made once per process."""
+    with _recorders_guard:
+        if url not in _recorders:
+            _recorders[url] = Recorder(url)
+        return _recorders[url]
+
+
+def create_app(urls: AppUrls) -> Celery:
+    """A Celery app on ``urls`` with the test tasks registered.
+
+    The tasks are not shared (``shared=False``): a process that makes several apps, as
+    the test process does, must not have the first app's tasks, which write to the first
+    app's record store, registered in the later ones.
+    """
+    app = Celery("worker_app", broker=urls.broker, backend=urls.backend,
+                 set_as_current=False)
+    app.conf.update(
+        redislock_url=urls.lock,
+        broker_connection_retry_on_startup=True,
+        worker_prefetch_multiplier=1,
+    )
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=LIMITED_SLEEP, lock_slots=2,
+              **FAST_RETRY)
+    def limited_sleep(self: Any, seconds: float = 0.2) -> str:
+        """At most two at once across the cluster."""
+        recorder(urls.record).run(self.request.id, [LIMITED_KEY], seconds)
+        return self.request.id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=SYNC_CUSTOMER, lock_slots=1,
+              lock_key="customer:{customer_id}", **FAST_RETRY)
+    def sync_customer(self: Any, customer_id: int, seconds: float = 0.2) -> int:
+        """At most one at once per customer; customers run side by side."""
+        keys = [f"customer:{customer_id}", CUSTOMERS_KEY]
+        recorder(urls.record).run(self.request.id, keys, seconds)
+        return customer_id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=SHORT_LEASE_SLEEP, lock_slots=1,
+              lock_lease=1, **FAST_RETRY)
+    def short_lease_sleep(self: Any, seconds: float) -> str:
+        """One at a time, on a one-second lease that must be renewed while it runs."""
+        recorder(urls.record).run(self.request.id, [SHORT_LEASE_KEY], seconds)
+        return self.request.id
+
+    return app
+
+
+#: The app of the worker processes, which find the URLs in their environment. The test
+#: process imports this module without those variables and calls :func:`create_app`.
+app: Optional[Celery] = (
+    create_app(AppUrls.from_environment()) if BROKER_URL_ENV in os.environ else None
+)
