@@ -1,9 +1,13 @@
 """The app-level settings of celery-redislock, and the Redis client they describe.
 
 =========================  ==============================================================
-``redislock_url``          Redis URL of the lock store. Unset: the broker URL if it is a
-                           Redis URL, else the result backend's if it is one, else
-                           ``redis://localhost:6379/0``.
+``redislock_url``          Redis URL of the lock store: ``redis://``, ``rediss://``,
+                           ``unix://`` or ``sentinel://`` (see :mod:`.sentinel`). Unset:
+                           the broker URL if it is a Redis URL, else the result
+                           backend's if it is one, else ``redis://localhost:6379/0``.
+``redislock_transport_options``
+                           For ``sentinel://``: ``{"master_name": ...}`` and optionally
+                           ``"sentinel_kwargs"``, as in kombu's transport options.
 ``redislock_client``       A ready redis-py client (or a callable returning one), used
                            instead of ``redislock_url``.
 ``redislock_key_prefix``   Start of every Redis key the package writes
@@ -16,16 +20,17 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import redis
 
 from .errors import LockConfigurationError
 from .keys import DEFAULT_PREFIX, check_prefix
+from .sentinel import SCHEME, sentinel_master
 
 DEFAULT_URL = "redis://localhost:6379/0"
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", SCHEME)
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class Settings:
     prefix: str
     enabled: bool
     client: Any = None
+    transport_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def read_settings(app: Any) -> Settings:
@@ -49,21 +55,41 @@ def read_settings(app: Any) -> Settings:
         raise LockConfigurationError(
             f"setting redislock_enabled must be True or False, not {enabled!r}"
         )
-    url = conf.get("redislock_url") or _redis_url_of(conf.get("broker_url")) \
-        or _redis_url_of(conf.get("result_backend")) or DEFAULT_URL
+    url, options = _lock_store_of(conf)
     if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
         raise LockConfigurationError(
-            f"setting redislock_url must be a redis://, rediss:// or unix:// URL, not {url!r}"
+            "setting redislock_url must be a redis://, rediss://, unix:// or sentinel:// "
+            f"URL, not {url!r}"
+        )
+    if not isinstance(options, Mapping):
+        raise LockConfigurationError(
+            f"setting redislock_transport_options must be a dict, not {options!r}"
         )
     prefix = check_prefix(conf.get("redislock_key_prefix", DEFAULT_PREFIX))
     return Settings(url=url, prefix=prefix, enabled=enabled,
-                    client=conf.get("redislock_client"))
+                    client=conf.get("redislock_client"), transport_options=options)
+
+
+def _lock_store_of(conf: Any) -> Tuple[Any, Any]:
+    """The lock store's URL and transport options: its own, else the broker's, else the
+    result backend's (when they are Redis), else the default."""
+    own = conf.get("redislock_url")
+    if own:
+        return own, conf.get("redislock_transport_options") or {}
+    for url_setting, options_setting in (("broker_url", "broker_transport_options"),
+                                         ("result_backend", "result_backend_transport_options")):
+        url = _redis_url_of(conf.get(url_setting))
+        if url:
+            return url, conf.get(options_setting) or {}
+    return DEFAULT_URL, {}
 
 
 def _redis_url_of(url: Any) -> Optional[str]:
     if isinstance(url, (list, tuple)):
         url = url[0] if url else None
     if isinstance(url, str):
+        if url.startswith(SCHEME):
+            return url  # every sentinel of the list
         first = url.split(";")[0].strip()
         if first.startswith(REDIS_SCHEMES):
             return first
@@ -91,6 +117,11 @@ def redis_client(app: Any, settings: Optional[Settings] = None) -> Any:
             if client is None:
                 if settings.client is not None:
                     client = settings.client()
+                elif settings.url.startswith(SCHEME):
+                    client = sentinel_master(
+                        settings.url, settings.transport_options, socket_timeout=10,
+                        socket_connect_timeout=5,
+                    )
                 else:
                     client = redis.Redis.from_url(
                         settings.url, socket_timeout=10, socket_connect_timeout=5,

@@ -98,3 +98,59 @@ class RedisServer:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class SentinelServer:
+    """A Redis Sentinel process watching ``master`` under ``master_name``, on a free port.
+
+    Example::
+
+        master = RedisServer().start()
+        sentinel = SentinelServer(master).start()
+        url = sentinel.url   # "sentinel://127.0.0.1:<port>/0"
+    """
+
+    def __init__(self, master: RedisServer, master_name: str = "mymaster") -> None:
+        self.master = master
+        self.master_name = master_name
+        self.port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="redislock-test-sentinel-"))
+        self.process: Optional[subprocess.Popen] = None
+
+    @property
+    def url(self) -> str:
+        return f"sentinel://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 15.0) -> SentinelServer:
+        config = self.directory / "sentinel.conf"
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.directory}\n"
+            f"logfile {self.directory / 'sentinel.log'}\n"
+            f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
+            f"sentinel down-after-milliseconds {self.master_name} 1000\n"
+        )
+        self.process = subprocess.Popen(
+            [redis_server_binary(), str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        probe = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if probe.execute_command("SENTINEL", "get-master-addr-by-name",
+                                         self.master_name):
+                    break
+            except redis.ConnectionError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis sentinel did not start on port {self.port}")
+            time.sleep(0.02)
+        probe.close()
+        return self
+
+    def cleanup(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        self.process = None
+        shutil.rmtree(self.directory, ignore_errors=True)
