@@ -12,12 +12,12 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .channel import channel_for
 from .keys import rate_key, semaphore_key
 from .rate import Rate
-from .scripts import ADMIT, RELEASE, RENEW
+from .scripts import ADMIT, REFUND, RELEASE, RENEW, by_hash_slot
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,8 @@ class Lease:
     _member: str = field(default="", repr=False, compare=False)
     _taken_at: float = field(default_factory=time.monotonic, repr=False, compare=False)
     _contended: bool = field(default=True, repr=False, compare=False)
+    #: On Redis Cluster, one lease per hash slot that the run's limits span.
+    _parts: List[Lease] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def token(self) -> str:
@@ -89,10 +91,14 @@ class Lease:
     @property
     def holds_slots(self) -> bool:
         """False for a run admitted by rate limits only: nothing to renew or release."""
-        return bool(self._keys)
+        return bool(self._keys) or any(part.holds_slots for part in self._parts)
 
     def renew(self) -> bool:
         """Extend the lease by ``lease_seconds`` from now; False (and ``lost``) if it had ended."""
+        if self._parts:
+            renewed = [part.renew() for part in self._parts]
+            self.lost = self.lost or not all(renewed)
+            return all(renewed)
         if not self._keys:
             return True
         lease_end, lost = RENEW.run(
@@ -110,6 +116,8 @@ class Lease:
         ``wait=False`` may send the release without waiting for its answer (and then
         returns True): for callers that do not need it.
         """
+        if self._parts:
+            return all([part.release(wait) for part in self._parts])
         if not self._keys:
             return False
         if len(self._keys) == 1 and not self._contended:
@@ -171,11 +179,57 @@ def admit(
     """Try once to pass every limiter: a :class:`Lease`, :class:`Busy` or :class:`RateLimited`.
 
     ``promises`` maps a rate limiter's Redis key to the start time (µs) it promised this
-    run earlier. ``owner`` starts the holder token (see :func:`holder_token`). All limiters
-    must live on one Redis server (or one Cluster hash slot).
+    run earlier. ``owner`` starts the holder token (see :func:`owner_prefix`). On Redis
+    Cluster, limiters in different hash slots are admitted slot by slot, and a refusal
+    gives back what the earlier slots took.
     """
     promises = promises or {}
     token = owner + new_token()
+    groups = _groups(client, limiters)
+    if len(groups) == 1:
+        return _admit_group(client, limiters, token, lease, description, promises)
+    return _admit_across_slots(client, groups, token, lease, description, promises)
+
+
+def _groups(client: Any, limiters: Sequence[Limiter]) -> List[List[Limiter]]:
+    """The limiters in groups of one Cluster hash slot each (one group elsewhere): those
+    without a rate limit first, so that a rate is spent only once the slots are taken."""
+    by_key = {limiter.key: limiter for limiter in limiters}
+    groups = [[by_key[key] for key in keys]
+              for keys in by_hash_slot(client, [limiter.key for limiter in limiters])]
+    return sorted(groups, key=lambda group: any(isinstance(x, RateLimit) for x in group))
+
+
+def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, lease: float,
+                        description: str, promises: Mapping[str, int]) -> Outcome:
+    """Admit group by group; on a refusal, give back what the earlier groups took."""
+    taken: List[Tuple[List[Limiter], Lease]] = []
+    for group in groups:
+        outcome = _admit_group(client, group, token, lease, description, promises)
+        if not isinstance(outcome, Lease):
+            for earlier_group, earlier in taken:
+                earlier.release()
+                for limiter in earlier_group:
+                    if isinstance(limiter, RateLimit):
+                        REFUND.run(client, [limiter.key],
+                                   [repr(limiter.rate.interval * 1_000_000)])
+            return outcome
+        taken.append((group, outcome))
+    parts = [part for _, part in taken]
+    return Lease(
+        name=", ".join(part.name for part in parts if part.name),
+        fence=max(part.fence for part in parts),
+        lease_seconds=lease,
+        acquired_at_ms=min(part.acquired_at_ms for part in parts),
+        expires_at_ms=min(part.expires_at_ms for part in parts),
+        _client=client,
+        _parts=parts,
+    )
+
+
+def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
+                 description: str, promises: Mapping[str, int]) -> Outcome:
+    """One admit.lua call for limiters that share a Redis node and hash slot."""
     reply = ADMIT.run(
         client,
         [limiter.key for limiter in limiters],

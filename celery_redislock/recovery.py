@@ -15,7 +15,11 @@ package is imported; they act only in apps that use ``LimitedTask`` or ``install
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import threading
+import time
 from typing import Any, Iterable, List, Mapping, Optional, Sequence
 
 from billiard.exceptions import WorkerLostError
@@ -24,7 +28,7 @@ from celery.signals import task_failure, task_revoked, worker_init, worker_shutd
 
 from .admission import SlotLimit, owner_prefix
 from .limit import TaskLimits
-from .scripts import RELEASE_OWNER
+from .scripts import RELEASE_OWNER, by_hash_slot
 from .settings import read_settings, redis_client
 
 logger = logging.getLogger(__name__)
@@ -57,7 +61,15 @@ def uses_limits(app: Any) -> bool:
 
 def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                    worker: str) -> int:
-    """Free the slots that run ``task_id`` of ``task`` holds through worker ``worker``."""
+    """Free the slots that run ``task_id`` of ``task`` holds through worker ``worker``,
+    once the processes holding them have exited.
+
+    Celery reports a hard time limit, and a terminating revoke, while the pool child may
+    still be running (it is killed right after): freeing its slots then would let another
+    run in beside it. So the slots are freed at once only when their holders' processes
+    are gone, and otherwise by a thread that waits for them to exit (at most a lease).
+    Returns how many slots were freed at once.
+    """
     limits = limits_of(task)
     if limits is None:
         return 0
@@ -69,7 +81,71 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
     if not slot_keys:
         return 0
     client = redis_client(task._get_app(), settings)
-    return int(RELEASE_OWNER.run(client, slot_keys, [owner_prefix(worker, task_id)]))
+    prefix = owner_prefix(worker, task_id)
+
+    def free() -> int:
+        return sum(int(RELEASE_OWNER.run(client, keys, [prefix]))
+                   for keys in by_hash_slot(client, slot_keys))
+
+    alive = [pid for pid in holder_pids(client, slot_keys, prefix) if process_alive(pid)]
+    if not alive:
+        return free()
+    threading.Thread(
+        target=_free_after_exit, args=(alive, limits.lease, free, f"{task.name}[{task_id}]"),
+        name="celery-redislock-recovery", daemon=True,
+    ).start()
+    return 0
+
+
+def holder_pids(client: Any, keys: Sequence[str], prefix: str) -> List[int]:
+    """The process ids written in the descriptions of the holders whose entry starts
+    with ``prefix``."""
+    pids = []
+    for key in keys:
+        for member in client.zrangebyscore(key, 0, "+inf"):
+            text = member.decode() if isinstance(member, bytes) else member
+            if not text.startswith(prefix):
+                continue
+            try:
+                pids.append(int(json.loads(text.split(" ", 3)[3])["pid"]))
+            except (IndexError, ValueError, KeyError, TypeError):
+                continue
+    return pids
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs on this machine (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _free_after_exit(pids: List[int], lease: float, free: Any, what: str) -> None:
+    deadline = time.monotonic() + lease
+    while any(process_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            logger.warning("celery-redislock: %s: process(es) %s still run after a whole "
+                           "lease; its slots come back when its lease ends", what, pids)
+            return
+        time.sleep(0.01)
+    try:
+        freed = free()
+    except Exception as exc:
+        logger.warning("celery-redislock: could not free the slots of %s: %r", what, exc)
+        return
+    if freed:
+        logger.info("celery-redislock: freed %d slot(s) of %s once its process exited",
+                    freed, what)
 
 
 def free_worker_slots(app: Any, worker: str) -> int:
@@ -78,8 +154,9 @@ def free_worker_slots(app: Any, worker: str) -> int:
     client = redis_client(app, settings)
     freed = 0
     pattern = _glob_escape(settings.prefix) + "*}:s:*"
-    for keys in _batches(client.scan_iter(match=pattern, count=1000), 200):
-        freed += int(RELEASE_OWNER.run(client, keys, [owner_prefix(worker)]))
+    for batch in _batches(client.scan_iter(match=pattern, count=1000), 200):
+        for keys in by_hash_slot(client, batch):
+            freed += int(RELEASE_OWNER.run(client, keys, [owner_prefix(worker)]))
     return freed
 
 

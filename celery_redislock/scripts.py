@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 from importlib import resources
-from typing import Any, Sequence
+from typing import Any, Dict, List, Sequence
 
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError
 
 from .channel import channel_for
@@ -50,3 +52,20 @@ ADMIT = LuaScript.load("admit.lua")
 RELEASE = LuaScript.load("release.lua")
 RENEW = LuaScript.load("renew.lua")
 RELEASE_OWNER = LuaScript.load("release_owner.lua")
+REFUND = LuaScript.load("refund.lua")
+HOLDERS = LuaScript.load("holders.lua")
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a Redis Cluster client, whose scripts must keep to one hash slot."""
+    return isinstance(client, RedisCluster)
+
+
+def by_hash_slot(client: Any, keys: Sequence[str]) -> List[List[str]]:
+    """``keys`` in groups that one script may take: one group, or one per Cluster slot."""
+    if not is_cluster(client) or len(keys) < 2:
+        return [list(keys)]
+    groups: Dict[int, List[str]] = {}
+    for key in keys:
+        groups.setdefault(key_slot(key.encode() if isinstance(key, str) else key), []).append(key)
+    return list(groups.values())

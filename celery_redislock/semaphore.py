@@ -16,6 +16,7 @@ from .admission import Busy, Lease, RateLimited, SlotLimit, admit
 from .errors import LockConfigurationError, LockTimeout
 from .keeper import lease_keeper
 from .keys import DEFAULT_PREFIX, check_prefix
+from .scripts import HOLDERS
 
 DEFAULT_LEASE = 30.0
 
@@ -123,8 +124,7 @@ class Semaphore:
 
     def holders(self) -> int:
         """How many live leases the semaphore has now (expired ones not counted)."""
-        now_ms = _server_time_ms(self.client)
-        return int(self.client.zcount(self.key, f"({now_ms}", "+inf"))
+        return int(HOLDERS.run(self.client, [self.key], []))
 
     @contextlib.contextmanager
     def hold(self, timeout: Optional[float] = None, *, description: str = "") -> Iterator[Lease]:
@@ -169,9 +169,3 @@ def check_lease(lease: Any, owner: str, option: str = "lease") -> float:
             f"{owner}: {option} must be a positive number of seconds, not {lease!r}"
         )
     return float(lease)
-
-
-def _server_time_ms(client: Any) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
