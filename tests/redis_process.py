@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -11,12 +12,20 @@ from pathlib import Path
 from typing import List, Optional
 
 import redis
+import redis.cluster
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(below: int = 65536) -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now (below ``below``)."""
+    while True:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", 0 if below == 65536 else random.randrange(20000, below)))
+            except OSError:
+                continue
+            port = sock.getsockname()[1]
+        if port < below:
+            return port
 
 
 def redis_server_binary() -> str:
@@ -154,3 +163,53 @@ class SentinelServer:
             self.process.wait(timeout=10)
         self.process = None
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``masters`` redis-server processes (no replicas), on free ports.
+
+    The 16384 hash slots are split evenly with ``CLUSTER ADDSLOTSRANGE`` and the nodes
+    introduced with ``CLUSTER MEET``; :meth:`start` returns once the cluster says ``ok``.
+
+        cluster = RedisClusterServers().start()
+        client = cluster.client()     # a redis.cluster.RedisCluster
+    """
+
+    SLOTS = 16384
+
+    def __init__(self, masters: int = 3) -> None:
+        # Cluster nodes need a port of at most 55535; their bus gets a free port of its own.
+        self.bus_ports = [free_port(below=55535) for _ in range(masters)]
+        self.servers = [
+            RedisServer(port=free_port(below=55535),
+                        extra_args=["--cluster-enabled", "yes", "--cluster-config-file",
+                                    "nodes.conf", "--cluster-node-timeout", "2000",
+                                    "--cluster-port", str(bus_port)])
+            for bus_port in self.bus_ports
+        ]
+
+    def start(self, timeout: float = 20.0) -> RedisClusterServers:
+        for server in self.servers:
+            server.start()
+        share = self.SLOTS // len(self.servers)
+        for index, server in enumerate(self.servers):
+            first = index * share
+            last = self.SLOTS - 1 if index == len(self.servers) - 1 else first + share - 1
+            server.client().execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
+        seed = self.servers[0].client()
+        for server, bus_port in zip(self.servers[1:], self.bus_ports[1:]):
+            seed.execute_command("CLUSTER", "MEET", "127.0.0.1", server.port, bus_port)
+        deadline = time.monotonic() + timeout
+        while not all(b"cluster_state:ok" in server.client().execute_command("CLUSTER", "INFO")
+                      for server in self.servers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the Redis Cluster did not come up")
+            time.sleep(0.05)
+        return self
+
+    def client(self, **kwargs) -> redis.cluster.RedisCluster:
+        return redis.cluster.RedisCluster(host="127.0.0.1", port=self.servers[0].port, **kwargs)
+
+    def cleanup(self) -> None:
+        for server in self.servers:
+            server.cleanup()
