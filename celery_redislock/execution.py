@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Mapping, Sequence, TypeVar
 from redis.exceptions import RedisError
 
 from . import signals
-from .admission import Busy, Lease, Outcome, RateLimited, admit, owner_prefix
+from .admission import Busy, Lease, Outcome, RateLimited, SlotLimit, admit, owner_prefix
 from .errors import LockStoreUnavailable, LockWaitTimeout
 from .keeper import lease_keeper
 from .limit import TaskLimits
@@ -75,6 +75,8 @@ def run_limited(
         logger.warning("celery-redislock: task %s[%s]: lock store unreachable (%r)",
                        task.name, request.id, exc)
         outcome = None
+    if (request.delivery_info or {}).get("redelivered"):
+        _warn_if_an_earlier_run_holds(task, client, limiters, request.id, outcome)
     if not isinstance(outcome, Lease):
         if not request.is_eager:
             requeue(task, request, args, kwargs, limits.retry, outcome)
@@ -100,6 +102,37 @@ def run_limited(
                 sender=task, task_id=request.id, lease=lease,
                 held=time.monotonic() - lease_started,
             )
+
+
+def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any],
+                                  task_id: str, outcome: Any) -> None:
+    """A redelivered message (acks_late, visibility timeout) may meet the earlier run of
+    the same task id still holding a live lease. The new run is a holder like any other:
+    it waits while the slots are taken (the earlier run ends, or its process died and its
+    lease runs out), and if slots are free it runs, which Celery's redelivery made a
+    duplicate. Either way, say so."""
+    marker = f"|{task_id}|"
+    own = outcome.token if isinstance(outcome, Lease) else None
+    for limiter in limiters:
+        if not isinstance(limiter, SlotLimit):
+            continue
+        for member in client.zrangebyscore(limiter.key, f"({outcome_time(outcome)}", "+inf"):
+            text = member.decode() if isinstance(member, bytes) else member
+            token = text.split(" ", 1)[0]
+            if marker in token and token != own:
+                logger.warning(
+                    "celery-redislock: task %s[%s] was redelivered while an earlier run of it "
+                    "still holds a slot of %r; this run %s", task.name, task_id, limiter.name,
+                    "runs beside it (slots were free)" if own else "waits for it",
+                )
+                return
+
+
+def outcome_time(outcome: Any) -> int:
+    """The server time (ms) an admission attempt saw, or 0 when unknown."""
+    if isinstance(outcome, Lease):
+        return outcome.acquired_at_ms
+    return getattr(outcome, "server_time_ms", 0)
 
 
 def _forget_wait(request: Any) -> None:

@@ -201,3 +201,24 @@ def test_bad_slots_are_refused(redis_client, slots):
 def test_bad_lease_is_refused(redis_client, lease):
     with pytest.raises(LockConfigurationError, match="lease must be a positive number"):
         Semaphore(redis_client, "bad", lease=lease)
+
+
+def test_a_redelivered_run_is_told_an_earlier_run_still_holds(redis_client, caplog):
+    from types import SimpleNamespace
+
+    from celery_redislock.admission import SlotLimit, admit
+    from celery_redislock.execution import _warn_if_an_earlier_run_holds
+
+    limit = SlotLimit("redelivered", 1, "redislock:")
+    earlier = admit(redis_client, [limit], lease=10, owner="w1@host|task-7|")
+    again = admit(redis_client, [limit], lease=10, owner="w2@host|task-7|")
+    task = SimpleNamespace(name="proj.sync")
+    with caplog.at_level("WARNING", logger="celery_redislock.execution"):
+        _warn_if_an_earlier_run_holds(task, redis_client, [limit], "task-7", again)
+    assert "redelivered while an earlier run of it still holds a slot of 'redelivered'" \
+        in caplog.text and "waits for it" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="celery_redislock.execution"):
+        _warn_if_an_earlier_run_holds(task, redis_client, [limit], "task-8", again)
+    assert caplog.text == ""
+    earlier.release()
