@@ -278,3 +278,32 @@ def test_signals_report_contention_acquire_and_release(celery_app, celery_worker
     assert by_name["lock_acquired"]["lease"].name == "signalled"
     assert by_name["lock_released"]["held"] >= 0
     assert by_name["lock_released"]["task_id"] == result.id
+
+
+def test_countdowns_stay_below_the_visibility_timeout(celery_app, celery_worker, lock_client):
+    """A countdown longer than the broker's visibility_timeout would be redelivered (so run
+    twice) by the Redis and SQS transports: it is capped at half of it."""
+    from celery_redislock import signals
+
+    celery_app.conf.broker_transport_options = {"visibility_timeout": 0.4}
+    countdowns = []
+
+    def record(sender=None, countdown=None, **_):
+        countdowns.append(countdown)
+
+    signals.lock_contended.connect(record, weak=False)
+    try:
+        @celery_app.task(base=LimitedTask, lock_key="visibility", lock_retry_backoff=30,
+                         lock_retry_jitter=False, shared=False)
+        def patient():
+            return "ran"
+
+        celery_worker.reload()
+        held = Semaphore(lock_client, "visibility").acquire()
+        result = patient.delay()
+        wait_until(lambda: len(countdowns) >= 2, what="two refusals")
+        Semaphore(lock_client, "visibility").release(held)
+        assert result.get(timeout=10) == "ran"
+    finally:
+        signals.lock_contended.disconnect(record)
+    assert all(0 < countdown <= 0.2 for countdown in countdowns)
