@@ -111,7 +111,8 @@ class Lease:
         return True
 
     def release(self, wait: bool = True) -> bool:
-        """Give the slots back; False if they were no longer held. Safe to call twice.
+        """Give the slots back; False if they were no longer held (released already, or
+        the lease ran out and someone was admitted since). Safe to call twice.
 
         ``wait=False`` may send the release without waiting for its answer (and then
         returns True): for callers that do not need it.

@@ -40,16 +40,24 @@ class RateLimiter:
         self.rate = Rate.parse(rate, burst, owner=f"RateLimiter {name!r}")
         self.limit = RateLimit(name, self.rate, check_prefix(prefix))
 
-    def attempt(self, promise: Optional[int] = None) -> Optional[RateLimited]:
-        """Try once: None when admitted, else :class:`RateLimited` with the promised start."""
+    def attempt(self, promise: Optional[int] = None, *,
+                will_wait: bool = True) -> Optional[RateLimited]:
+        """Try once: None when admitted, else :class:`RateLimited` with the promised start.
+
+        Pass back the ``promise`` of an earlier refusal to keep its place in the line.
+        ``will_wait=False`` asks to be promised nothing: a caller that will not come back
+        must not hold up the line.
+        """
+        if not will_wait:
+            promise = -1
         promises = {self.limit.key: promise} if promise else None
         outcome = admit(self.client, [self.limit], lease=1, promises=promises)
         assert not isinstance(outcome, Busy)
         return outcome if isinstance(outcome, RateLimited) else None
 
     def try_acquire(self) -> bool:
-        """True if a start is allowed now (and counted), else False."""
-        return self.attempt() is None
+        """True if a start is allowed now (and counted), else False; never waits."""
+        return self.attempt(will_wait=False) is None
 
     def acquire(self, timeout: Optional[float] = None) -> bool:
         """Wait for this caller's turn: True once admitted, False after ``timeout`` seconds."""

@@ -113,8 +113,9 @@ class Semaphore:
             pause = min(pause * 2, 0.5)
 
     def release(self, lease: Lease) -> bool:
-        """Give back ``lease``'s slot: True if it was held, False if not (already released
-        or expired). Never frees another holder's slot, and is safe to call twice."""
+        """Give back ``lease``'s slot: True if it was held, False if not (already released,
+        or its lease ran out and another holder has been admitted since). Never frees
+        another holder's slot, and is safe to call twice."""
         lease_keeper().forget(lease)
         return lease.release()
 

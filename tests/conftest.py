@@ -16,11 +16,9 @@ from support import BROKER_DB, LOCK_DB
 
 
 @pytest.fixture(scope="session")
-def redis_server():
-    """One redis-server for the whole session (tests use distinct keys, or flush)."""
-    server = RedisServer().start()
-    yield server
-    server.cleanup()
+def redis_server(redislock_server):
+    """One redis-server for the whole session: the package's pytest plugin's."""
+    return redislock_server
 
 
 @pytest.fixture

@@ -15,7 +15,10 @@
 -- ARGV[1]     holder token, unique per acquisition
 -- ARGV[2]     lease length (ms)
 -- ARGV[3]     holder description (opaque text for operators)
--- ARGV[3+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise us or 0>'
+-- ARGV[3+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise>', the
+--             promise being the start time (us) promised earlier, 0 for none, or -1 for
+--             a caller that will not wait (refused, it is told when to try, promised
+--             nothing)
 --
 -- Replies:
 --   "now_ms lease_end_ms fence contended"      (one string: cheap to send and parse)
@@ -56,9 +59,11 @@ for i = 1, #KEYS do
   local limiter = {kind = string.sub(spec, 1, 1), key = key}
   if limiter.kind == 's' then
     local slots = tonumber(string.sub(spec, 3))
+    -- Leases that ran out are dropped first: an admission always replaces them, so a
+    -- late release of one of them says it no longer held its slot.
+    redis.call('ZREMRANGEBYSCORE', key, 0, now)
     local used = redis.call('ZCOUNT', key, '(' .. now, '+inf')
     if used >= slots then
-      redis.call('ZREMRANGEBYSCORE', key, 0, now)  -- tidy up leases that ran out
       local first = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES',
                                'LIMIT', 0, 1)
       local until_first_end = 0
@@ -76,6 +81,8 @@ for i = 1, #KEYS do
     limiter.interval = tonumber(interval)
     tolerance = tonumber(tolerance)
     promise = tonumber(promise)
+    limiter.no_promise = promise < 0  -- a caller that will not wait: make it no promise
+    if limiter.no_promise then promise = 0 end
     local saved = redis.call('HMGET', key, 'tat', 'line')
     limiter.tat = math.max(number(saved[1]), now_us)
     limiter.line = math.max(number(saved[2]), now_us)
@@ -96,7 +103,10 @@ end
 if rate_refusal then
   local limiter = rate_refusal.limiter
   local promise = rate_refusal.promise
-  if promise == 0 then
+  if limiter.no_promise then
+    return {2, now, rate_refusal.index, rate_refusal.allowed_at,
+            math.ceil((rate_refusal.allowed_at - now_us) / 1000)}
+  elseif promise == 0 then
     -- A newcomer: the next start time at the end of the line.
     promise = math.max(limiter.line, rate_refusal.allowed_at)
     limiter.line = promise + limiter.interval

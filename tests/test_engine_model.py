@@ -1,0 +1,420 @@
+"""The engine against a model of it: hypothesis stateful tests on a real redis-server.
+
+The semaphore
+-------------
+:class:`EngineModel` drives one semaphore (1 to 4 slots) through acquisitions, releases,
+renewals and the passage of time, and after every step compares Redis with a model that
+only knows, for each lease ever handed out, whether it is live, ran out (its entry still
+in the sorted set), or gone (no entry).
+
+Time is not waited for. A holder's score in the sorted set is the end of its lease (ms on
+the server's clock), and the engine only ever compares scores with the server's current
+time; so lowering a score by ``d`` ms is, for the engine, exactly ``d`` ms passing without
+a renewal. Two rules move lease ends that way:
+
+* ``time_passes`` moves every lease end back by whole ticks of 10 s (leases are 30 s), and
+  shortens the key's time to live (PTTL) as much, deleting the key if that runs out: a
+  lease runs out after three ticks without a renewal, an idle semaphore's key after its
+  statistics' minute. The few milliseconds of real time the test takes stay far from the
+  tick edges, so the model knows which leases are live.
+* ``holder_stalls`` moves one lease end to just before the server's current time: that
+  holder stalled (a paused process) until its lease ran out.
+
+Releases that did not wait for their reply (``wait=False``) are followed by one call on
+the same per-thread connection, so Redis has applied them before the state is compared.
+
+The rate limiter
+----------------
+GCRA is checked on real time, at a fast rate, through :func:`admit` (which tells the
+server time, in ms, of each admission): however callers interleave, no window of one
+period holds more than ``count + burst - 1`` admissions.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    rule,
+    run_state_machine_as_test,
+)
+
+from celery_redislock import Busy, Lease, Rate, RateLimited, RateLimiter, Semaphore
+from celery_redislock.admission import RateLimit, admit
+from celery_redislock.channel import channel_for
+
+LEASE = 30.0
+LEASE_MS = 30_000
+TICK_MS = 10_000  # one step of simulated time
+LEASE_TICKS = LEASE_MS // TICK_MS  # a lease not renewed for this many ticks has ended
+
+LIVE, ENDED, GONE = "live", "ended", "gone"
+STATISTICS = {"#fence", "#hold"}
+
+
+# Moves time forward by ARGV[1] ms for one semaphore: its lease ends and its expiry.
+# Returns 1 if the key expired meanwhile (and deletes it), else 0.
+PASS_TIME = """
+local key, elapsed = KEYS[1], tonumber(ARGV[1])
+local entries = redis.call('ZRANGEBYSCORE', key, 0, '+inf', 'WITHSCORES')
+for i = 1, #entries, 2 do
+  redis.call('ZADD', key, 'XX', tonumber(entries[i + 1]) - elapsed, entries[i])
+end
+local ttl = redis.call('PTTL', key)
+if ttl > elapsed then
+  redis.call('PEXPIRE', key, ttl - elapsed)
+elseif ttl >= 0 then
+  redis.call('DEL', key)
+  return 1
+end
+return 0
+"""
+
+
+class PlainRedis(redis.Redis):
+    """Not exactly ``redis.Redis``: the package calls it the ordinary way, through its pool,
+    instead of over its per-thread channel."""
+
+
+@dataclass(eq=False)
+class Held:
+    """The model of one admitted lease."""
+
+    lease: Lease
+    state: str = LIVE
+    age: int = 0  # ticks of simulated time since it was taken or last renewed
+
+    @property
+    def member(self) -> str:
+        return self.lease._member
+
+
+def server_ms(client) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+class EngineModel(RuleBasedStateMachine):
+    """One semaphore, two clients (channel and plain), against the model."""
+
+    clients: tuple = ()  # (redis.Redis, PlainRedis) on the same server, set per test
+
+    leases = Bundle("leases")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sems: list = []
+        self.slots = 0
+        self.held: list[Held] = []
+        self.last_fence = 0
+        self.refused = False  # a run was refused: admissions from now on are "contended"
+        self.average_known = False  # a contended holder was released: Busy has an average
+
+    # -- set-up --------------------------------------------------------------------------
+
+    @initialize(slots=st.integers(1, 4))
+    def open_semaphore(self, slots):
+        self.slots = slots
+        name = f"model-{uuid.uuid4().hex}"
+        self.sems = [Semaphore(client, name, slots=slots, lease=LEASE) for client in self.clients]
+        self.client = self.clients[0]
+        self.key = self.sems[0].key
+
+    def teardown(self) -> None:
+        if self.sems:
+            self.client.delete(self.key)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def live(self) -> list[Held]:
+        return [held for held in self.held if held.state == LIVE]
+
+    def settle(self, lease: Lease) -> None:
+        """Make sure a release sent without waiting has reached Redis."""
+        channel = channel_for(lease._client)
+        if channel is not None:
+            assert channel.call("PING") in (True, b"PONG", "PONG")
+
+    def move_lease_ends(self, members_and_ends) -> None:
+        if members_and_ends:
+            self.client.zadd(self.key, dict(members_and_ends), xx=True)
+
+    # -- rules ---------------------------------------------------------------------------
+
+    @rule(target=leases, side=st.sampled_from([0, 1]), blocking_api=st.booleans())
+    def acquire(self, side, blocking_api):
+        sem = self.sems[side]
+        live = len(self.live())
+        outcome = sem.acquire() if blocking_api else sem.attempt()
+        # Admitted or refused, an admission tidies away every lease that had run out.
+        for held in self.held:
+            if held.state == ENDED:
+                held.state = GONE
+        if live < self.slots:
+            assert isinstance(outcome, Lease), f"refused with {live} of {self.slots} taken"
+            assert outcome.fence > self.last_fence, "fencing numbers must rise"
+            assert outcome._member.split(" ")[2] == str(outcome.fence)
+            assert outcome.expires_at_ms - outcome.acquired_at_ms == LEASE_MS
+            assert outcome.holds_slots and outcome.name == sem.name
+            assert outcome._contended == self.refused
+            assert all(held.lease.token != outcome.token for held in self.held)
+            self.last_fence = outcome.fence
+            held = Held(outcome)
+            self.held.append(held)
+            return multiple(held)
+        event(f"refused: {self.slots} slot(s) taken")
+        if blocking_api:
+            assert outcome is None
+        else:
+            assert isinstance(outcome, Busy)
+            assert outcome.holders == live and outcome.slots == self.slots
+            oldest = max(held.age for held in self.live())
+            first_end = (LEASE_TICKS - oldest) * TICK_MS / 1000
+            assert first_end - 5 < outcome.retry_hint <= first_end
+            assert (outcome.average_hold is not None) == self.average_known
+        self.refused = True
+        return multiple()
+
+    @rule(held=leases, through_semaphore=st.booleans(), wait=st.booleans())
+    def release(self, held, through_semaphore, wait):
+        lease = held.lease
+        if through_semaphore:
+            released = self.sems[0].release(lease)
+        else:
+            released = lease.release(wait=wait)
+            self.settle(lease)
+        unanswered = (not wait and not through_semaphore and not lease._contended
+                      and channel_for(lease._client) is not None)
+        if held.state == LIVE:
+            assert released is True
+            if lease._contended:
+                self.average_known = True
+        elif held.state == GONE:
+            assert unanswered or released is False, "released a lease it no longer held"
+        else:
+            # Ran out, and nobody was admitted since (an admission tidies it away): the
+            # slot was never given to anyone else, so True is allowed; either way the
+            # removal of the stale entry frees no live slot, which the invariant checks.
+            if released and lease._contended:
+                self.average_known = True
+        event(f"release of a {held.state} lease")
+        held.state = GONE
+
+    @rule(held=leases, through_semaphore=st.booleans())
+    def renew(self, held, through_semaphore):
+        lease = held.lease
+        before = lease.expires_at_ms
+        renewed = self.sems[1].renew(lease) if through_semaphore else lease.renew()
+        event(f"renewal of a {held.state} lease")
+        if held.state == LIVE:
+            assert renewed is True and not lease.lost
+            assert lease.expires_at_ms >= before
+            held.age = 0
+        else:
+            assert renewed is False and lease.lost, "a lease that had ended was revived"
+            held.state = GONE
+
+    @rule(held=leases)
+    def holder_stalls(self, held):
+        """Stands for time passing for one holder: its lease runs out now."""
+        self.move_lease_ends([(held.member, server_ms(self.client) - 1)])
+        if held.state == LIVE:
+            held.state = ENDED
+
+    @rule(ticks=st.integers(1, LEASE_TICKS) | st.just(2 * LEASE_TICKS))
+    def time_passes(self, ticks):
+        """Stands for ``ticks`` x 10 s passing with no renewal: every lease end, and the
+        key's own expiry, moves back by that much."""
+        key_expired = self.client.eval(PASS_TIME, 1, self.key, ticks * TICK_MS)
+        for held in self.live():
+            held.age += ticks
+            if held.age >= LEASE_TICKS:
+                held.state = ENDED
+        if key_expired:
+            event("the idle semaphore's key expired")
+            assert not self.live(), "the key expired under a live lease"
+            for held in self.held:
+                held.state = GONE
+            self.refused = self.average_known = False
+
+    @rule(target=leases)
+    def every_lease_ends_then_all_slots_refill(self):
+        """A slot is never lost: once every lease has run out, all slots can be taken."""
+        self.time_passes(LEASE_TICKS)
+        taken = [self.acquire(side % 2, False).values[0] for side in range(self.slots)]
+        assert len(self.live()) == self.slots
+        assert self.sems[1].acquire() is None
+        self.refused = True
+        for held in self.held:
+            if held.state == ENDED:
+                held.state = GONE
+        return multiple(*taken)
+
+    # -- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def redis_matches_the_model(self):
+        if not self.sems:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        pipe.time().zrange(self.key, 0, -1, withscores=True).pttl(self.key)
+        (seconds, micros), entries, ttl = pipe.execute()
+        now = int(seconds) * 1000 + int(micros) // 1000
+        entries = {member.decode(): score for member, score in entries}
+        holders = {member: end for member, end in entries.items() if member not in STATISTICS}
+        assert set(entries) - set(holders) <= STATISTICS
+        assert all(end >= 0 for end in holders.values())
+        live = {member for member, end in holders.items() if end > now}
+
+        assert set(holders) == {held.member for held in self.held if held.state != GONE}
+        assert live == {held.member for held in self.live()}
+        assert len(live) <= self.slots
+        assert self.sems[1].holders() == len(live)
+        if "#fence" in entries:
+            assert -entries["#fence"] == self.last_fence
+        if entries:
+            # The key must outlive its last lease, and never live forever.
+            assert ttl > 0
+            assert "#fence" in entries
+            assert ttl >= max((holders[m] for m in live), default=now) - now - 2
+
+
+ENGINE_SETTINGS = settings(
+    max_examples=150,
+    stateful_step_count=50,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def test_semaphore_follows_its_model(redis_server, redis_client):
+    plain = PlainRedis(host="127.0.0.1", port=redis_server.port)
+    machine = type("EngineModelHere", (EngineModel,), {"clients": (redis_client, plain)})
+    try:
+        run_state_machine_as_test(machine, settings=ENGINE_SETTINGS)
+    finally:
+        plain.close()
+
+
+def test_release_after_lease_ran_out_says_so(redis_client):
+    """``Semaphore.release`` returns False for a lease that ran out and was replaced:
+    here another holder was admitted in its place, so the stalled holder must not be told
+    its release found the slot held."""
+    sem = Semaphore(redis_client, "stalled", slots=1, lease=LEASE)
+    stalled = sem.acquire()
+    redis_client.zadd(sem.key, {stalled._member: server_ms(redis_client) - 1}, xx=True)
+    successor = sem.acquire()
+    assert successor is not None and successor.fence > stalled.fence
+    assert sem.release(stalled) is False
+    assert sem.holders() == 1
+
+
+# -- the rate limiter -----------------------------------------------------------------------
+
+
+def take_turn(client, limit, deadline):
+    """Like ``RateLimiter.acquire``, through :func:`admit`, which tells the admission's
+    server time (ms). None if not admitted before ``deadline`` (monotonic seconds)."""
+    promise = None
+    while True:
+        outcome = admit(client, [limit], lease=1,
+                        promises={limit.key: promise} if promise else None)
+        if isinstance(outcome, Lease):
+            return outcome.acquired_at_ms
+        assert isinstance(outcome, RateLimited)
+        promise = outcome.promise
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(max(outcome.wait, 0.001))
+
+
+def most_in_one_period(times_ms, period_ms):
+    """The most admissions, among times in whole ms (the server clock, floored), that surely
+    fell within one period: times less than ``period_ms - 1`` apart, whose true times
+    differ by less than ``period_ms`` whatever their sub-millisecond parts."""
+    times_ms = sorted(times_ms)
+    return max(
+        bisect.bisect_left(times_ms, start + period_ms - 1) - index
+        for index, start in enumerate(times_ms)
+    )
+
+
+@settings(max_examples=10, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(
+    count=st.integers(2, 8),
+    burst=st.integers(1, 3),
+    callers=st.integers(1, 4),
+    turns=st.integers(2, 6),
+    newcomer_polls=st.integers(0, 3),
+)
+def test_rate_limiter_never_exceeds_rate_plus_burst(
+    redis_server, count, burst, callers, turns, newcomer_polls
+):
+    """Callers waiting their turn in threads: in no window of one period more than
+    ``count + burst - 1`` starts, and every caller gets all its turns."""
+    period_ms = 50
+    rate = Rate.parse(f"{count}/0.05s", burst)
+    limit = RateLimit(f"model-rate-{uuid.uuid4().hex}", rate, "redislock:")
+    clients = [redis_server.client() for _ in range(callers + 1)]
+    admitted: list = []
+    guard = threading.Lock()
+    deadline = time.monotonic() + 20
+
+    def caller(client):
+        for _ in range(turns):
+            at = take_turn(client, limit, deadline)
+            with guard:
+                admitted.append(at)
+
+    def newcomer(client):
+        # Callers that try once and give up (as try_acquire does): they may only slow the
+        # others down.
+        for _ in range(newcomer_polls):
+            outcome = admit(client, [limit], lease=1)
+            if isinstance(outcome, Lease):
+                with guard:
+                    admitted.append(outcome.acquired_at_ms)
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=caller, args=(client,)) for client in clients[1:]]
+    threads.append(threading.Thread(target=newcomer, args=(clients[0],)))
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in threads)
+    finally:
+        clients[0].delete(limit.key)
+        for client in clients:
+            client.close()
+    assert None not in admitted, "a waiting caller never got its turn"
+    assert len(admitted) >= callers * turns
+    assert most_in_one_period(admitted, period_ms) <= count + burst - 1
+
+
+def test_polling_try_acquire_is_admitted_at_the_rate(redis_client):
+    """A caller polling ``try_acquire`` faster than the rate gets about the rate: a caller
+    that will not wait is promised nothing, so its refusals do not push the line of
+    promised starts ahead of time."""
+    limiter = RateLimiter(redis_client, "polled", "20/s")  # a start every 50 ms
+    started = time.monotonic()
+    admitted = 0
+    while time.monotonic() - started < 1.0:
+        admitted += limiter.try_acquire()
+        time.sleep(0.005)
+    assert 10 <= admitted <= 21, f"admitted {admitted} times in 1 s by a 20/s limiter"
