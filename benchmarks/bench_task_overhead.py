@@ -102,21 +102,25 @@ class Batch:
 
 
 class Worker:
-    """A ``celery worker`` subprocess in its own process group, with its log in a file."""
+    """A ``celery worker`` subprocess of the app module ``app``, in its own process group,
+    with its log in a file."""
 
-    def __init__(self, env: Dict[str, str], concurrency: int, log_path: Path) -> None:
+    def __init__(self, env: Dict[str, str], concurrency: int, log_path: Path,
+                 app: str = WORKER_APP, loglevel: str = "WARNING") -> None:
         self.env = env
         self.concurrency = concurrency
         self.log_path = log_path
+        self.app = app
+        self.loglevel = loglevel
         self.process: Optional[subprocess.Popen[bytes]] = None
 
     def command(self) -> List[str]:
         """The worker's command line."""
         return [
-            sys.executable, "-m", "celery", "-A", WORKER_APP, "worker",
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
             "--pool", "prefork", "--concurrency", str(self.concurrency),
             "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--loglevel", "WARNING", "--hostname", f"bench-{uuid.uuid4().hex[:8]}@%h",
+            "--loglevel", self.loglevel, "--hostname", f"bench-{uuid.uuid4().hex[:8]}@%h",
         ]
 
     def start(self) -> Worker:

@@ -51,7 +51,7 @@ class RateLimit:
 
     def spec(self, promises: Mapping[str, int]) -> str:
         interval = self.rate.interval * 1_000_000
-        tolerance = interval * (self.rate.burst - 1)
+        tolerance = interval * self.rate.burst
         return f"r:{interval!r}:{tolerance!r}:{int(promises.get(self.key, 0))}"
 
 

@@ -20,7 +20,7 @@ from .errors import LockStoreUnavailable, LockWaitTimeout
 from .keeper import lease_keeper
 from .limit import TaskLimits
 from .settings import Settings, read_settings, redis_client
-from .waiting import WAIT_HEADER, describe, requeue, wait_state
+from .waiting import SHORT_WAIT, WAIT_HEADER, describe, requeue, wait_state
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,9 @@ def run_limited(
         outcome = None
     if (request.delivery_info or {}).get("redelivered"):
         _warn_if_an_earlier_run_holds(task, client, limiters, request.id, outcome)
+    if isinstance(outcome, RateLimited) and not request.is_eager:
+        outcome = _wait_briefly_for_start(client, limiters, limits.lease, description, owner,
+                                          promises, outcome)
     if not isinstance(outcome, Lease):
         if not request.is_eager:
             requeue(task, request, args, kwargs, limits.retry, outcome)
@@ -126,6 +129,23 @@ def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any
                     "runs beside it (slots were free)" if own else "waits for it",
                 )
                 return
+
+
+def _wait_briefly_for_start(client: Any, limiters: Sequence[Any], lease: float,
+                            description: str, owner: str, promises: Dict[str, int],
+                            outcome: Any) -> Any:
+    """A run due to start within :data:`~celery_redislock.waiting.SHORT_WAIT` waits for
+    its start here rather than going round the broker, whose delivery delay (often tens of
+    milliseconds) would make it late and lose the rate that start stood for. The only wait
+    inside a worker process: never longer than that at a time, twice at the most."""
+    for _ in range(2):
+        if not isinstance(outcome, RateLimited) or outcome.wait > SHORT_WAIT:
+            break
+        promises[outcome.key] = outcome.promise
+        time.sleep(outcome.wait)
+        outcome = admit(client, limiters, lease=lease, description=description,
+                        promises=promises, owner=owner)
+    return outcome
 
 
 def outcome_time(outcome: Any) -> int:

@@ -160,7 +160,7 @@ def _rule(owner: str, task_name: str, func: Callable[..., Any], entry: Mapping[s
                 f"{owner}: a limit needs '{prefix}slots', '{prefix}rate' or both"
             )
         slots = default_slots
-    if rate is None and values["burst"] != 1:
+    if rate is None and values["burst"] != LIMIT_FIELDS["burst"]:
         raise LockConfigurationError(f"{owner}: '{prefix}burst' is given without a '{prefix}rate'")
     return LimitRule(
         key=KeyTemplate(values["key"], func, owner=owner, default=task_name),

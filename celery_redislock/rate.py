@@ -18,16 +18,18 @@ _RATE = re.compile(
 
 @dataclass(frozen=True)
 class Rate:
-    """``count`` starts per ``period`` seconds, of which ``burst`` may come back to back.
+    """``count`` starts per ``period`` seconds, and ``burst`` more at the most.
 
-    Starts are spaced ``period / count`` apart; after a quiet spell up to ``burst`` may
-    start at once. In any window of ``period`` seconds there are never more than
-    ``count + burst - 1`` starts.
+    Starts are spaced ``period / count`` apart at the steady rate; a start may come up to
+    ``burst`` intervals early, so after a quiet spell ``burst + 1`` may start at once, and a
+    run delayed on its way (the broker's delivery delay) is made up for. In any window of
+    ``period`` seconds there are never more than ``count + burst`` starts. ``burst=0``
+    spaces every start a full interval apart.
 
         >>> Rate.parse("100/m").interval
         0.6
-        >>> Rate.parse("5/10s", burst=2)
-        Rate(count=5.0, period=10.0, burst=2)
+        >>> Rate.parse("5/10s", burst=0)
+        Rate(count=5.0, period=10.0, burst=0)
     """
 
     count: float
@@ -50,9 +52,9 @@ class Rate:
         period = float(match.group("multiple") or 1) * unit
         if count <= 0 or period <= 0:
             raise LockConfigurationError(f"{owner}: rate {text!r} must be above zero")
-        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
             raise LockConfigurationError(
-                f"{owner}: burst must be a positive integer, not {burst!r}"
+                f"{owner}: burst must be a whole number, 0 or more, not {burst!r}"
             )
         return cls(count=count, period=period, burst=burst)
 
@@ -64,4 +66,4 @@ class Rate:
     def __str__(self) -> str:
         count = int(self.count) if self.count.is_integer() else self.count
         period = int(self.period) if self.period.is_integer() else self.period
-        return f"{count}/{period}s" + (f" (burst {self.burst})" if self.burst > 1 else "")
+        return f"{count}/{period}s (burst {self.burst})"

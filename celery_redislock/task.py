@@ -35,7 +35,8 @@ class LimitedTask(Task):
                                when only ``lock_rate`` is given)
     ``lock_rate``              starts allowed per period per key, across every worker:
                                ``"10/s"``, ``"100/m"``, ``"5/10s"`` (default None)
-    ``lock_burst``             starts allowed back to back after a quiet spell (default 1)
+    ``lock_burst``             starts allowed beyond the rate in any one period (default 1;
+                               0 spaces every start a full interval apart)
     ``lock_key``               the key: a template over the task's argument names such as
                                ``"customer:{customer_id}"``, or a callable taking the task's
                                arguments; default the task's name. Tasks naming the same key

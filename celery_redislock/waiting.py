@@ -37,6 +37,11 @@ DEFAULT_VISIBILITY_TIMEOUT = 3600
 
 PUBLISH_ATTEMPTS = 3
 
+#: A run promised a start this close (seconds) waits for it in the worker process, and a
+#: run sent back for a later start is sent back to arrive this much early: the broker's
+#: delivery delay would otherwise make every promised start late.
+SHORT_WAIT = 0.05
+
 Refusal = Union[Busy, RateLimited, None]
 
 
@@ -82,7 +87,8 @@ def requeue(
     ceiling = _visibility_ceiling(task)
     if isinstance(refusal, RateLimited):
         promises[refusal.key] = refusal.promise
-        countdown = refusal.wait if ceiling is None else min(refusal.wait, ceiling)
+        early = max(0.0, refusal.wait - SHORT_WAIT / 2)
+        countdown = early if ceiling is None else min(early, ceiling)
         must_wait = refusal.wait
     else:
         countdown = policy.countdown(attempts, refusal, ceiling)

@@ -42,7 +42,7 @@ def test_plain_task_is_limited_by_config(celery_app, celery_worker, lock_client,
 
 
 def test_rate_on_plain_task_spaces_starts(celery_app, celery_worker, lock_client):
-    celery_app.conf.redislock_limits = {"tests.ticker": {"rate": "20/s"}}
+    celery_app.conf.redislock_limits = {"tests.ticker": {"rate": "20/s", "burst": 0}}
     celery_redislock.install(celery_app)
 
     @celery_app.task(name="tests.ticker", shared=False)

@@ -73,8 +73,9 @@ def test_config_slots_limit_a_plain_task(cluster: WorkerCluster) -> None:
 
 
 def test_global_rate_across_worker_processes(cluster: WorkerCluster) -> None:
-    """A backlog of 60 calls at 20/s per token, on 3 workers x 2 processes: starts are
-    never more than 20 in any second, and the backlog runs at (nearly) 20 per second."""
+    """A backlog of 60 calls at 20/s per token (burst 1), on 3 workers x 2 processes:
+    never more than 20 + 1 admissions in any second, and the backlog runs at (nearly)
+    20 per second."""
     task = cluster.app.tasks[CALL_API]
     count = 3 * API_RATE_PER_SECOND
     results = [task.delay("t1") for _ in range(count)]
@@ -84,9 +85,7 @@ def test_global_rate_across_worker_processes(cluster: WorkerCluster) -> None:
     record = record_store(cluster)
     assert_each_ran_once(record, results + other)
     starts = start_times(record, results)
-    assert most_starts_in_any_window(starts, 1_000_000) <= API_RATE_PER_SECOND
-    interval_us = 1_000_000 // API_RATE_PER_SECOND
-    assert min(b - a for a, b in zip(starts, starts[1:])) >= interval_us - 1000  # ms clock
+    assert most_starts_in_any_window(starts, 1_000_000) <= API_RATE_PER_SECOND + 1
     achieved = (count - 1) / ((starts[-1] - starts[0]) / 1_000_000)
     assert achieved >= 0.9 * API_RATE_PER_SECOND, f"achieved {achieved:.1f}/s"
     assert start_times(record, other)[0] < starts[-1], "token t2 waited behind t1"
@@ -106,8 +105,6 @@ def test_two_limits_are_taken_together(cluster: WorkerCluster) -> None:
     record = record_store(cluster)
     assert not any(record.hexists("started", result.id) for result in blocked)
     starts = start_times(record, free)
-    interval_us = 1_000_000 // CHARGE_RATE_PER_SECOND
-    assert min(b - a for a, b in zip(starts, starts[1:])) >= interval_us - 1000  # ms clock
     achieved = (len(starts) - 1) / ((starts[-1] - starts[0]) / 1_000_000)
     assert achieved >= 0.85 * CHARGE_RATE_PER_SECOND, f"achieved {achieved:.1f}/s"
 
@@ -117,7 +114,7 @@ def test_two_limits_are_taken_together(cluster: WorkerCluster) -> None:
     for merchant in (1, 2, 3, 4):
         assert max(peaks(record, f"merchant:{merchant}")) == 1
     every = start_times(record, blocked + free)
-    assert min(b - a for a, b in zip(every, every[1:])) >= interval_us - 1000
+    assert most_starts_in_any_window(every, 1_000_000) <= CHARGE_RATE_PER_SECOND + 1
     wait_until(lambda: Semaphore(lock_store(cluster), "merchant:2").holders() == 0, 5,
                "merchant 2's slot to be given back")
     assert_no_lease_lost(cluster)
