@@ -26,8 +26,21 @@ logger = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
 
-#: Who holds a slot, for operators: JSON with the task, its id, the worker and the process.
-_DESCRIPTION = '{{"task": {task}, "id": {id}, "worker": {worker}, "pid": {pid}}}'
+_described: Dict[Any, str] = {}
+
+
+def _describe(task_name: str, worker: Any, task_id: str) -> str:
+    """Who holds a slot, for operators: JSON with the task, its id, the worker, the process.
+
+    The part that only changes with the process is made once per task and process."""
+    key = (task_name, worker, os.getpid())
+    start = _described.get(key)
+    if start is None:
+        start = _described[key] = (
+            f'{{"task": {json.dumps(task_name)}, "worker": {json.dumps(worker)}, '
+            f'"pid": {key[2]}, "id": '
+        )
+    return f"{start}{json.dumps(task_id)}}}"
 
 
 def task_settings(task: Any) -> Settings:
@@ -57,10 +70,7 @@ def run_limited(
     request = task.request
     client = redis_client(task._get_app(), settings)
     limiters = limits.limiters(args, kwargs, settings.prefix)
-    description = _DESCRIPTION.format(
-        task=json.dumps(task.name), id=json.dumps(request.id),
-        worker=json.dumps(request.hostname), pid=os.getpid(),
-    )
+    description = _describe(task.name, request.hostname, request.id)
     promises = dict(wait_state(request).get("promises") or {})
     owner = owner_prefix(request.hostname or "", request.id or "")
     try:
@@ -92,19 +102,21 @@ def run_limited(
             sender=task, task_id=request.id, lease=lost))
     request.redislock_lease = lease
     lease_started = time.monotonic()
-    signals.lock_acquired.send(
-        sender=task, task_id=request.id, lease=lease,
-        waited=(lease.acquired_at_ms - since) / 1000.0 if since else 0.0,
-    )
+    if signals.lock_acquired.receivers:
+        signals.lock_acquired.send(
+            sender=task, task_id=request.id, lease=lease,
+            waited=(lease.acquired_at_ms - since) / 1000.0 if since else 0.0,
+        )
     try:
         return body()
     finally:
         if lease.holds_slots:
             give_back(task, lease)
-            signals.lock_released.send(
-                sender=task, task_id=request.id, lease=lease,
-                held=time.monotonic() - lease_started,
-            )
+            if signals.lock_released.receivers:
+                signals.lock_released.send(
+                    sender=task, task_id=request.id, lease=lease,
+                    held=time.monotonic() - lease_started,
+                )
 
 
 def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any],
