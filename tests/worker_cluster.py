@@ -252,6 +252,25 @@ class WorkerCluster:
                     f"{timeout} s\n{self.logs()}"
                 )
 
+    def worker(self, name: str) -> WorkerProcess:
+        """The worker process named ``name`` (``"worker1"``, ...)."""
+        for process in self.processes:
+            if process.name == name:
+                return process
+        raise KeyError(f"no worker named {name!r} in {self.names}")
+
+    def restart_worker(self, name: str, timeout: Optional[float] = None) -> None:
+        """Start worker ``name`` again, under the same node name, once it has exited (or
+        was killed), and wait until every worker answers a ping (``timeout`` seconds,
+        ``start_timeout`` by default). Its log goes on in the same file."""
+        process = self.worker(name)
+        if process.returncode is None and process.process is not None:
+            raise RuntimeError(f"worker {name} is still running")
+        process.reap_children()
+        process.close_log()
+        process.start()
+        self.wait_until_ready(self.start_timeout if timeout is None else timeout)
+
     def check_running(self) -> None:
         """Raise :class:`WorkerExited`, with the logs, if a worker process has exited."""
         for process in self.processes:
