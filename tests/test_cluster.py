@@ -40,7 +40,7 @@ def test_semaphore_on_a_cluster(client):
 
 
 def test_rate_limiter_on_a_cluster(client):
-    limiter = RateLimiter(client, "cluster-rate", "1/h")
+    limiter = RateLimiter(client, "cluster-rate", "1/h", burst=0)
     assert limiter.try_acquire()
     assert not limiter.try_acquire()
 
