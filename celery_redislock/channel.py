@@ -39,12 +39,13 @@ class Channel:
 
     def __init__(self, client: Any) -> None:
         self.connection = client.connection_pool.make_connection()
+        self.encoding = client.connection_pool.connection_kwargs.get("encoding", "utf-8")
         self.unread = 0
 
     def call(self, *command: Any) -> Any:
         """Send ``command`` and return its reply (after the replies of earlier sends)."""
         try:
-            self.connection.send_command(*command, check_health=False)
+            self.connection.send_packed_command([self._pack(command)], check_health=False)
             self._read_unread()
             return self.connection.read_response()
         except (ConnectionError, TimeoutError, OSError):
@@ -54,11 +55,24 @@ class Channel:
     def send(self, *command: Any) -> None:
         """Send ``command`` without waiting for its reply."""
         try:
-            self.connection.send_command(*command, check_health=False)
+            self.connection.send_packed_command([self._pack(command)], check_health=False)
         except (ConnectionError, TimeoutError, OSError):
             self._drop()
             raise
         self.unread += 1
+
+    def _pack(self, command: Any) -> bytes:
+        """The command in the Redis protocol. The arguments here are short strings and
+        numbers, so this skips redis-py's general packer (chunking, type dispatch)."""
+        parts = [b"*%d\r\n" % len(command)]
+        for argument in command:
+            if isinstance(argument, str):
+                argument = argument.encode(self.encoding)
+            elif not isinstance(argument, bytes):
+                argument = repr(argument).encode() if isinstance(argument, float) \
+                    else str(argument).encode()
+            parts.append(b"$%d\r\n%b\r\n" % (len(argument), argument))
+        return b"".join(parts)
 
     def _read_unread(self) -> None:
         while self.unread:
