@@ -40,7 +40,7 @@ PUBLISH_ATTEMPTS = 3
 #: A run promised a start this close (seconds) waits for it in the worker process, and a
 #: run sent back for a later start is sent back to arrive this much early: the broker's
 #: delivery delay would otherwise make every promised start late.
-SHORT_WAIT = 0.05
+SHORT_WAIT = 0.1
 
 Refusal = Union[Busy, RateLimited, None]
 
