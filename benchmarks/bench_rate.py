@@ -42,6 +42,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import redis
 
+from celery_redislock.testing import RedisServer
+
 from .bench_task_overhead import Worker
 from .common import (
     RESULTS_DIR,
@@ -52,7 +54,6 @@ from .common import (
     median,
     write_json,
 )
-from .redis_server import PrivateRedis
 
 RATE_APP = "benchmarks.rate_app"
 BROKER_DB, BACKEND_DB, LOCK_DB = 0, 1, 2
@@ -147,13 +148,13 @@ def percentile(values: Sequence[float], share: float) -> float:
     return float(ordered[rank - 1])
 
 
-def rate_env(server: PrivateRedis, rates: str, trace: bool) -> Dict[str, str]:
+def rate_env(server: RedisServer, rates: str, trace: bool) -> Dict[str, str]:
     """Environment of the workers (and of the sender's app) pointing at ``server``."""
     env = dict(os.environ)
     env.update({
-        "REDISLOCK_BENCH_BROKER_URL": server.url(BROKER_DB),
-        "REDISLOCK_BENCH_BACKEND_URL": server.url(BACKEND_DB),
-        "REDISLOCK_BENCH_LOCK_URL": server.url(LOCK_DB),
+        "REDISLOCK_BENCH_BROKER_URL": server.database_url(BROKER_DB),
+        "REDISLOCK_BENCH_BACKEND_URL": server.database_url(BACKEND_DB),
+        "REDISLOCK_BENCH_LOCK_URL": server.database_url(LOCK_DB),
         "REDISLOCK_BENCH_RATES": rates,
         "REDISLOCK_BENCH_TRACE": "1" if trace else "0",
     })
@@ -354,10 +355,10 @@ def keep_logs(workers: Sequence[Worker]) -> List[str]:
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Start Redis and the workers, run the batches, stop everything; return the report."""
     with tempfile.TemporaryDirectory(prefix="redislock-bench-rate-") as scratch, \
-            PrivateRedis() as server:
+            RedisServer() as server:
         env = rate_env(server, args.rates, args.trace)
         bench = load_app(env)
-        client = server.client(LOCK_DB)
+        client = server.client(db=LOCK_DB)
         workers = start_workers(env, args, Path(scratch))
         try:
             wait_until_ready(bench, workers, READY_TIMEOUT)

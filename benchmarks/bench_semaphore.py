@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 import redis
 
 from celery_redislock import Semaphore
+from celery_redislock.testing import RedisServer
 
 from .common import (
     calls_delta,
@@ -33,7 +34,6 @@ from .common import (
     median,
     write_json,
 )
-from .redis_server import PrivateRedis
 
 Cycle = Callable[[], None]
 
@@ -142,7 +142,7 @@ def time_cycles(cycle: Cycle, cycles: int) -> float:
     return cycles / (time.perf_counter() - started)
 
 
-def count_commands(server: PrivateRedis, stats_client: redis.Redis, kind: str,
+def count_commands(server: RedisServer, stats_client: redis.Redis, kind: str,
                    cycles: int) -> CommandCounts:
     """Per-cycle round trips, server commands and server time of ``kind``.
 
@@ -180,7 +180,7 @@ def rotated(items: Sequence[str], by: int) -> List[str]:
     return list(items[shift:]) + list(items[:shift])
 
 
-def run(server: PrivateRedis, cycles: int, rounds: int, warmup: int) -> Dict[str, KindResult]:
+def run(server: RedisServer, cycles: int, rounds: int, warmup: int) -> Dict[str, KindResult]:
     """Measure every kind against ``server``: interleaved timed rounds, then counts."""
     client = server.client()
     stats_client = server.client()
@@ -274,7 +274,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Run the benchmark, print the markdown report, write results/semaphore.json."""
     args = parse_args(argv)
-    with PrivateRedis() as server:
+    with RedisServer() as server:
         results = run(server, args.cycles, args.rounds, args.warmup)
         stats_client = server.client()
         try:

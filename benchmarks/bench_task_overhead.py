@@ -36,8 +36,9 @@ try:
 except ImportError:  # CPU accounting is optional
     psutil = None
 
+from celery_redislock.testing import RedisServer
+
 from .common import calls_delta, command_calls, environment, markdown_table, median, write_json
-from .redis_server import PrivateRedis
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER_APP = "benchmarks.worker_app"
@@ -257,14 +258,14 @@ class _StringStream:
         return len(text)
 
 
-def worker_env(server: PrivateRedis, store_results: bool, profile_dir: Optional[Path],
+def worker_env(server: RedisServer, store_results: bool, profile_dir: Optional[Path],
                profile_clock: str = "wall") -> Dict[str, str]:
     """Environment of the worker (and of the sender's app) pointing at ``server``."""
     env = dict(os.environ)
     env.update({
-        "REDISLOCK_BENCH_BROKER_URL": server.url(BROKER_DB),
-        "REDISLOCK_BENCH_BACKEND_URL": server.url(BACKEND_DB),
-        "REDISLOCK_BENCH_LOCK_URL": server.url(LOCK_DB),
+        "REDISLOCK_BENCH_BROKER_URL": server.database_url(BROKER_DB),
+        "REDISLOCK_BENCH_BACKEND_URL": server.database_url(BACKEND_DB),
+        "REDISLOCK_BENCH_LOCK_URL": server.database_url(LOCK_DB),
         "REDISLOCK_BENCH_IGNORE_RESULT": "0" if store_results else "1",
     })
     if profile_dir is not None:
@@ -278,13 +279,13 @@ def worker_env(server: PrivateRedis, store_results: bool, profile_dir: Optional[
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Start Redis and the worker, run the batches, stop both; return the report."""
     with tempfile.TemporaryDirectory(prefix="redislock-bench-worker-") as scratch, \
-            PrivateRedis() as server:
+            RedisServer() as server:
         profile_dir = Path(scratch) / "profiles" if args.profile else None
         if profile_dir is not None:
             profile_dir.mkdir()
         env = worker_env(server, args.store_results, profile_dir, args.profile_clock)
         bench = load_app(env)
-        client = server.client(LOCK_DB)
+        client = server.client(db=LOCK_DB)
         worker = Worker(env, args.concurrency, Path(scratch) / "worker.log").start()
         try:
             assert worker.process is not None and server.process is not None

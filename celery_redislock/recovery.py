@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
@@ -28,6 +28,7 @@ from celery.signals import task_failure, task_revoked, worker_init, worker_shutd
 
 from .admission import SlotLimit, owner_prefix
 from .limit import TaskLimits
+from .scan import batches, semaphore_keys
 from .scripts import RELEASE_OWNER, by_hash_slot
 from .settings import read_settings, redis_client
 
@@ -153,26 +154,10 @@ def free_worker_slots(app: Any, worker: str) -> int:
     settings = read_settings(app)
     client = redis_client(app, settings)
     freed = 0
-    pattern = _glob_escape(settings.prefix) + "*}:s:*"
-    for batch in _batches(client.scan_iter(match=pattern, count=1000), 200):
+    for batch in batches(semaphore_keys(client, settings.prefix)):
         for keys in by_hash_slot(client, batch):
             freed += int(RELEASE_OWNER.run(client, keys, [owner_prefix(worker)]))
     return freed
-
-
-def _glob_escape(text: str) -> str:
-    return "".join(f"\\{char}" if char in "*?[]\\" else char for char in text)
-
-
-def _batches(items: Iterable[Any], size: int) -> Iterable[List[Any]]:
-    batch: List[Any] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 @worker_init.connect

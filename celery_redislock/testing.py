@@ -75,7 +75,18 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The URL of database 0."""
+        return self.database_url(0)
+
+    def database_url(self, db: int) -> str:
+        """The URL of database ``db``."""
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.cleanup()
 
     def client(self, **kwargs: Any) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
