@@ -77,6 +77,11 @@ def run_limited(
         outcome: Any = admit(client, limiters, lease=limits.lease, description=description,
                              promises=promises, owner=owner)
     except RedisError as exc:
+        if settings.fail_open:
+            logger.warning("celery-redislock: task %s[%s] runs WITHOUT A SLOT: the lock store "
+                           "is unreachable (%r) and redislock_fail_open is set",
+                           task.name, request.id, exc)
+            return body()
         if request.is_eager:
             raise LockStoreUnavailable(
                 f"Task {task.name!r}: the lock store is unreachable: {exc}"

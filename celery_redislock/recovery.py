@@ -15,6 +15,7 @@ package is imported; they act only in apps that use ``LimitedTask`` or ``install
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -169,6 +170,7 @@ def _forget_previous_life(sender: Any = None, **_: Any) -> None:
     try:
         if not uses_limits(app):
             return
+        atexit.register(_free_what_is_left, app, worker, os.getpid())
         freed = free_worker_slots(app, worker)
     except Exception as exc:  # never stop a worker from starting over this
         logger.warning("celery-redislock: could not free slots of a previous %s: %r",
@@ -206,6 +208,23 @@ def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool =
                      **_: Any) -> None:
     if terminated and request is not None:
         _free_for_dead_run(sender, request.id, request.args, request.kwargs, "terminated")
+
+
+def _free_what_is_left(app: Any, worker: str, main_pid: int) -> None:
+    """At the exit of the worker's main process — after a cold shutdown too, whose pool
+    children were killed without their ``finally`` — free what the worker still holds.
+    (Pool children inherit this hook through ``fork``; only the main process runs it.)"""
+    if os.getpid() != main_pid:
+        return
+    try:
+        freed = free_worker_slots(app, worker)
+    except Exception as exc:
+        logger.warning("celery-redislock: could not free the slots left by %s: %r",
+                       worker, exc)
+        return
+    if freed:
+        logger.warning("celery-redislock: freed %d slot(s) left by %s as it exited",
+                       freed, worker)
 
 
 @worker_shutdown.connect

@@ -14,6 +14,9 @@
                            (default ``"redislock:"``).
 ``redislock_enabled``      ``False`` switches every limit off: task bodies run with no
                            Redis call at all (for unit tests). Default ``True``.
+``redislock_fail_open``    ``True`` runs a task *without a slot* when the lock store
+                           cannot be reached, instead of re-queueing it (the default,
+                           ``False``, fails closed). The limit is then not enforced.
 =========================  ==============================================================
 """
 
@@ -42,6 +45,7 @@ class Settings:
     enabled: bool
     client: Any = None
     transport_options: Mapping[str, Any] = field(default_factory=dict)
+    fail_open: bool = False
 
 
 def read_settings(app: Any) -> Settings:
@@ -66,8 +70,14 @@ def read_settings(app: Any) -> Settings:
             f"setting redislock_transport_options must be a dict, not {options!r}"
         )
     prefix = check_prefix(conf.get("redislock_key_prefix", DEFAULT_PREFIX))
+    fail_open = conf.get("redislock_fail_open", False)
+    if not isinstance(fail_open, bool):
+        raise LockConfigurationError(
+            f"setting redislock_fail_open must be True or False, not {fail_open!r}"
+        )
     return Settings(url=url, prefix=prefix, enabled=enabled,
-                    client=conf.get("redislock_client"), transport_options=options)
+                    client=conf.get("redislock_client"), transport_options=options,
+                    fail_open=fail_open)
 
 
 def _lock_store_of(conf: Any) -> Tuple[Any, Any]:

@@ -307,3 +307,20 @@ def test_countdowns_stay_below_the_visibility_timeout(celery_app, celery_worker,
     finally:
         signals.lock_contended.disconnect(record)
     assert all(0 < countdown <= 0.2 for countdown in countdowns)
+
+
+def test_fail_open_runs_without_a_slot_when_the_lock_store_is_down(
+    celery_app, celery_worker, own_redis_server
+):
+    """redislock_fail_open=True: with the lock store down, the task runs at once, without
+    a slot (no lease), and says so in the log."""
+    celery_app.conf.redislock_url = own_redis_server.url
+    celery_app.conf.redislock_fail_open = True
+
+    @celery_app.task(base=LimitedTask, bind=True, shared=False)
+    def careless(self):
+        return getattr(self.request, "redislock_lease", None) is None
+
+    celery_worker.reload()
+    own_redis_server.stop()
+    assert careless.delay().get(timeout=10) is True

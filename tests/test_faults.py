@@ -340,6 +340,32 @@ def test_warm_shutdown(worker_cluster_factory: WorkerClusterFactory) -> None:
     assert_countdowns_short(cluster)
 
 
+def test_cold_shutdown(worker_cluster_factory: WorkerClusterFactory) -> None:
+    """SIGQUIT to a worker (cold shutdown) while it runs a task: the pool child is killed
+    without its ``finally``; the main process frees the slot as it exits, long before the
+    lease would run out, and a waiter on another worker takes it."""
+    cluster = start_cluster(worker_cluster_factory, workers=2, concurrency=1)
+    record = record_store(cluster)
+    hold = cluster.app.tasks[HOLD]
+    nodes = node_names(cluster)
+    running = hold.apply_async((60.0,), {"key": "cold"}, queue=worker_direct(nodes["worker1"]))
+    wait_started(record, running, "the running task")
+    waiter = hold.apply_async((0.2,), {"key": "cold"}, queue=worker_direct(nodes["worker2"]))
+    wait_refused(record, waiter, "the waiter")
+
+    worker1 = cluster.worker("worker1")
+    quit_at = server_time_us(record)
+    os.kill(worker1.process.pid, signal.SIGQUIT)
+    assert worker1.wait(time.monotonic() + TIMEOUT), "worker1 did not stop"
+    back_at = wait_started(record, waiter, "the waiter")
+    back = seconds_between(quit_at, back_at)
+    MEASURED["cold shutdown (SIGQUIT)"].append(back)
+    assert back < LONG_LEASE / 3
+    assert waiter.get(timeout=TIMEOUT) == waiter.id
+    assert peaks(record, HOLD_PREFIX + "cold") == [1, 1]
+    assert holders(cluster, HOLD_PREFIX + "cold") == 0
+
+
 def test_lock_store_flushed(worker_cluster_factory: WorkerClusterFactory) -> None:
     """The lock store's database is flushed while a task holds a 1 s lease: its next
     renewal reports the lease lost (log, signal, ``lease.lost``), the task still ends,
