@@ -4,8 +4,8 @@ not wait for their reply.
 Every limited run costs an admission and a release. Through redis-py's client each call
 also takes a connection from the pool, wraps it in retry and metrics bookkeeping, and
 puts it back; and the release waits for a reply the run does not need. A ``Channel``
-keeps one connection of the client's pool for the calling thread, sends the release
-without waiting, and reads its reply (just ``:1``) together with the next call's. A
+keeps one connection of the client's pool for the calling thread, and sends the release
+with ``CLIENT REPLY SKIP`` in front of it: one write, no reply to wait for or to read. A
 connection error drops the connection; the next call opens a new one.
 
 Only plain ``redis.Redis`` clients over a ``ConnectionPool`` get a channel; any other
@@ -14,15 +14,12 @@ client (Cluster, custom pools) is called the ordinary way.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import Any, Optional
 
 import redis
-from redis.exceptions import ConnectionError, RedisError, TimeoutError
-
-logger = logging.getLogger(__name__)
+from redis.exceptions import ConnectionError, TimeoutError
 
 _POOLS = (redis.ConnectionPool,)
 
@@ -34,32 +31,31 @@ class Channel:
 
         channel = channel_for(client)
         reply = channel.call("EVALSHA", sha, 1, key, token)
-        channel.send("ZREM", key, member)     # sent now; its reply is read later
+        channel.send("ZREM", key, member)     # sent now; the server sends no reply
     """
 
     def __init__(self, client: Any) -> None:
         self.connection = client.connection_pool.make_connection()
         self.encoding = client.connection_pool.connection_kwargs.get("encoding", "utf-8")
-        self.unread = 0
 
     def call(self, *command: Any) -> Any:
-        """Send ``command`` and return its reply (after the replies of earlier sends)."""
+        """Send ``command`` and return its reply."""
         try:
             self.connection.send_packed_command([self._pack(command)], check_health=False)
-            self._read_unread()
             return self.connection.read_response()
         except (ConnectionError, TimeoutError, OSError):
             self._drop()
             raise
 
     def send(self, *command: Any) -> None:
-        """Send ``command`` without waiting for its reply."""
+        """Send ``command`` and have the server send no reply (``CLIENT REPLY SKIP``):
+        nothing to wait for, and nothing to read later."""
         try:
-            self.connection.send_packed_command([self._pack(command)], check_health=False)
+            self.connection.send_packed_command([_SKIP_REPLY + self._pack(command)],
+                                                check_health=False)
         except (ConnectionError, TimeoutError, OSError):
             self._drop()
             raise
-        self.unread += 1
 
     def _pack(self, command: Any) -> bytes:
         """The command in the Redis protocol. The arguments here are short strings and
@@ -74,20 +70,12 @@ class Channel:
             parts.append(b"$%d\r\n%b\r\n" % (len(argument), argument))
         return b"".join(parts)
 
-    def _read_unread(self) -> None:
-        while self.unread:
-            self.unread -= 1
-            try:
-                self.connection.read_response()
-            except RedisError as exc:
-                if isinstance(exc, (ConnectionError, TimeoutError)):
-                    raise
-                logger.warning("celery-redislock: a release sent earlier failed: %r", exc)
-
     def _drop(self) -> None:
-        self.unread = 0
         self.connection.disconnect()
 
+
+#: ``CLIENT REPLY SKIP``, packed: the server sends no reply to the command after it.
+_SKIP_REPLY = b"*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$4\r\nSKIP\r\n"
 
 _local = threading.local()
 
