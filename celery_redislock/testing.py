@@ -106,6 +106,8 @@ class RedisServer:
             try:
                 if probe.ping():
                     break
+            except (redis.AuthenticationError, redis.ResponseError):
+                break  # it answers: behind a password
             except redis.ConnectionError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(
