@@ -38,7 +38,7 @@ def acl_server():
 
 
 def test_password_in_the_url(acl_server):
-    app, guarded = app_on(f"redis://:topsecret@127.0.0.1:{acl_server.port}/0")
+    _app, guarded = app_on(f"redis://:topsecret@127.0.0.1:{acl_server.port}/0")
     assert guarded.apply().get() is True
 
 
