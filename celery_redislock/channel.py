@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any, Optional
 
 import redis
@@ -87,9 +88,10 @@ def channel_for(client: Any) -> Optional[Channel]:
         return None
     channels = getattr(_local, "channels", None)
     if channels is None or _local.pid != os.getpid():
-        channels = _local.channels = {}
+        # Keyed by the pool itself, weakly: an id() could be reused by a later pool.
+        channels = _local.channels = weakref.WeakKeyDictionary()
         _local.pid = os.getpid()
-    channel = channels.get(id(pool))
+    channel = channels.get(pool)
     if channel is None:
-        channel = channels[id(pool)] = Channel(client)
+        channel = channels[pool] = Channel(client)
     return channel
