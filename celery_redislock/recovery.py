@@ -9,7 +9,8 @@ leases run out.
 
 A worker that starts frees what its previous life under the same node name still held
 (``"<worker node>|"``): node names are unique in a Celery cluster, so those holders are
-dead. Slots of other workers are never touched. The receivers are connected when the
+dead; and as its main process exits (after a warm or a cold shutdown) it frees what it
+still holds. Slots of other workers are never touched. The receivers are connected when the
 package is imported; they act only in apps that use ``LimitedTask`` or ``install()``.
 """
 
@@ -25,7 +26,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
-from celery.signals import task_failure, task_revoked, worker_init, worker_shutdown
+from celery.signals import task_failure, task_revoked, worker_init
 
 from .admission import SlotLimit, owner_prefix
 from .limit import TaskLimits
@@ -170,15 +171,23 @@ def _forget_previous_life(sender: Any = None, **_: Any) -> None:
     try:
         if not uses_limits(app):
             return
-        atexit.register(_free_what_is_left, app, worker, os.getpid())
-        freed = free_worker_slots(app, worker)
     except Exception as exc:  # never stop a worker from starting over this
-        logger.warning("celery-redislock: could not free slots of a previous %s: %r",
-                       worker, exc)
+        logger.warning("celery-redislock: could not look at the tasks of %s: %r", worker, exc)
+        return
+    atexit.register(_free_what_is_left, app, worker, os.getpid())
+    _free_worker_slots_saying(app, worker, "still held by a previous run of")
+
+
+def _free_worker_slots_saying(app: Any, worker: str, whose: str) -> None:
+    """:func:`free_worker_slots`, logging what it did; it never raises."""
+    try:
+        freed = free_worker_slots(app, worker)
+    except Exception as exc:
+        logger.warning("celery-redislock: could not free the slots %s %s: %r",
+                       whose, worker, exc)
         return
     if freed:
-        logger.warning("celery-redislock: freed %d slot(s) still held by a previous run of %s",
-                       freed, worker)
+        logger.warning("celery-redislock: freed %d slot(s) %s %s", freed, whose, worker)
 
 
 def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str) -> None:
@@ -211,30 +220,9 @@ def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool =
 
 
 def _free_what_is_left(app: Any, worker: str, main_pid: int) -> None:
-    """At the exit of the worker's main process — after a cold shutdown too, whose pool
-    children were killed without their ``finally`` — free what the worker still holds.
-    (Pool children inherit this hook through ``fork``; only the main process runs it.)"""
-    if os.getpid() != main_pid:
-        return
-    try:
-        freed = free_worker_slots(app, worker)
-    except Exception as exc:
-        logger.warning("celery-redislock: could not free the slots left by %s: %r",
-                       worker, exc)
-        return
-    if freed:
-        logger.warning("celery-redislock: freed %d slot(s) left by %s as it exited",
-                       freed, worker)
-
-
-@worker_shutdown.connect
-def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
-    """After a warm shutdown every run has ended: anything still held is a leftover."""
-    app, worker = getattr(sender, "app", None), getattr(sender, "hostname", None)
-    if app is None or not worker:
-        return
-    try:
-        if uses_limits(app):
-            free_worker_slots(app, worker)
-    except Exception as exc:
-        logger.warning("celery-redislock: could not free leftover slots of %s: %r", worker, exc)
+    """At the exit of the worker's main process — after a warm or a cold shutdown, whose
+    pool children were killed without their ``finally`` — free what the worker still
+    holds. (Pool children inherit this hook through ``fork``; only the main process runs
+    it.)"""
+    if os.getpid() == main_pid:
+        _free_worker_slots_saying(app, worker, "left by")
