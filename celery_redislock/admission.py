@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .channel import channel_for
+from .holder import holder_member
 from .keys import rate_key, semaphore_key
 from .rate import Rate
 from .scripts import ADMIT, REFUND, RELEASE, RENEW, by_hash_slot
@@ -248,7 +249,7 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
             expires_at_ms=lease_end,
             _client=client,
             _keys=[limiter.key for limiter in semaphores],
-            _member=f"{token} {now_ms} {fence} {description}",
+            _member=holder_member(token, now_ms, fence, description),
             _contended=bool(contended),
         )
     status, now_ms = int(reply[0]), int(reply[1])

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from dataclasses import asdict
+from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 import click
 from redis.exceptions import RedisError
 
 from .config import config_limits, task_function
 from .errors import RedisLockError
+from .holder import Holder, parse_holder, text
 from .keys import semaphore_key
 from .recovery import limits_of
 from .scan import SEMAPHORE_MARK, batches, semaphore_key_pattern
@@ -44,82 +45,6 @@ JSON schema of `status --json`: a list with one object per semaphore key:
 "holders" counts live leases; "limit" is null when the slot count is not known
 (it is not stored in Redis); "contended" is true once a run has been refused;
 "oldest_age_seconds" is null without live holders."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    """One holder entry of a semaphore, read from its sorted-set member and score.
-
-    ``acquired_ms`` and ``lease_end_ms`` are times on the Redis server's clock (ms).
-    """
-
-    token: str
-    task_id: Optional[str]
-    task: Optional[str]
-    worker: Optional[str]
-    pid: Optional[int]
-    acquired_ms: int
-    lease_end_ms: int
-    fence: int
-    member: str
-
-    def age(self, now_ms: int) -> float:
-        """Seconds since the holder took its slot.
-
-            >>> parse_holder("abc.1 1000 7 ", 31000).age(3500)
-            2.5
-        """
-        return (now_ms - self.acquired_ms) / 1000
-
-    def lease_left(self, now_ms: int) -> float:
-        """Seconds left on the lease (negative once it ran out).
-
-            >>> parse_holder("abc.1 1000 7 ", 31000).lease_left(30000)
-            1.0
-        """
-        return (self.lease_end_ms - now_ms) / 1000
-
-
-def parse_holder(member: Any, score: float) -> Holder:
-    """Read a holder member ``"<token> <acquired_ms> <fence> <description>"``.
-
-    The worker and task id come from the description JSON when it has them, else from a
-    task run's token ``"<worker>|<task id>|<random>"``; missing parts are None::
-
-        >>> h = parse_holder('w1@host|task-1|ab.0 1000 42 {"task": "proj.t", "pid": 9}', 5e3)
-        >>> h.token, h.worker, h.task_id, h.task, h.pid, h.fence, h.lease_end_ms
-        ('w1@host|task-1|ab.0', 'w1@host', 'task-1', 'proj.t', 9, 42, 5000)
-        >>> parse_holder("ab.1 1000 43 ", 5000).worker is None
-        True
-    """
-    text = _text(member)
-    parts = text.split(" ", 3)
-    token = parts[0]
-    acquired_ms = _int(parts[1]) if len(parts) > 1 else None
-    fence = _int(parts[2]) if len(parts) > 2 else None
-    description: Dict[str, Any] = {}
-    if len(parts) > 3 and parts[3].strip():
-        try:
-            loaded = json.loads(parts[3])
-        except ValueError:
-            loaded = None
-        if isinstance(loaded, dict):
-            description = loaded
-    worker = task_id = None
-    if token.count("|") >= 2:
-        worker, task_id = token.split("|")[:2]
-    pid = _int(description.get("pid"))
-    return Holder(
-        token=token,
-        task_id=_str(description.get("id")) or task_id or None,
-        task=_str(description.get("task")),
-        worker=_str(description.get("worker")) or worker or None,
-        pid=pid,
-        acquired_ms=acquired_ms or 0,
-        lease_end_ms=int(score),
-        fence=fence or 0,
-        member=text,
-    )
 
 
 def semaphore_name(key: str, prefix: str) -> str:
@@ -180,7 +105,7 @@ class LockStore:
 
     def semaphore_keys(self) -> List[str]:
         """Every semaphore key under the app's prefix, sorted."""
-        keys = {_text(key) for key in self.client.scan_iter(
+        keys = {text(key) for key in self.client.scan_iter(
             match=semaphore_key_pattern(self.prefix), count=1000, _type="ZSET")}
         return sorted(keys)
 
@@ -388,21 +313,6 @@ def _table(header: List[str], rows: Iterable[List[str]]) -> None:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _str(value: Any) -> Optional[str]:
-    return None if value is None else str(value)
-
-
-def _int(value: Any) -> Optional[int]:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _one_line(exc: BaseException) -> str:

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from . import signals
 from .admission import Busy, Lease, Outcome, RateLimited, SlotLimit, admit, owner_prefix
 from .errors import LockStoreUnavailable, LockWaitTimeout
+from .holder import parse_holder
 from .keeper import lease_keeper
 from .limit import TaskLimits
 from .settings import Settings, read_settings, redis_client
@@ -71,7 +72,8 @@ def run_limited(
     client = redis_client(task._get_app(), settings)
     limiters = limits.limiters(args, kwargs, settings.prefix)
     description = _describe(task.name, request.hostname, request.id)
-    promises = dict(wait_state(request).get("promises") or {})
+    waited = wait_state(request)
+    promises = dict(waited.get("promises") or {})
     owner = owner_prefix(request.hostname or "", request.id or "")
     try:
         outcome: Any = admit(client, limiters, lease=limits.lease, description=description,
@@ -100,7 +102,7 @@ def run_limited(
             requeue(task, request, args, kwargs, limits.retry, outcome)
         outcome = _wait_in_place(task, limits, client, limiters, description, owner, outcome)
     lease: Lease = outcome
-    since = wait_state(request).get("since")
+    since = waited.get("since")
     _forget_wait(request)
     if lease.holds_slots:
         lease_keeper().keep(lease, on_lost=lambda lost: signals.lease_lost.send(
@@ -131,14 +133,17 @@ def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any
     it waits while the slots are taken (the earlier run ends, or its process died and its
     lease runs out), and if slots are free it runs, which Celery's redelivery made a
     duplicate. Either way, say so."""
+    if outcome is None:
+        return  # the lock store did not answer: nothing to look at
     marker = f"|{task_id}|"
     own = outcome.token if isinstance(outcome, Lease) else None
     for limiter in limiters:
         if not isinstance(limiter, SlotLimit):
             continue
-        for member in client.zrangebyscore(limiter.key, f"({outcome_time(outcome)}", "+inf"):
-            text = member.decode() if isinstance(member, bytes) else member
-            token = text.split(" ", 1)[0]
+        live = client.zrangebyscore(limiter.key, f"({outcome_time(outcome)}", "+inf",
+                                    withscores=True)
+        for member, score in live:
+            token = parse_holder(member, score).token
             if marker in token and token != own:
                 logger.warning(
                     "celery-redislock: task %s[%s] was redelivered while an earlier run of it "

@@ -17,7 +17,6 @@ package is imported; they act only in apps that use ``LimitedTask`` or ``install
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import threading
@@ -29,6 +28,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, task_revoked, worker_init
 
 from .admission import SlotLimit, owner_prefix
+from .holder import parse_holder
 from .limit import TaskLimits
 from .scan import batches, semaphore_keys
 from .scripts import RELEASE_OWNER, by_hash_slot
@@ -103,17 +103,10 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
 def holder_pids(client: Any, keys: Sequence[str], prefix: str) -> List[int]:
     """The process ids written in the descriptions of the holders whose entry starts
     with ``prefix``."""
-    pids = []
-    for key in keys:
-        for member in client.zrangebyscore(key, 0, "+inf"):
-            text = member.decode() if isinstance(member, bytes) else member
-            if not text.startswith(prefix):
-                continue
-            try:
-                pids.append(int(json.loads(text.split(" ", 3)[3])["pid"]))
-            except (IndexError, ValueError, KeyError, TypeError):
-                continue
-    return pids
+    holders = (parse_holder(member, score) for key in keys
+               for member, score in client.zrangebyscore(key, 0, "+inf", withscores=True))
+    return [holder.pid for holder in holders
+            if holder.token.startswith(prefix) and holder.pid is not None]
 
 
 def process_alive(pid: int) -> bool:
