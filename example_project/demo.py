@@ -1,4 +1,4 @@
-"""Run a burst of limited tasks on two real Celery workers and check that the limits held.
+"""Run a burst of limited tasks on real Celery workers, show it live, check the limits held.
 
 Run it from the repository root::
 
@@ -8,11 +8,13 @@ Run it from the repository root::
 Without ``--redis-url`` it starts a private ``redis-server`` on a free port (no
 persistence, in a temporary directory) and stops it at the end. That one Redis is the
 broker, the result backend, the lock store and the place where the tasks record their
-runs. Two ``celery worker`` processes (prefork, 3 processes each) run the tasks of
-``proj.tasks``; the demo sends a burst of them, waits for every result, stops the
-workers, then reads the records and prints, per limit key, the peak number of runs seen
-at once against the limit. It exits with status 1 if a limit was exceeded or a task did
-not run exactly once, and 2 if the demo itself could not run.
+runs. Three ``celery worker`` processes (prefork, 3 processes each) run the tasks of
+``proj.tasks``; the demo sends a burst of them (``proj.burst``) and shows, while it runs,
+each limit key's slots filling and draining (``proj.live``). Then it stops the workers,
+reads the records, prints per limit key the peak against the limit, the runs completed
+and the waits (``proj.summary``), and draws the timeline chart
+``docs/images/demo_timeline.png`` (``proj.timeline``). It exits with status 1 if a limit
+was exceeded or a task did not run exactly once, and 2 if the demo itself could not run.
 """
 
 from __future__ import annotations
@@ -29,22 +31,23 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import redis
-from proj.records import Recorder, Run, recorder
+from proj.burst import Limit, Sent, send_burst
+from proj.live import LiveView, Row
+from proj.records import Recorder, recorder
+from proj.summary import Report, analyse, print_report
 
 from celery_redislock.testing import RedisServer
 
 HERE = Path(__file__).resolve().parent
+REPOSITORY = HERE.parent
 OUTPUT = HERE / "output"
+CHART = REPOSITORY / "docs" / "images" / "demo_timeline.png"
 
-WORKERS = 2
+WORKERS = 3
 CONCURRENCY = 3
-CRAWLS = 12
-CUSTOMER_SYNCS = 12
-CUSTOMERS = 3
-REBUILDS = 5
 
 WORKERS_READY_TIMEOUT = 30.0
 RESULTS_TIMEOUT = 30.0
@@ -150,150 +153,35 @@ def wait_for_workers(app: Any, workers: Sequence[Worker]) -> float:
 # --- the burst ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Sent:
-    """A task the demo sent, and how to show it."""
+def watch_burst(tasks: ModuleType, sent: Sequence[Sent], limits: Sequence[Limit],
+                records: Recorder) -> bool:
+    """Show the burst live until every run is done (or every result is in); False on timeout."""
+    lock_client = redis.Redis.from_url(tasks.app.conf.redislock_url)
+    total = len(sent)
+    last_check = [time.monotonic()]
 
-    call: str
-    result: Any  # celery.result.AsyncResult
+    def over(rows: List[Row]) -> bool:
+        if sum(row.done for row in rows) >= total:
+            return True
+        if time.monotonic() - last_check[0] < 1.0:
+            return False
+        last_check[0] = time.monotonic()  # a run that failed never records its end
+        return all(task.result.ready() for task in sent)
 
-
-def send_burst(tasks: ModuleType) -> List[Sent]:
-    """Send the burst: crawls, customer syncs over a few customers, index rebuilds."""
-    sent = []
-    for n in range(CRAWLS):
-        url = f"https://example.com/page/{n}"
-        sent.append(Sent(f"crawl({url!r})", tasks.crawl.delay(url)))
-    for n in range(CUSTOMER_SYNCS):
-        customer = n % CUSTOMERS + 1
-        if n % 2:  # by keyword or by position: the lock key binds arguments by name
-            result = tasks.sync_customer.delay(customer_id=customer, full=True)
-        else:
-            result = tasks.sync_customer.delay(customer)
-        sent.append(Sent(f"sync_customer({customer})", result))
-    for _ in range(REBUILDS):
-        sent.append(Sent("rebuild_index()", tasks.rebuild_index.delay()))
-    return sent
+    return LiveView(records, lock_client, limits).watch(over, timeout=RESULTS_TIMEOUT)
 
 
-def wait_for_results(sent: Sequence[Sent]) -> float:
-    """Wait, up to a deadline for the whole burst, until every result is in; return the time."""
+def wait_for_results(sent: Sequence[Sent], timeout: float) -> bool:
+    """Wait, up to ``timeout`` for the whole burst, until every result is in."""
     from celery.exceptions import TimeoutError as ResultTimeout
 
-    begun = time.monotonic()
-    deadline = begun + RESULTS_TIMEOUT
+    deadline = time.monotonic() + timeout
     for task in sent:
         try:
             task.result.get(timeout=max(0.01, deadline - time.monotonic()), propagate=False)
         except ResultTimeout:
-            print(f"  gave up waiting after {RESULTS_TIMEOUT:.0f} s")
-            break
-    return time.monotonic() - begun
-
-
-# --- the verdict -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KeyReport:
-    """What happened under one limit key (one semaphore)."""
-
-    limit_key: str
-    slots: int
-    completed: int
-    sent_back: int
-    peak_counter: int
-    peak_timeline: int
-
-    @property
-    def ok(self) -> bool:
-        """True if no way of counting saw more runs at once than the limit allows."""
-        return max(self.peak_counter, self.peak_timeline) <= self.slots
-
-
-@dataclass(frozen=True)
-class Report:
-    """The demo's findings."""
-
-    keys: List[KeyReport]
-    tasks: int
-    problems: List[str]
-
-    @property
-    def limits_held(self) -> bool:
-        """True if every limit key stayed within its limit."""
-        return all(key.ok for key in self.keys)
-
-    @property
-    def ran_exactly_once(self) -> bool:
-        """True if every task sent ran once, to completion, and succeeded."""
-        return not self.problems
-
-
-def peak_overlap(intervals: Sequence[Tuple[int, int]]) -> int:
-    """The most ``(start, end)`` intervals open at one moment (an end before a start at a tie)."""
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    open_now = peak = 0
-    for _, change in events:
-        open_now += change
-        peak = max(peak, open_now)
-    return peak
-
-
-def run_problem(task: Sent, starts: int, run: Optional[Run]) -> Optional[str]:
-    """Why ``task`` did not run exactly once and succeed, or None if it did."""
-    state = task.result.state
-    if starts == 1 and run is not None and run.end_us is not None and state == "SUCCESS":
-        return None
-    return f"{task.call} [{task.result.id}]: started {starts} time(s), state {state}"
-
-
-def analyse(sent: Sequence[Sent], records: Recorder) -> Report:
-    """Compare what was sent with what the tasks recorded."""
-    starts = records.starts()
-    runs = {task.result.id: records.run(task.result.id) for task in sent}
-    problems = [problem for task in sent
-                if (problem := run_problem(task, starts.get(task.result.id, 0),
-                                           runs[task.result.id]))]
-    problems += [f"unexpected run of task id {task_id}" for task_id in
-                 set(starts) - set(runs)]
-    by_key: Dict[str, List[Run]] = {}
-    for run in runs.values():
-        if run is not None:
-            by_key.setdefault(run.limit_key, []).append(run)
-    keys = [
-        KeyReport(
-            limit_key=key,
-            slots=max(run.slots for run in key_runs),
-            completed=sum(run.end_us is not None for run in key_runs),
-            sent_back=sum(run.waits for run in key_runs),
-            peak_counter=max(records.levels(key), default=0),
-            peak_timeline=peak_overlap([(run.start_us, run.end_us) for run in key_runs
-                                        if run.end_us is not None]),
-        )
-        for key, key_runs in sorted(by_key.items())
-    ]
-    return Report(keys=keys, tasks=len(sent), problems=problems)
-
-
-def print_report(report: Report) -> None:
-    """Print the summary table and the two verdicts."""
-    header = (f"{'limit key':<28} {'limit':>5} {'done':>5} {'sent back':>9} "
-              f"{'peak (counter)':>14} {'peak (timeline)':>15}  verdict")
-    print()
-    print(header)
-    print("-" * len(header))
-    for key in report.keys:
-        print(f"{key.limit_key:<28} {key.slots:>5} {key.completed:>5} {key.sent_back:>9} "
-              f"{key.peak_counter:>14} {key.peak_timeline:>15}  "
-              f"{'OK' if key.ok else 'EXCEEDED'}")
-    print("-" * len(header))
-    print(f"every limit held: {'yes' if report.limits_held else 'NO'}")
-    done = report.tasks - len(report.problems)
-    print(f"every task ran exactly once: {'yes' if report.ran_exactly_once else 'no'} "
-          f"({done} of {report.tasks})")
-    for problem in report.problems:
-        print(f"  - {problem}")
+            return False
+    return True
 
 
 # --- main --------------------------------------------------------------------------------
@@ -320,19 +208,39 @@ def load_project(env: Dict[str, str]) -> ModuleType:
 
 
 def run_demo(redis_url: str) -> Report:
-    """Start the workers on ``redis_url``, send the burst, stop the workers, analyse."""
+    """Start the workers on ``redis_url``, send the burst and show it live, stop the
+    workers, analyse."""
     run_id = uuid.uuid4().hex[:8]
     env = project_environment(redis_url, run_id)
     tasks = load_project(env)
+    records = recorder()
     with running_workers(env, run_id) as workers:
         took = wait_for_workers(tasks.app, workers)
         print(f"{len(workers)} workers x {CONCURRENCY} processes answered a ping "
               f"after {took:.1f} s")
-        sent = send_burst(tasks)
-        print(f"sent {len(sent)} tasks; waiting for their results")
-        took = wait_for_results(sent)
-        print(f"results in after {took:.1f} s")
-    return analyse(sent, recorder())
+        sent_at_us = records.now_us()
+        begun = time.monotonic()
+        sent, limits = send_burst(tasks)
+        print(f"sent {len(sent)} tasks at once; watching them run\n")
+        finished = watch_burst(tasks, sent, limits, records)
+        if not finished or not wait_for_results(sent, timeout=5.0):
+            print(f"  gave up waiting after {RESULTS_TIMEOUT:.0f} s")
+        print(f"\nburst over after {time.monotonic() - begun:.1f} s")
+    return analyse(sent, limits, records, sent_at_us)
+
+
+def write_chart(report: Report, path: Path) -> None:
+    """Draw the timeline chart (needs matplotlib, which the ``demo`` extra installs)."""
+    try:
+        from proj.timeline import draw_timeline
+        draw_timeline(report, path, subtitle=(
+            f"{len(report.keys)} limit keys, {report.tasks} tasks sent at once to "
+            f"{WORKERS} workers x {CONCURRENCY} processes"))
+    except ImportError as exc:
+        print(f"no chart ({exc}): pip install -e '.[demo]'")
+        return
+    shown = path.relative_to(REPOSITORY) if path.is_relative_to(REPOSITORY) else path
+    print(f"timeline chart written to {shown}")
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -343,6 +251,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         help="use this Redis server (broker, results, locks, records) instead of "
              "starting a private one",
     )
+    parser.add_argument(
+        "--chart", type=Path, default=CHART,
+        help="where to write the timeline chart (PNG; default %(default)s)",
+    )
+    parser.add_argument("--no-chart", action="store_true", help="do not draw the chart")
     return parser.parse_args(argv)
 
 
@@ -361,6 +274,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"demo failed: {exc}", file=sys.stderr)
         return 2
     print_report(report)
+    if not args.no_chart:
+        write_chart(report, args.chart.resolve())
     print(f"total time: {time.monotonic() - begun:.1f} s")
     return 0 if report.limits_held and report.ran_exactly_once else 1
 

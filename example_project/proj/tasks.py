@@ -1,8 +1,10 @@
-"""Three limited tasks, each pretending to work for 0.1-0.4 s and recording its run.
+"""Four limited tasks, each pretending to work for a moment and recording its run.
 
 * ``crawl``: at most 2 runs at once across every worker (one semaphore for the task).
 * ``sync_customer``: at most 1 run at once per customer (a semaphore per customer id).
 * ``rebuild_index``: a singleton, 1 run at a time across the cluster.
+* ``ping_partner``: at most 4 starts a second per partner, across every worker (a rate
+  limit, no slot limit).
 
 The retry backoffs are small so that a burst of tasks drains in a few seconds.
 """
@@ -33,33 +35,46 @@ def count_delivery(task_id: str, **_: Any) -> None:
     recorder().delivered(task_id)
 
 
-def pretend_to_work(task: Task) -> str:
-    """Record the start, sleep 0.1-0.4 s (the "work"), record the end; return the key held."""
+def pretend_to_work(task: Task, seconds: tuple[float, float], key: str = "") -> str:
+    """Record the start, sleep a random time within ``seconds`` (the "work"), record the
+    end; return the limit key.
+
+    The key is the name of the semaphore the lease holds; a run admitted by a rate limit
+    only holds no slot, so its lease has no name and the task says its ``key``.
+    """
     lease = task.request.redislock_lease
+    name = lease.name or key
     runs = recorder()
     waits = runs.times_sent_back(task.request.id)
-    runs.started(task.request.id, lease.name, slots=task.lock_slots, waits=waits)
+    runs.started(task.request.id, name, slots=task.lock_slots or 0, waits=waits,
+                 admitted_ms=lease.acquired_at_ms)
     try:
-        time.sleep(random.uniform(0.1, 0.4))
+        time.sleep(random.uniform(*seconds))
     finally:
-        runs.ended(task.request.id, lease.name)
-    return lease.name
+        runs.ended(task.request.id, name)
+    return name
 
 
 @app.task(bind=True, base=LimitedTask, lock_slots=2, **FAST_RETRY)
 def crawl(self: Task, url: str) -> str:
     """Fetch ``url`` (pretend): at most two crawls run at once, cluster-wide."""
-    return pretend_to_work(self)
+    return pretend_to_work(self, (0.4, 0.9))
 
 
 @app.task(bind=True, base=LimitedTask, lock_slots=1, lock_key="customer:{customer_id}",
           **FAST_RETRY)
 def sync_customer(self: Task, customer_id: int, full: bool = False) -> str:
     """Synchronise one customer (pretend): one run at a time per customer."""
-    return pretend_to_work(self)
+    return pretend_to_work(self, (0.3, 0.8))
 
 
 @app.task(bind=True, base=SingletonTask, **FAST_RETRY)
 def rebuild_index(self: Task) -> str:
     """Rebuild the search index (pretend): one run at a time, cluster-wide."""
-    return pretend_to_work(self)
+    return pretend_to_work(self, (0.3, 0.8))
+
+
+@app.task(bind=True, base=LimitedTask, lock_rate="4/s", lock_key="partner:{partner}")
+def ping_partner(self: Task, partner: str) -> str:
+    """Call a partner's API (pretend): at most 4 starts a second per partner, cluster-wide."""
+    return pretend_to_work(self, (0.2, 0.6), key=f"partner:{partner}")
