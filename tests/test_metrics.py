@@ -1,0 +1,241 @@
+"""Signals, metrics and the Prometheus exporter, from real prefork workers.
+
+Each test starts one ``celery worker -P prefork -c 2`` of :mod:`metrics_app` on a private
+Redis server, runs limited tasks on it, and checks what the exporter in the worker's main
+process serves over HTTP (the numbers are recorded in the two pool children), or what
+the signal receivers connected in the worker recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Dict, List, Set, Tuple
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from celery_redislock.keys import semaphore_key
+from celery_redislock.metrics import OVERFLOW, LabelBudget, MemorySink, MetricsRecorder
+
+import metrics_app
+from cluster_checks import lock_store, record_store, wait_for_results, wait_until
+from metrics_app import (
+    CONTENDED,
+    MAX_LIMIT_LABELS,
+    PER_CUSTOMER,
+    RATED,
+    SHORT_LEASE,
+    TEMPLATED,
+)
+
+if TYPE_CHECKING:
+    from worker_cluster import WorkerCluster, WorkerClusterFactory
+
+pytest_plugins = ["worker_cluster"]
+
+pytestmark = pytest.mark.slow
+
+Samples = Dict[str, List[Tuple[Dict[str, str], float]]]
+
+#: The kwargs of each signal, as signals.py documents them.
+DOCUMENTED_KWARGS = {
+    "lock_acquired": ["lease", "task_id", "waited"],
+    "lock_contended": ["countdown", "key", "reason", "task_id"],
+    "rate_limited": ["countdown", "key", "promise", "task_id"],
+    "lock_released": ["held", "lease", "task_id"],
+    "lease_lost": ["lease", "task_id"],
+}
+
+
+@pytest.fixture
+def cluster(worker_cluster_factory: WorkerClusterFactory) -> WorkerCluster:
+    """One worker of :mod:`metrics_app` with two prefork children."""
+    return worker_cluster_factory(app_module="metrics_app", app_factory=metrics_app.create_app,
+                                  workers=1, concurrency=2)
+
+
+def exporter(cluster: WorkerCluster) -> str:
+    """The URL the worker's exporter serves, from its log."""
+    found: List[str] = []
+
+    def logged() -> bool:
+        url = metrics_app.exporter_url(cluster.logs())
+        if url:
+            found.append(url)
+        return bool(url)
+
+    wait_until(logged, 20, "the worker to log its exporter's URL")
+    return found[0]
+
+
+def scrape(url: str) -> Samples:
+    """Every sample the exporter serves: name -> [(labels, value)]."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    samples: Samples = defaultdict(list)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[sample.name].append((dict(sample.labels), sample.value))
+    return samples
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    return sum(value for found, value in samples.get(name, [])
+               if all(found.get(k) == v for k, v in labels.items()))
+
+
+def limit_labels(samples: Samples, name: str, task: str) -> Set[str]:
+    return {found["limit"] for found, _ in samples.get(name, []) if found.get("task") == task}
+
+
+def test_metrics_from_a_real_prefork_worker(cluster: WorkerCluster) -> None:
+    """Counts and histograms recorded in two pool children, scraped from the exporter
+    of the main process, match what ran; 50 per-customer labels stay within the cap."""
+    url = exporter(cluster)
+    app = cluster.app
+    contended = [app.tasks[CONTENDED].delay(0.15) for _ in range(6)]
+    rated = [app.tasks[RATED].delay() for _ in range(4)]
+    wait_for_results(cluster, contended + rated)
+    # The templated task comes first, so that the per-customer labels do not spend the
+    # whole budget before it has its label.
+    wait_for_results(cluster, [app.tasks[TEMPLATED].delay(i) for i in range(50)])
+    wait_for_results(cluster, [app.tasks[PER_CUSTOMER].delay(i) for i in range(50)])
+
+    samples = scrape(url)
+    c = CONTENDED
+    acquisitions = "celery_redislock_acquisitions_total"
+    assert total(samples, acquisitions, task=c) == 6
+    assert total(samples, "celery_redislock_hold_seconds_count", task=c) == 6
+    assert total(samples, "celery_redislock_hold_seconds_sum", task=c) >= 6 * 0.15
+    assert total(samples, "celery_redislock_wait_seconds_count", task=c) == 6
+    assert total(samples, "celery_redislock_wait_seconds_sum", task=c) > 0
+    contentions = total(samples, "celery_redislock_contentions_total", task=c)
+    assert contentions >= 1
+    assert total(samples, "celery_redislock_countdown_seconds_count", task=c,
+                 cause="slots") == contentions
+    assert limit_labels(samples, acquisitions, c) == {c}
+
+    assert total(samples, acquisitions, task=RATED) == 4
+    assert total(samples, "celery_redislock_rate_limited_total", task=RATED) >= 1
+    assert total(samples, "celery_redislock_countdown_seconds_count", task=RATED,
+                 cause="rate") == total(samples, "celery_redislock_rate_limited_total",
+                                        task=RATED)
+    assert total(samples, "celery_redislock_hold_seconds_count", task=RATED) == 0
+
+    assert total(samples, acquisitions, task=TEMPLATED) == 50
+    assert limit_labels(samples, acquisitions, TEMPLATED) == {"customer:{customer_id}"}
+    assert total(samples, acquisitions, task=PER_CUSTOMER) == 50
+    assert total(samples, "celery_redislock_hold_seconds_count", task=PER_CUSTOMER) == 50
+    every_label = {found["limit"] for found, _ in samples[acquisitions]}
+    assert len(every_label) <= MAX_LIMIT_LABELS, every_label
+    assert OVERFLOW in limit_labels(samples, acquisitions, PER_CUSTOMER)
+
+    assert total(samples, "celery_redislock_holding") == 0
+    assert total(samples, "celery_redislock_leases_lost_total") == 0
+    assert total(samples, acquisitions) == 6 + 4 + 50 + 50
+    pids = record_store(cluster).smembers("pids")
+    assert len(pids) == 2, f"the tasks ran in {len(pids)} pool process(es), not both"
+
+
+def test_a_killed_pool_child_leaves_no_live_gauge(cluster: WorkerCluster) -> None:
+    """A pool child killed while it holds a slot: its ``holding`` gauge goes away with it,
+    its counters stay, and the child that replaces it records on."""
+    url = exporter(cluster)
+    record = record_store(cluster)
+    task = cluster.app.tasks[CONTENDED]
+    doomed = task.delay(30)
+    wait_until(lambda: total(scrape(url), "celery_redislock_holding", task=CONTENDED) == 1,
+               20, "the gauge to show the run holding its slot")
+    os.kill(int(record.hget("pid", doomed.id)), signal.SIGKILL)
+
+    wait_until(lambda: total(scrape(url), "celery_redislock_holding") == 0, 20,
+               "the killed child's gauge to be dropped")
+    after = task.delay(0.01)
+    wait_for_results(cluster, [after])
+    samples = scrape(url)
+    assert total(samples, "celery_redislock_acquisitions_total", task=CONTENDED) == 2
+    assert total(samples, "celery_redislock_hold_seconds_count", task=CONTENDED) == 1
+    assert total(samples, "celery_redislock_holding") == 0
+
+
+def signal_records(cluster: WorkerCluster) -> List[Dict[str, Any]]:
+    return [json.loads(line) for line in record_store(cluster).lrange("signals", 0, -1)]
+
+
+def test_signals_fire_with_their_documented_kwargs(cluster: WorkerCluster) -> None:
+    """Every signal, sent from the pool children of a real worker, with the kwargs that
+    signals.py documents; and the contention log line names the task id and the key."""
+    app = cluster.app
+    first, second = (app.tasks[CONTENDED].delay(0.5) for _ in range(2))
+    rated = [app.tasks[RATED].delay() for _ in range(2)]
+    wait_for_results(cluster, [first, second, *rated])
+
+    # A lease that ends while its run still works (its entry wiped from the semaphore,
+    # as a lease that ran out would be): the next renewal finds it gone.
+    record = record_store(cluster)
+    lost = app.tasks[SHORT_LEASE].delay(1.5)
+    wait_until(lambda: record.hexists("started", lost.id), 20, "the short-lease run to start")
+    lock_store(cluster).delete(semaphore_key(SHORT_LEASE))
+    wait_for_results(cluster, [lost])
+
+    seen = signal_records(cluster)
+    for entry in seen:
+        assert entry["kwargs"] == DOCUMENTED_KWARGS[entry["signal"]], entry
+    by_signal: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
+    for entry in seen:
+        by_signal[entry["signal"]].append(entry)
+    assert set(by_signal) == set(DOCUMENTED_KWARGS)
+
+    acquired = {e["task_id"]: e for e in by_signal["lock_acquired"]}
+    released = {e["task_id"]: e for e in by_signal["lock_released"]}
+    assert set(acquired) == {first.id, second.id, lost.id, *(r.id for r in rated)}
+    assert set(released) == {first.id, second.id, lost.id}  # rate-only runs hold no slot
+    for task_id in (first.id, second.id):
+        assert acquired[task_id]["lease_name"] == CONTENDED
+        assert acquired[task_id]["sender"] == CONTENDED
+        assert released[task_id]["held"] >= 0.5
+        assert released[task_id]["lease_fence"] == acquired[task_id]["lease_fence"]
+
+    contended = [e for e in by_signal["lock_contended"] if e["sender"] == CONTENDED]
+    assert contended, "neither contended run was ever refused"
+    waiter = contended[0]["task_id"]
+    assert {e["task_id"] for e in contended} == {waiter}
+    for entry in contended:
+        assert entry["key"] == CONTENDED
+        assert entry["countdown"] > 0
+        assert "found all 1 slot(s)" in entry["reason"]
+    assert acquired[waiter]["waited"] > 0
+    assert f"[{waiter}] found all 1 slot(s) of '{CONTENDED}' taken" in cluster.logs()
+
+    limited = by_signal["rate_limited"]
+    assert limited and {e["sender"] for e in limited} == {RATED}
+    assert all(e["key"] == RATED and e["countdown"] > 0 and e["promise"] > 0 for e in limited)
+
+    assert [(e["task_id"], e["lease_name"]) for e in by_signal["lease_lost"]] == [
+        (lost.id, SHORT_LEASE)]
+
+
+def test_recorder_labels_and_budget_in_process() -> None:
+    """The in-process model: the budget lets at most ``cap`` values through, ``other``
+    included, and a failing label function counts under ``other``."""
+    budget = LabelBudget(3)
+    assert [budget.admit(v) for v in ("a", "b", "c", "a", "d")] == ["a", "b", OVERFLOW, "a",
+                                                                     OVERFLOW]
+
+    class Task:
+        name = "proj.task"
+
+    def broken(task: Any, key: Any) -> str:
+        raise ValueError("no label")
+
+    recorder = MetricsRecorder(MemorySink(), limit_label=broken, budget=LabelBudget(5))
+    recorder.on_contended(sender=Task(), key="k", countdown=0.5)
+    assert recorder.sink.value("contentions_total", task="proj.task", limit=OVERFLOW) == 1
+    histogram = recorder.sink.histogram("countdown_seconds", task="proj.task",
+                                        limit=OVERFLOW, cause="slots")
+    assert (histogram.count, histogram.sum) == (1, 0.5)
