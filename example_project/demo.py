@@ -47,7 +47,7 @@ OUTPUT = HERE / "output"
 CHART = REPOSITORY / "docs" / "images" / "demo_timeline.png"
 
 WORKERS = 3
-CONCURRENCY = 3
+CONCURRENCY = 4
 
 WORKERS_READY_TIMEOUT = 30.0
 RESULTS_TIMEOUT = 30.0

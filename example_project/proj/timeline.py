@@ -69,7 +69,7 @@ def _rate_panel(axis, key: KeyReport, origin_us: int, end: float) -> None:
     times, counts = cumulative_steps([(start - origin_us) / 1e6 for start in starts], end)
     axis.step(times, counts, where="post", color=colour, linewidth=1.6)
     axis.fill_between(times, counts, step="post", color=colour, alpha=0.15, linewidth=0)
-    top = key.limit.sent + 2
+    top = key.limit.sent + 1
     if starts:
         # The most starts the rate allows since the first: burst + 1 at once, then one per
         # interval; drawn until it leaves the panel.
@@ -80,9 +80,10 @@ def _rate_panel(axis, key: KeyReport, origin_us: int, end: float) -> None:
         allowed = at_first + (last - first) * rate.count / rate.period
         axis.plot([first, last], [at_first, allowed], color=LIMIT_COLOUR, linestyle="--",
                   linewidth=1.2)
-        axis.text(last - 0.05, allowed, f"most allowed: {key.limit.label}, burst {rate.burst}",
-                  color=LIMIT_COLOUR, ha="right", va="bottom", fontsize=8.5)
-    axis.set_ylim(0, top + 0.5)
+        axis.text(0.995, 0.05, f"dashed: the most starts allowed ({key.limit.label}, "
+                  f"burst {rate.burst})", transform=axis.transAxes, color=LIMIT_COLOUR,
+                  ha="right", va="bottom", fontsize=8.5)
+    axis.set_ylim(0, key.limit.sent * 1.3 + 1)
     _caption(axis, key, f"runs started so far (most in one period: {key.most_starts}/"
                         f"{key.limit.most_starts})")
 
@@ -121,10 +122,10 @@ def draw_timeline(report: Report, path: Path, subtitle: str = "") -> Path:
         axis.tick_params(labelsize=8.5)
     axes[-1].set_xlabel("seconds since the burst was sent")
     title = "celery-redislock demo: runs of each limit key over time (dashed: the limit)"
-    figure.suptitle(title, fontsize=12, x=0.5, y=1 - 0.15 / height)
+    figure.suptitle(title, fontsize=12, x=0.5, y=1 - 0.12 / height)
     if subtitle:
-        figure.text(0.5, 1 - 0.42 / height, subtitle, ha="center", fontsize=9, color="#555555")
-    figure.subplots_adjust(left=0.05, right=0.92, top=1 - 0.7 / height, bottom=0.55 / height)
+        figure.text(0.5, 1 - 0.5 / height, subtitle, ha="center", fontsize=9, color="#555555")
+    figure.subplots_adjust(left=0.05, right=0.92, top=1 - 0.8 / height, bottom=0.55 / height)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
