@@ -87,7 +87,7 @@ HOLD = MetricSpec("hold_seconds", "histogram", "Time a run held its slots.",
                   buckets=HOLD_BUCKETS)
 COUNTDOWN = MetricSpec("countdown_seconds", "histogram",
                        "Countdown given to a refused run sent back to the queue; cause is "
-                       "slots, rate or unreachable.",
+                       "slots, rate, paused or unreachable.",
                        labels=("task", "limit", "cause"), buckets=COUNTDOWN_BUCKETS)
 HOLDING = MetricSpec("holding", "gauge", "Runs holding their slots now.")
 
@@ -447,12 +447,15 @@ class MetricsRecorder:
         self.sink.inc(HOLDING, labels, -1.0)
 
     def on_contended(self, sender: Any = None, key: Optional[str] = None,
-                     countdown: float = 0.0, **_: Any) -> None:
+                     countdown: float = 0.0, reason: str = "", **_: Any) -> None:
         if not self._mine(sender):
             return
         labels = self.labels(sender, key)
         self.sink.inc(CONTENTIONS, labels)
-        cause = "slots" if key is not None else "unreachable"
+        if key is None:
+            cause = "unreachable"
+        else:
+            cause = "paused" if str(reason or "").endswith("paused") else "slots"
         self.sink.observe(COUNTDOWN, {**labels, "cause": cause}, float(countdown or 0.0))
 
     def on_rate_limited(self, sender: Any = None, key: Optional[str] = None,
