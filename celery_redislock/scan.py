@@ -1,23 +1,92 @@
-"""Finding every semaphore of an app in Redis: ``SCAN`` by key pattern, in batches.
+"""Finding an app's limits in Redis: ``SCAN`` by key pattern, and the keys of one name.
 
-    for keys in semaphore_key_batches(client, "redislock:"):
-        ...   # up to 200 semaphore keys at a time
+Every Redis key of a limit name is ``<prefix>{<16 hex digest>}:<mark>:<readable name>``
+(see :mod:`celery_redislock.keys`); the mark says what it holds:
+
+======  ==============================================================================
+``s``   the semaphore: sorted set of holders (and ``~ticket`` reservations, statistics)
+``q``   its waiting line: sorted set, ticket -> when the run first asked (ms)
+``w``   its waiter records: hash, ticket -> JSON ``{"task", "id", "worker", "since"}``
+``cs``  its control hash (operators): ``slots``, ``paused_until``
+``r``   the rate limiter of the same name
+``cr``  the rate limiter's control hash (operators): ``paused_until``
+======  ==============================================================================
+
+    >>> companion_key("redislock:{85280b862f4ca735}:s:customer:42", "cs")
+    'redislock:{85280b862f4ca735}:cs:customer:42'
+    >>> for keys in batches(semaphore_keys(client, "redislock:")):  # doctest: +SKIP
+    ...     ...   # up to 200 semaphore keys at a time
 
 On a Redis Cluster client, redis-py's ``scan_iter`` visits every primary node.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, List
+import re
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 #: What every semaphore key holds after its hash tag (see :func:`keys.semaphore_key`).
 SEMAPHORE_MARK = "}:s:"
 
+#: Marks of the keys that belong to one limit name.
+SEMAPHORE, LINE, WAITERS, SEMAPHORE_CONTROL, RATE, RATE_CONTROL = "s", "q", "w", "cs", "r", "cr"
+
+_KEY = re.compile(r"\{[0-9a-f]{16}\}:([a-z]+):(.*)\Z", re.S)
+
+
+def _escape(prefix: str) -> str:
+    return "".join(f"\\{char}" if char in "*?[]\\" else char for char in prefix)
+
 
 def semaphore_key_pattern(prefix: str) -> str:
     """The ``SCAN`` pattern of every semaphore key under ``prefix``."""
-    escaped = "".join(f"\\{char}" if char in "*?[]\\" else char for char in prefix)
-    return f"{escaped}*{SEMAPHORE_MARK}*"
+    return f"{_escape(prefix)}*{SEMAPHORE_MARK}*"
+
+
+def mark_pattern(prefix: str, mark: str) -> str:
+    """The ``SCAN`` pattern of every key with ``mark`` under ``prefix``.
+
+        >>> mark_pattern("redislock:", "cs")
+        'redislock:{*}:cs:*'
+    """
+    return f"{_escape(prefix)}{{*}}:{mark}:*"
+
+
+def split_key(key: str, prefix: str) -> Optional[Tuple[str, str]]:
+    """``(mark, readable name)`` of a key of the package under ``prefix``, else None.
+
+        >>> split_key("redislock:{85280b862f4ca735}:cr:customer:42", "redislock:")
+        ('cr', 'customer:42')
+        >>> split_key("other:thing", "redislock:") is None
+        True
+    """
+    if not key.startswith(prefix):
+        return None
+    found = _KEY.match(key, len(prefix))
+    return (found.group(1), found.group(2)) if found else None
+
+
+def companion_key(key: str, mark: str) -> str:
+    """The key with ``mark`` of the same name as ``key`` (same hash tag, same Cluster slot):
+    the first ``}:<mark>:`` after the hash tag is replaced.
+
+        >>> companion_key("redislock:{85280b862f4ca735}:r:customer:42", "cr")
+        'redislock:{85280b862f4ca735}:cr:customer:42'
+    """
+    close = key.index("}:")
+    end = key.index(":", close + 2)
+    return f"{key[:close]}}}:{mark}{key[end:]}"
+
+
+def scan_keys(client: Any, prefix: str, mark: str, type_: Optional[str] = None) -> List[str]:
+    """Every key with ``mark`` under ``prefix`` (as text), sorted, optionally of one Redis type."""
+    found = set()
+    for key in client.scan_iter(match=mark_pattern(prefix, mark), count=1000, _type=type_):
+        key = key.decode() if isinstance(key, bytes) else key
+        split = split_key(key, prefix)
+        if split is not None and split[0] == mark:
+            found.add(key)
+    return sorted(found)
 
 
 def semaphore_keys(client: Any, prefix: str) -> Iterator[str]:
