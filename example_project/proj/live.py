@@ -141,10 +141,15 @@ def render(elapsed: float, table: Sequence[Row], show_line: bool,
     return lines
 
 
-def render_plain(elapsed: float, table: Sequence[Row]) -> str:
-    """One line for a log: ``key used/capacity w<waiting> d<done>`` per key."""
-    parts = [f"{row.limit.name} {row.used}/{row.capacity} w{row.waiting} d{row.done}"
-             for row in table]
+def render_plain(elapsed: float, table: Sequence[Row], show_line: bool = False) -> str:
+    """One line for a log: ``key used/capacity w<waiting> d<done>`` per key (and
+    ``l<in line>`` once the lock store keeps a waiting line)."""
+    parts = [
+        f"{row.limit.name} {row.used}/{row.capacity} w{row.waiting}"
+        + (f" l{row.in_line}" if show_line and row.in_line is not None else "")
+        + f" d{row.done}"
+        for row in table
+    ]
     return f"  {elapsed:5.1f} s  " + " | ".join(parts)
 
 
@@ -204,7 +209,8 @@ class LiveView:
     def draw(self, elapsed: float, table: Sequence[Row]) -> None:
         """Print the view: over the previous one on a terminal, as a new line otherwise."""
         if not self.tty:
-            print(render_plain(elapsed, table), file=self.out, flush=True)
+            print(render_plain(elapsed, table, self.saw_waiting_line), file=self.out,
+                  flush=True)
             return
         lines = render(elapsed, table, self.saw_waiting_line, colour=True)
         up = f"\x1b[{self._drawn}F" if self._drawn else ""
