@@ -18,8 +18,16 @@ from typing import TYPE_CHECKING, Any, Dict, List, Set, Tuple
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from celery_redislock import LimitedTask, signals
 from celery_redislock.keys import semaphore_key
-from celery_redislock.metrics import OVERFLOW, LabelBudget, MemorySink, MetricsRecorder
+from celery_redislock.metrics import (
+    OVERFLOW,
+    LabelBudget,
+    MemorySink,
+    MetricsRecorder,
+    disable_metrics,
+    enable_metrics,
+)
 
 import metrics_app
 from cluster_checks import lock_store, record_store, wait_for_results, wait_until
@@ -241,3 +249,34 @@ def test_recorder_labels_and_budget_in_process() -> None:
     histogram = recorder.sink.histogram("countdown_seconds", task="proj.task",
                                         limit=OVERFLOW, cause="slots")
     assert (histogram.count, histogram.sum) == (1, 0.5)
+
+
+@pytest.mark.usefixtures("lock_client")
+def test_in_process_metrics_and_nothing_connected_when_off(celery_app: Any) -> None:
+    """``enable_metrics`` with a MemorySink, on eager runs in this process; it connects one
+    receiver to each signal, and ``disable_metrics`` takes them away again."""
+
+    @celery_app.task(base=LimitedTask, lock_key="customer:{customer_id}", shared=False)
+    def sync(customer_id: int) -> int:
+        return customer_id
+
+    every = (signals.lock_acquired, signals.lock_released, signals.lock_contended,
+             signals.rate_limited, signals.lease_lost)
+    before = [len(s.receivers) for s in every]  # other tests' receivers may be there
+    recorder = enable_metrics(celery_app, max_limit_labels=5)
+    assert [len(s.receivers) for s in every] == [n + 1 for n in before]
+    try:
+        assert enable_metrics(celery_app) is recorder
+        assert [sync.apply((i,)).get() for i in range(3)] == [0, 1, 2]
+        sink = recorder.sink
+        assert isinstance(sink, MemorySink)
+        labels = {"task": sync.name, "limit": "customer:{customer_id}"}
+        assert sink.value("acquisitions_total", **labels) == 3
+        assert sink.histogram("hold_seconds", **labels).count == 3
+        assert sink.histogram("wait_seconds", **labels).sum == 0
+        assert sink.value("holding", **labels) == 0
+    finally:
+        disable_metrics(celery_app)
+    assert [len(s.receivers) for s in every] == before
+    sync.apply((4,)).get()
+    assert recorder.sink.value("acquisitions_total", **labels) == 3
