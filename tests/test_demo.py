@@ -1,7 +1,8 @@
-"""The demo in ``example_project/`` runs end to end: workers, burst, live view, summary, chart.
+"""The demo in ``example_project/``: its live view and summary parts, and a run end to end
+(workers, burst, live view, summary, chart).
 
-It starts its own private redis-server and three ``celery worker`` processes, so it is
-marked slow; it takes 10-20 s.
+The end-to-end run starts its own private redis-server and three ``celery worker``
+processes, so it is marked slow; it takes 10-20 s.
 """
 
 from __future__ import annotations
@@ -14,11 +15,50 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 REPOSITORY = Path(__file__).resolve().parent.parent
 DEMO = REPOSITORY / "example_project" / "demo.py"
+sys.path.insert(0, str(DEMO.parent))
 
+from proj.burst import Limit  # noqa: E402
+from proj.live import Row, SlotState, bar, read_semaphores, waiting_line_key  # noqa: E402
+from proj.summary import most_in_window, peak_overlap  # noqa: E402
+
+from celery_redislock.keys import semaphore_key  # noqa: E402
+
+
+def test_peak_overlap_counts_an_end_before_a_start_at_a_tie() -> None:
+    assert peak_overlap([(0, 10), (10, 20), (5, 15)]) == 2
+    assert peak_overlap([]) == 0
+
+
+def test_most_in_window_is_half_open() -> None:
+    assert most_in_window([0, 250, 500, 750, 1000], 1000) == 4
+    assert most_in_window([0, 0, 250, 999], 1000) == 4
+    assert most_in_window([], 1000) == 0
+
+
+def test_read_semaphores_counts_live_holders_and_reservations(redis_client) -> None:
+    key = semaphore_key("customer:1")
+    seconds, micros = redis_client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    redis_client.zadd(key, {
+        "t1 1 1 holder": now_ms + 30_000,   # a live holder
+        "~ticket": now_ms + 10_000,         # a slot reserved for the next waiter
+        "t0 1 1 gone": now_ms - 1_000,      # a lease that ran out
+        "#fence": -123,                     # statistics, never a holder
+    })
+    redis_client.zadd(waiting_line_key(key), {"a": 1, "b": 2, "c": 3})
+    assert waiting_line_key(key) == key.replace("}:s:", "}:q:")
+    assert read_semaphores(redis_client, [key]) == {key: SlotState(1, 1, 3)}
+
+
+def test_bar_shows_held_then_handed_over_then_free() -> None:
+    limit = Limit("k", 3, None, "s", sent=5)
+    row = Row(limit, used=2, handed_over=1, capacity=3, waiting=0, in_line=None, done=0)
+    assert bar(row, 0) == "██ ▒▒ ··"
+
+
+@pytest.mark.slow
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     chart = tmp_path / "timeline.png"

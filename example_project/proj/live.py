@@ -84,17 +84,17 @@ def rows(limits: Sequence[Limit], progress: Dict[str, Progress],
     """Combine the lock store's state and the tasks' records into one row per limit key."""
     result = []
     for limit in limits:
-        done = progress[limit.name]
+        runs = progress[limit.name]
+        waiting = limit.sent - runs.started
         if limit.semaphore is not None:
             state = slots[limit.semaphore]
-            used, handed, capacity = state.held + state.handed_over, state.handed_over, \
-                limit.slots or 0
-            in_line: Optional[int] = state.in_line
+            result.append(Row(limit, used=state.held + state.handed_over,
+                              handed_over=state.handed_over, capacity=limit.slots or 0,
+                              waiting=waiting, in_line=state.in_line, done=runs.ended))
         else:
-            used, handed, capacity = recent_starts.get(limit.name, 0), 0, limit.most_starts or 0
-            in_line = None
-        result.append(Row(limit, used, handed, capacity, limit.sent - done.started, in_line,
-                          done.ended))
+            result.append(Row(limit, used=recent_starts.get(limit.name, 0), handed_over=0,
+                              capacity=limit.most_starts or 0, waiting=waiting, in_line=None,
+                              done=runs.ended))
     return result
 
 
