@@ -157,6 +157,7 @@ def test_a_killed_pool_child_leaves_no_live_gauge(cluster: WorkerCluster) -> Non
     record = record_store(cluster)
     task = cluster.app.tasks[CONTENDED]
     doomed = task.delay(30)
+    wait_until(lambda: record.hexists("pid", doomed.id), 20, "the long run to start")
     wait_until(lambda: total(scrape(url), "celery_redislock_holding", task=CONTENDED) == 1,
                20, "the gauge to show the run holding its slot")
     os.kill(int(record.hget("pid", doomed.id)), signal.SIGKILL)
