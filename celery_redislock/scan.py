@@ -89,6 +89,25 @@ def scan_keys(client: Any, prefix: str, mark: str, type_: Optional[str] = None) 
     return sorted(found)
 
 
+def limit_semaphore_keys(client: Any, prefix: str,
+                         marks: Iterable[str] = (SEMAPHORE, LINE, SEMAPHORE_CONTROL,
+                                                 RATE_CONTROL)) -> List[str]:
+    """The semaphore key of every name under ``prefix`` that has a key with one of
+    ``marks`` (by default: a semaphore, a waiting line or a control hash), sorted. One
+    ``SCAN`` of the prefix.
+
+    A rate limiter with a control hash (paused) counts; its semaphore key may not exist.
+    """
+    found = set()
+    wanted = set(marks)
+    for key in client.scan_iter(match=f"{_escape(prefix)}{{*}}:*", count=1000):
+        key = key.decode() if isinstance(key, bytes) else key
+        split = split_key(key, prefix)
+        if split is not None and split[0] in wanted:
+            found.add(companion_key(key, SEMAPHORE))
+    return sorted(found)
+
+
 def semaphore_keys(client: Any, prefix: str) -> Iterator[str]:
     """Every semaphore key under ``prefix`` (as text), in no particular order."""
     for key in client.scan_iter(match=semaphore_key_pattern(prefix), count=1000):

@@ -24,7 +24,12 @@ from support import LOCK_DB
 
 TESTS = Path(__file__).resolve().parent
 DESCRIPTION = '{"task": "proj.t", "worker": "w1@host", "pid": 123, "id": "task-1"}'
-STATUS_FIELDS = {"key", "name", "holders", "limit", "contended", "oldest_age_seconds"}
+STATUS_FIELDS = {"key", "name", "holders", "reserved", "used", "limit", "configured_limit",
+                 "slots_override", "waiting", "paused", "paused_until", "pause_left_seconds",
+                 "contended", "oldest_age_seconds"}
+INSPECT_FIELDS = {"key", "name", "used", "limit", "configured_limit", "slots_override",
+                  "paused", "paused_until", "pause_left_seconds", "holders", "reservations",
+                  "waiting", "waiters"}
 
 
 def cli_runner() -> CliRunner:
@@ -85,20 +90,27 @@ def test_status_json_follows_the_documented_schema(app, holders):
         assert set(row) == STATUS_FIELDS
         assert isinstance(row["holders"], int) and isinstance(row["contended"], bool)
         assert isinstance(row["oldest_age_seconds"], float) and row["oldest_age_seconds"] >= 0
+        assert isinstance(row["waiting"], int) and isinstance(row["paused"], bool)
     crawl = rows[CRAWL]
     assert crawl["key"] == semaphore_key(CRAWL)
-    assert (crawl["holders"], crawl["limit"], crawl["contended"]) == (2, 2, False)
+    assert (crawl["holders"], crawl["used"], crawl["limit"], crawl["contended"]) == (
+        2, 2, 2, False)
+    assert (crawl["waiting"], crawl["paused"], crawl["paused_until"]) == (0, False, None)
+    assert (crawl["configured_limit"], crawl["slots_override"], crawl["reserved"]) == (
+        2, None, 0)
     other = rows["other"]
-    assert (other["holders"], other["limit"], other["contended"]) == (1, None, True)
+    # "other" is not a task's key: its limit is the one its admissions recorded
+    assert (other["holders"], other["limit"], other["contended"]) == (1, 1, True)
 
 
 def test_status_text_shows_used_over_limit(app, holders):
     result = invoke(app, "status")
     assert result.exit_code == 0, result.output
     lines = {line.split()[0]: line.split() for line in result.stdout.splitlines()}
-    assert lines["NAME"] == ["NAME", "USED", "CONTENDED", "OLDEST"]
-    assert lines[CRAWL][1:3] == ["2/2", "no"]
-    assert lines["other"][1:3] == ["1/?", "yes"]
+    assert lines["NAME"] == ["NAME", "USED", "CONFIGURED", "OVERRIDE", "WAITING", "PAUSED",
+                             "CONTENDED", "OLDEST"]
+    assert lines[CRAWL][1:7] == ["2/2", "2", "-", "0", "no", "no"]
+    assert lines["other"][1:7] == ["1/1", "1", "-", "0", "no", "yes"]
 
 
 def test_status_without_semaphores(app, lock_client):
@@ -115,13 +127,16 @@ def test_status_counts_only_live_holders(app, holders, lock_client):
 def test_status_help_documents_the_schema(app):
     result = invoke(app, "status", "--help")
     assert '"oldest_age_seconds": float or null' in result.stdout
+    assert '"waiting": int, "paused": bool' in result.stdout
 
 
 def test_inspect_json_lists_holders(app, holders, lock_client):
     result = invoke(app, "inspect", CRAWL, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
+    assert set(data) == INSPECT_FIELDS
     assert data["key"] == semaphore_key(CRAWL) and data["name"] == CRAWL
+    assert (data["used"], data["limit"], data["waiting"], data["waiters"]) == (2, 2, 0, [])
     by_token = {holder["token"]: holder for holder in data["holders"]}
     assert set(by_token) == {holders["plain"].token, holders["run"].token}
     run = by_token[holders["run"].token]
@@ -161,7 +176,7 @@ def test_inspect_accepts_the_full_key(app, holders):
 def test_inspect_unknown_name_fails_cleanly(app, holders):
     result = invoke(app, "inspect", "no-such-semaphore")
     assert_clean_failure(result)
-    assert "no semaphore named 'no-such-semaphore'" in result.stderr
+    assert "no limit named 'no-such-semaphore'" in result.stderr
 
 
 def test_release_frees_one_holder_by_token_prefix(app, holders, lock_client):
@@ -220,8 +235,9 @@ def test_reap_drops_only_expired_entries(app, holders, lock_client):
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "reaped 2 expired holder entries"
     assert live_holders(lock_client, CRAWL) == 2 and live_holders(lock_client, "other") == 1
-    assert lock_client.zcard(semaphore_key(CRAWL)) == 3  # 2 holders + '#fence'
+    assert lock_client.zcard(semaphore_key(CRAWL)) == 4  # 2 holders, '#fence', '#slots'
     assert {m: lock_client.zscore(key, m) for m in statistics} == statistics
+    assert lock_client.zscore(key, "#slots") == -1
     assert invoke(app, "reap").stdout.strip() == "reaped 0 expired holder entries"
 
 
@@ -259,7 +275,7 @@ def test_celery_command_runs_the_entry_point(lock_url, holders):
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert set(rows[CRAWL]) == STATUS_FIELDS
     assert (rows[CRAWL]["holders"], rows[CRAWL]["limit"]) == (2, 2)
-    assert (rows["other"]["holders"], rows["other"]["limit"]) == (1, None)
+    assert (rows["other"]["holders"], rows["other"]["limit"]) == (1, 1)
 
 
 def test_celery_command_fails_cleanly_without_redis():
