@@ -47,7 +47,8 @@ TTL_POLL_INTERVAL = 1.0
 
 
 def used_memory(client: redis.Redis) -> int:
-    """``used_memory`` of ``INFO memory``, in bytes."""
+    """``used_memory`` of ``INFO memory``, in bytes (after giving freed pages back)."""
+    client.memory_purge()
     return int(client.info("memory")["used_memory"])
 
 
