@@ -14,11 +14,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .channel import channel_for
 from .holder import holder_member
 from .keys import rate_key, semaphore_key
 from .rate import Rate
 from .scripts import ADMIT, REFUND, RELEASE, RENEW, by_hash_slot
+
+#: How long a served ticket is remembered when the caller says nothing (ms).
+DEFAULT_KEEP_TICKET_MS = 600_000
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,11 @@ class Lease:
     _member: str = field(default="", repr=False, compare=False)
     _taken_at: float = field(default_factory=time.monotonic, repr=False, compare=False)
     _contended: bool = field(default=True, repr=False, compare=False)
+    #: How long a slot this lease frees is reserved for a waiter (ms); 0: no hand-off.
+    _reserve_ms: int = field(default=0, repr=False, compare=False)
+    #: Messages of waiters handed a slot by this lease's admission or release: the
+    #: caller re-publishes them (see :mod:`celery_redislock.handoff`).
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
     #: On Redis Cluster, one lease per hash slot that the run's limits span.
     _parts: List[Lease] = field(default_factory=list, repr=False, compare=False)
 
@@ -115,24 +122,23 @@ class Lease:
         """Give the slots back; False if they were no longer held (released already, or
         the lease ran out and someone was admitted since). Safe to call twice.
 
-        ``wait=False`` may send the release without waiting for its answer (and then
-        returns True): for callers that do not need it.
+        A freed slot goes to the oldest waiter of the semaphore's line, if it has one and
+        this lease was taken by a caller that can re-publish messages: the messages to
+        re-publish are added to :attr:`handoffs`. ``wait`` is kept for compatibility:
+        the release always waits for its answer, which carries them.
         """
         if self._parts:
-            return all([part.release(wait) for part in self._parts])
+            results = [part.release(wait) for part in self._parts]
+            for part in self._parts:
+                self.handoffs.extend(part.handoffs)
+                part.handoffs.clear()
+            return all(results)
         if not self._keys:
             return False
-        if len(self._keys) == 1 and not self._contended:
-            # Nobody waited when it was taken: no statistics to keep, a plain ZREM will do.
-            channel = channel_for(self._client)
-            if channel is None:
-                return bool(self._client.zrem(self._keys[0], self._member))
-            if wait:
-                return bool(channel.call("ZREM", self._keys[0], self._member))
-            channel.send("ZREM", self._keys[0], self._member)
-            return True
         held_ms = round((time.monotonic() - self._taken_at) * 1000)
-        return bool(RELEASE.run(self._client, self._keys, [self._member, held_ms]))
+        reply = RELEASE.run(self._client, self._keys, [self._member, held_ms, self._reserve_ms])
+        self.handoffs.extend(reply[1:])
+        return bool(int(reply[0]))
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,38 @@ class Busy:
     retry_hint: float
     average_hold: Optional[float]
     server_time_ms: int
+    #: The run's place in the semaphore's waiting line (0 = next), or None if not in it.
+    position: Optional[int] = None
+    #: The key of the semaphore that refused the run.
+    key: str = ""
+    #: True when this was the express copy of a waiter that lost its reservation.
+    express: bool = False
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Paused:
+    """Refused because an operator paused limit ``name`` (see :mod:`celery_redislock.control`).
+
+    ``retry_hint`` is the time (seconds) until the pause ends, or None for a pause
+    without an end.
+    """
+
+    name: str
+    key: str
+    retry_hint: Optional[float]
+    server_time_ms: int
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Served:
+    """This message's ticket was served already: the other copy of the message ran (or
+    runs) the task, so this one must not. See :mod:`celery_redislock.handoff`."""
+
+    name: str
+    server_time_ms: int
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -164,9 +202,10 @@ class RateLimited:
     promise: int
     wait: float
     server_time_ms: int
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
 
 
-Outcome = Union[Lease, Busy, RateLimited]
+Outcome = Union[Lease, Busy, RateLimited, Paused, Served]
 
 
 def admit(
@@ -177,20 +216,49 @@ def admit(
     description: str = "",
     promises: Optional[Mapping[str, int]] = None,
     owner: str = "",
+    ticket: Optional[Ticket] = None,
+    reserve_ms: int = 0,
 ) -> Outcome:
-    """Try once to pass every limiter: a :class:`Lease`, :class:`Busy` or :class:`RateLimited`.
+    """Try once to pass every limiter: a :class:`Lease`, or why not (:class:`Busy`,
+    :class:`RateLimited`, :class:`Paused`, :class:`Served`).
 
     ``promises`` maps a rate limiter's Redis key to the start time (µs) it promised this
-    run earlier. ``owner`` starts the holder token (see :func:`owner_prefix`). On Redis
-    Cluster, limiters in different hash slots are admitted slot by slot, and a refusal
-    gives back what the earlier slots took.
+    run earlier. ``owner`` starts the holder token (see :func:`owner_prefix`).
+    ``ticket`` is the run's place in a waiting line, if it has one; ``reserve_ms`` > 0
+    says the caller re-publishes the messages of waiters handed a slot on the way (they
+    come back in the outcome's ``handoffs``). On Redis Cluster, limiters in different
+    hash slots are admitted slot by slot, and a refusal gives back what the earlier
+    slots took.
     """
     promises = promises or {}
     token = owner + new_token()
+    ticket = ticket or NO_TICKET
     groups = _groups(client, limiters)
     if len(groups) == 1:
-        return _admit_group(client, limiters, token, lease, description, promises)
-    return _admit_across_slots(client, groups, token, lease, description, promises)
+        return _admit_group(client, limiters, token, lease, description, promises, ticket,
+                            reserve_ms)
+    return _admit_across_slots(client, groups, token, lease, description, promises, ticket,
+                               reserve_ms)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A run's place in a waiting line: ``id`` (the task id, a dot, a random part),
+    ``express`` for the copy of its message sent when it was handed a slot, and how long
+    (ms) the line remembers it once served (longer than the other copy's countdown)."""
+
+    id: str = ""
+    express: bool = False
+    keep_ms: int = DEFAULT_KEEP_TICKET_MS
+
+    @property
+    def mode(self) -> str:
+        if not self.id:
+            return ""
+        return "e" if self.express else "o"
+
+
+NO_TICKET = Ticket()
 
 
 def _groups(client: Any, limiters: Sequence[Limiter]) -> List[List[Limiter]]:
@@ -203,14 +271,17 @@ def _groups(client: Any, limiters: Sequence[Limiter]) -> List[List[Limiter]]:
 
 
 def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, lease: float,
-                        description: str, promises: Mapping[str, int]) -> Outcome:
+                        description: str, promises: Mapping[str, int], ticket: Ticket,
+                        reserve_ms: int) -> Outcome:
     """Admit group by group; on a refusal, give back what the earlier groups took."""
     taken: List[Tuple[List[Limiter], Lease]] = []
     for group in groups:
-        outcome = _admit_group(client, group, token, lease, description, promises)
+        outcome = _admit_group(client, group, token, lease, description, promises, ticket,
+                               reserve_ms)
         if not isinstance(outcome, Lease):
             for earlier_group, earlier in taken:
                 earlier.release()
+                outcome.handoffs.extend(earlier.handoffs)
                 for limiter in earlier_group:
                     if isinstance(limiter, RateLimit):
                         REFUND.run(client, [limiter.key],
@@ -226,51 +297,77 @@ def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, le
         expires_at_ms=min(part.expires_at_ms for part in parts),
         _client=client,
         _parts=parts,
+        handoffs=[message for part in parts for message in part.handoffs],
     )
 
 
 def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
-                 description: str, promises: Mapping[str, int]) -> Outcome:
+                 description: str, promises: Mapping[str, int], ticket: Ticket,
+                 reserve_ms: int) -> Outcome:
     """One admit.lua call for limiters that share a Redis node and hash slot."""
     reply = ADMIT.run(
         client,
         [limiter.key for limiter in limiters],
-        [token, milliseconds(lease), description,
-         *(limiter.spec(promises) for limiter in limiters)],
+        [token, milliseconds(lease), description, ticket.id, ticket.mode, ticket.keep_ms,
+         reserve_ms, *(limiter.spec(promises) for limiter in limiters)],
     )
     if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended"
         now_ms, lease_end, fence, contended = (int(part) for part in reply.split())
-        semaphores = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
-        return Lease(
-            name=", ".join(limiter.name for limiter in semaphores),
-            fence=fence,
-            lease_seconds=lease,
-            acquired_at_ms=now_ms,
-            expires_at_ms=lease_end,
-            _client=client,
-            _keys=[limiter.key for limiter in semaphores],
-            _member=holder_member(token, now_ms, fence, description),
-            _contended=bool(contended),
-        )
-    status, now_ms = int(reply[0]), int(reply[1])
-    limiter = limiters[int(reply[2]) - 1]
+        return _lease(client, limiters, token, lease, description, reserve_ms,
+                      now_ms, lease_end, fence, contended, [])
+    status, now_ms, index = int(reply[0]), int(reply[1]), int(reply[2])
+    a, b, c, d = reply[3:7]
+    handoffs = list(reply[7:])
+    if status == 1:
+        return _lease(client, limiters, token, lease, description, reserve_ms,
+                      now_ms, int(a), int(b), int(c), handoffs)
+    limiter = limiters[index - 1]
     if status == 0:
         assert isinstance(limiter, SlotLimit)
-        _, _, _, holders, until_first_end, average_hold = reply
         return Busy(
             name=limiter.name,
-            holders=int(holders),
+            holders=int(a),
             slots=limiter.slots,
-            retry_hint=max(0, int(until_first_end)) / 1000.0,
-            average_hold=None if int(average_hold) < 0 else int(average_hold) / 1000.0,
+            retry_hint=max(0, int(b)) / 1000.0,
+            average_hold=None if int(c) < 0 else int(c) / 1000.0,
             server_time_ms=now_ms,
+            position=None if int(d) < 0 else int(d),
+            key=limiter.key,
+            express=ticket.express,
+            handoffs=handoffs,
         )
+    if status == 3:
+        return Paused(name=limiter.name, key=limiter.key,
+                      retry_hint=None if int(a) < 0 else max(0, int(a) - now_ms) / 1000.0,
+                      server_time_ms=now_ms, handoffs=handoffs)
+    if status == 4:
+        return Served(name=limiter.name, server_time_ms=now_ms, handoffs=handoffs)
     return RateLimited(
         name=limiter.name,
         key=limiter.key,
-        promise=int(reply[3]),
-        wait=max(0, int(reply[4])) / 1000.0,
+        promise=int(a),
+        wait=max(0, int(b)) / 1000.0,
         server_time_ms=now_ms,
+        handoffs=handoffs,
+    )
+
+
+def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
+           description: str, reserve_ms: int, now_ms: int, lease_end: int, fence: int,
+           contended: int, handoffs: List[Any]) -> Lease:
+    semaphores = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
+    return Lease(
+        name=", ".join(limiter.name for limiter in semaphores),
+        fence=fence,
+        lease_seconds=lease,
+        acquired_at_ms=now_ms,
+        expires_at_ms=lease_end,
+        _client=client,
+        _keys=[limiter.key for limiter in semaphores],
+        _member=holder_member(token, now_ms, fence, description),
+        _contended=bool(contended),
+        _reserve_ms=reserve_ms,
+        handoffs=handoffs,
     )
 
 

@@ -12,10 +12,22 @@ import os
 import time
 from typing import Any, Callable, Dict, Mapping, Sequence, TypeVar
 
+from celery.exceptions import Ignore
 from redis.exceptions import RedisError
 
-from . import signals
-from .admission import Busy, Lease, Outcome, RateLimited, SlotLimit, admit, owner_prefix
+from . import handoff, signals
+from .admission import (
+    Busy,
+    Lease,
+    Outcome,
+    Paused,
+    RateLimited,
+    Served,
+    SlotLimit,
+    Ticket,
+    admit,
+    owner_prefix,
+)
 from .errors import LockStoreUnavailable, LockWaitTimeout
 from .holder import parse_holder
 from .keeper import lease_keeper
@@ -75,9 +87,14 @@ def run_limited(
     waited = wait_state(request)
     promises = dict(waited.get("promises") or {})
     owner = owner_prefix(request.hostname or "", request.id or "")
+    # Eager runs have no queue to go back to, nor a broker to hand slots over through.
+    reserve_ms = 0 if request.is_eager else handoff.reservation_ms(limits.lease)
+    ticket = Ticket(waited.get("ticket") or "", bool(waited.get("express")),
+                    limits.retry.keep_ticket_ms(None))
     try:
         outcome: Any = admit(client, limiters, lease=limits.lease, description=description,
-                             promises=promises, owner=owner)
+                             promises=promises, owner=owner, ticket=ticket,
+                             reserve_ms=reserve_ms)
     except RedisError as exc:
         if settings.fail_open:
             logger.warning("celery-redislock: task %s[%s] runs WITHOUT A SLOT: the lock store "
@@ -92,14 +109,23 @@ def run_limited(
         logger.warning("celery-redislock: task %s[%s]: lock store unreachable (%r)",
                        task.name, request.id, exc)
         outcome = None
+    if outcome is not None and outcome.handoffs:
+        handoff.publish(task.app, outcome.handoffs)
+    if isinstance(outcome, Served) or (isinstance(outcome, Busy) and outcome.express):
+        # The other copy of this run's message ran it, or holds its reservation, or
+        # will come back on its countdown: this copy ends here, without running.
+        logger.debug("celery-redislock: task %s[%s]: %s", task.name, request.id,
+                     "served already" if isinstance(outcome, Served)
+                     else "its reservation lapsed; its waiting copy carries on")
+        raise Ignore()
     if (request.delivery_info or {}).get("redelivered"):
         _warn_if_an_earlier_run_holds(task, client, limiters, request.id, outcome)
     if isinstance(outcome, RateLimited) and not request.is_eager:
         outcome = _wait_briefly_for_start(client, limiters, limits.lease, description, owner,
-                                          promises, outcome)
+                                          promises, outcome, ticket, reserve_ms, task.app)
     if not isinstance(outcome, Lease):
         if not request.is_eager:
-            requeue(task, request, args, kwargs, limits.retry, outcome)
+            requeue(task, request, args, kwargs, limits.retry, outcome, client, reserve_ms)
         outcome = _wait_in_place(task, limits, client, limiters, description, owner, outcome)
     lease: Lease = outcome
     since = waited.get("since")
@@ -155,7 +181,7 @@ def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any
 
 def _wait_briefly_for_start(client: Any, limiters: Sequence[Any], lease: float,
                             description: str, owner: str, promises: Dict[str, int],
-                            outcome: Any) -> Any:
+                            outcome: Any, ticket: Ticket, reserve_ms: int, app: Any) -> Any:
     """A run due to start within :data:`~celery_redislock.waiting.SHORT_WAIT` waits for
     its start here rather than going round the broker, whose delivery delay (often tens of
     milliseconds) would make it late and lose the rate that start stood for. The only wait
@@ -166,7 +192,9 @@ def _wait_briefly_for_start(client: Any, limiters: Sequence[Any], lease: float,
         promises[outcome.key] = outcome.promise
         time.sleep(outcome.wait)
         outcome = admit(client, limiters, lease=lease, description=description,
-                        promises=promises, owner=owner)
+                        promises=promises, owner=owner, ticket=ticket, reserve_ms=reserve_ms)
+        if outcome.handoffs:
+            handoff.publish(app, outcome.handoffs)
     return outcome
 
 
@@ -197,8 +225,9 @@ def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequenc
             promises[outcome.key] = outcome.promise
             sleep = outcome.wait
         else:
-            assert isinstance(outcome, Busy)
-            sleep = min(pause, max(outcome.retry_hint, 0.001))
+            assert isinstance(outcome, (Busy, Paused))
+            hint = outcome.retry_hint if outcome.retry_hint is not None else pause
+            sleep = min(pause, max(hint, 0.001))
             pause = min(pause * 2, 0.5)
         if deadline is not None and time.monotonic() + sleep > deadline:
             raise LockWaitTimeout(
@@ -215,7 +244,10 @@ def give_back(task: Any, lease: Lease) -> None:
     """Release ``lease``; if Redis cannot be reached, its lease runs out by itself."""
     lease_keeper().forget(lease)
     try:
-        lease.release(wait=False)
+        lease.release()
+        if lease.handoffs:
+            handoff.publish(task.app, lease.handoffs)
+            lease.handoffs.clear()
     except RedisError as exc:
         logger.warning(
             "celery-redislock: task %s could not release its slot of %r (%r); the slot "

@@ -203,3 +203,19 @@ def semaphore_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:
         'redislock:{85280b862f4ca735}:s:customer:42'
     """
     return f"{prefix}{{{name_digest(name)}}}:s:{_readable(name)}"
+
+
+#: What follows the hash tag in a semaphore key; its companion keys put another mark there.
+SEMAPHORE_MARK = "}:s:"
+
+
+def companion_key(key: str, mark: str) -> str:
+    """The key beside semaphore ``key`` that holds ``mark``: ``"q"`` its waiting line,
+    ``"w"`` the waiters' records and messages, ``"x"`` when tickets are forgotten,
+    ``"cs"`` the operators' controls (see ``lua/line.lua``). Same hash tag, so same
+    Cluster slot::
+
+        >>> companion_key("redislock:{85280b862f4ca735}:s:customer:42", "q")
+        'redislock:{85280b862f4ca735}:q:customer:42'
+    """
+    return key.replace(SEMAPHORE_MARK, "}:" + mark + ":", 1)

@@ -27,6 +27,7 @@ from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, task_revoked, worker_init
 
+from . import handoff
 from .admission import SlotLimit, owner_prefix
 from .holder import parse_holder
 from .limit import TaskLimits
@@ -87,7 +88,7 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
     prefix = owner_prefix(worker, task_id)
 
     def free() -> int:
-        return sum(int(RELEASE_OWNER.run(client, keys, [prefix]))
+        return sum(free_owner_slots(task._get_app(), client, keys, prefix, limits.lease)
                    for keys in by_hash_slot(client, slot_keys))
 
     alive = [pid for pid in holder_pids(client, slot_keys, prefix) if process_alive(pid)]
@@ -144,6 +145,16 @@ def _free_after_exit(pids: List[int], lease: float, free: Any, what: str) -> Non
                     freed, what)
 
 
+def free_owner_slots(app: Any, client: Any, keys: Sequence[str], prefix: str,
+                     lease: float = handoff.RESERVATION) -> int:
+    """Free the slots of ``keys`` whose holder tokens start with ``prefix``, hand them to
+    the oldest waiters (re-publishing their messages), and return how many were freed."""
+    reply = RELEASE_OWNER.run(client, list(keys), [prefix, handoff.reservation_ms(lease)])
+    if len(reply) > 1:
+        handoff.publish(app, reply[1:])
+    return int(reply[0])
+
+
 def free_worker_slots(app: Any, worker: str) -> int:
     """Free every slot held by runs of worker ``worker`` (a node name), on any key."""
     settings = read_settings(app)
@@ -151,7 +162,7 @@ def free_worker_slots(app: Any, worker: str) -> int:
     freed = 0
     for batch in batches(semaphore_keys(client, settings.prefix)):
         for keys in by_hash_slot(client, batch):
-            freed += int(RELEASE_OWNER.run(client, keys, [owner_prefix(worker)]))
+            freed += free_owner_slots(app, client, keys, owner_prefix(worker))
     return freed
 
 
@@ -208,8 +219,31 @@ def _on_task_failure(sender: Any = None, task_id: Optional[str] = None, exceptio
 @task_revoked.connect
 def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
                      **_: Any) -> None:
-    if terminated and request is not None:
+    if request is None:
+        return
+    if terminated:
         _free_for_dead_run(sender, request.id, request.args, request.kwargs, "terminated")
+    else:
+        _leave_lines(sender, request.id, request.args, request.kwargs)
+
+
+def _leave_lines(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
+    """A revoked run that waited for a slot must not be handed one: take it out of the
+    waiting lines of its semaphores."""
+    limits = limits_of(task)
+    if limits is None:
+        return
+    try:
+        settings = read_settings(task._get_app())
+        client = redis_client(task._get_app(), settings)
+        keys = [limiter.key for limiter in limits.limiters(args or (), kwargs or {},
+                                                           settings.prefix)
+                if isinstance(limiter, SlotLimit)]
+        for group in by_hash_slot(client, keys):
+            handoff.leave_line(client, group, task_id)
+    except Exception as exc:  # a revoke must never fail because of this
+        logger.warning("celery-redislock: could not take revoked task %s out of its waiting "
+                       "line: %r", task_id, exc)
 
 
 def _free_what_is_left(app: Any, worker: str, main_pid: int) -> None:

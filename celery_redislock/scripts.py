@@ -33,9 +33,12 @@ class LuaScript:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
     @classmethod
-    def load(cls, filename: str) -> LuaScript:
-        source = resources.files(__package__).joinpath("lua", filename).read_text("utf-8")
-        return cls(filename, source)
+    def load(cls, filename: str, *, after: Sequence[str] = ()) -> LuaScript:
+        """The script in ``lua/<filename>``, with the files named in ``after`` (shared
+        functions) put in front of it."""
+        folder = resources.files(__package__).joinpath("lua")
+        parts = [folder.joinpath(name).read_text("utf-8") for name in (*after, filename)]
+        return cls(filename, "\n".join(parts))
 
     def run(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script on ``client`` (a redis-py client, or a cluster client when every
@@ -48,10 +51,13 @@ class LuaScript:
             return call("EVAL", self.source, len(keys), *keys, *args)
 
 
-ADMIT = LuaScript.load("admit.lua")
-RELEASE = LuaScript.load("release.lua")
+ADMIT = LuaScript.load("admit.lua", after=["line.lua"])
+RELEASE = LuaScript.load("release.lua", after=["line.lua"])
 RENEW = LuaScript.load("renew.lua")
-RELEASE_OWNER = LuaScript.load("release_owner.lua")
+RELEASE_OWNER = LuaScript.load("release_owner.lua", after=["line.lua"])
+ENQUEUE = LuaScript.load("enqueue.lua", after=["line.lua"])
+WAKE = LuaScript.load("wake.lua", after=["line.lua"])
+LEAVE_LINE = LuaScript.load("leave_line.lua", after=["line.lua"])
 REFUND = LuaScript.load("refund.lua")
 HOLDERS = LuaScript.load("holders.lua")
 

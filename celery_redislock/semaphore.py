@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Iterator, Optional, Union
 
-from .admission import Busy, Lease, RateLimited, SlotLimit, admit
+from .admission import Busy, Lease, Paused, RateLimited, SlotLimit, admit
 from .errors import LockConfigurationError, LockTimeout
 from .keeper import lease_keeper
 from .keys import DEFAULT_PREFIX, check_prefix
@@ -69,10 +69,13 @@ class Semaphore:
         self.key = self.limit.key
         self._held_here = threading.local()
 
-    def attempt(self, description: str = "") -> Union[Lease, Busy]:
-        """Try once to take a slot: a :class:`Lease`, or :class:`Busy` saying why not.
+    def attempt(self, description: str = "") -> Union[Lease, Busy, Paused]:
+        """Try once to take a slot: a :class:`Lease`, or :class:`Busy` (or
+        :class:`Paused`, when an operator paused the name) saying why not.
 
         ``description`` is stored beside the holder for operators (who holds the slot).
+        Tasks waiting in the semaphore's line (``LimitedTask``) go first: a free slot is
+        not taken while a task that asked earlier waits for it.
         """
         outcome = admit(self.client, [self.limit], lease=self.lease, description=description)
         assert not isinstance(outcome, RateLimited)
@@ -106,7 +109,8 @@ class Semaphore:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
-            sleep = min(pause, max(outcome.retry_hint, 0.001))
+            hint = outcome.retry_hint if outcome.retry_hint is not None else pause
+            sleep = min(pause, max(hint, 0.001))
             if remaining is not None:
                 sleep = min(sleep, remaining)
             time.sleep(sleep)

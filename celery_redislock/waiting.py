@@ -7,8 +7,10 @@ not show in ``self.request.retries``. The run that was refused then ends with
 re-published copy, which has the same task id, carries on.
 
 What the wait has been so far travels with the message in the ``redislock_wait`` header:
-when it started (on the Redis server's clock), how many times the run was refused, and
-the start times rate limiters promised it.
+when it started (on the Redis server's clock), how many times the run was refused, the
+start times rate limiters promised it, and its ticket in a semaphore's waiting line
+(see :mod:`celery_redislock.handoff`): a freed slot is handed to the oldest waiter at
+once, so the countdown chosen here is only the fallback.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Union
 
 from celery.exceptions import Ignore
 
-from . import signals
-from .admission import Busy, RateLimited
+from . import handoff, signals
+from .admission import Busy, Paused, RateLimited
 from .backoff import RetryPolicy
 from .errors import LockWaitTimeout
 
@@ -42,13 +44,14 @@ PUBLISH_ATTEMPTS = 3
 #: delivery delay would otherwise make every promised start late.
 SHORT_WAIT = 0.1
 
-Refusal = Union[Busy, RateLimited, None]
+Refusal = Union[Busy, RateLimited, Paused, None]
 
 
 def wait_state(request: Any) -> Mapping[str, Any]:
     """The ``redislock_wait`` header of a request, or {}.
 
-    ``{"since": ms, "attempts": n, "promises": {rate_key: start_us}}``
+    ``{"since": ms, "attempts": n, "promises": {rate_key: start_us}, "ticket": str,
+    "express": bool}``
     """
     headers = getattr(request, "headers", None) or {}
     state = headers.get(WAIT_HEADER)
@@ -60,6 +63,8 @@ def describe(refusal: Refusal) -> str:
         return f"found all {refusal.slots} slot(s) of {refusal.name!r} taken"
     if isinstance(refusal, RateLimited):
         return f"is over the rate limit of {refusal.name!r}"
+    if isinstance(refusal, Paused):
+        return f"found {refusal.name!r} paused"
     return "could not reach the lock store"
 
 
@@ -70,16 +75,21 @@ def requeue(
     kwargs: Mapping[str, Any],
     policy: RetryPolicy,
     refusal: Refusal,
+    client: Any = None,
+    reserve_ms: int = 0,
 ) -> NoReturn:
     """Re-publish the current run of ``task`` with a countdown, then end it (``Ignore``).
 
-    ``refusal`` is why it was not admitted: :class:`Busy`, :class:`RateLimited`, or None
-    when the lock store could not be reached. Raises :class:`LockWaitTimeout` instead when
-    the run has waited, or would have to wait, longer than ``policy.max_wait``.
+    ``refusal`` is why it was not admitted: :class:`Busy`, :class:`RateLimited`,
+    :class:`Paused`, or None when the lock store could not be reached. A run refused by
+    a semaphore also takes its place in the semaphore's waiting line (on ``client``),
+    if it is not there yet. Raises :class:`LockWaitTimeout` instead when the run has
+    waited, or would have to wait, longer than ``policy.max_wait``.
     """
     state = wait_state(request)
     attempts = int(state.get("attempts", 0))
     promises: Dict[str, int] = dict(state.get("promises") or {})
+    ticket = state.get("ticket") or None
     now_ms = refusal.server_time_ms if refusal is not None else None
     since = state.get("since") or now_ms
     waited = (now_ms - since) / 1000.0 if now_ms is not None and since else 0.0
@@ -90,11 +100,16 @@ def requeue(
         early = max(0.0, refusal.wait - SHORT_WAIT / 2)
         countdown = early if ceiling is None else min(early, ceiling)
         must_wait = refusal.wait
+    elif isinstance(refusal, Paused):
+        countdown = policy.paused_countdown(refusal.retry_hint, ceiling)
+        must_wait = refusal.retry_hint or 0.0
     else:
         countdown = policy.countdown(attempts, refusal, ceiling)
         must_wait = 0.0
     if policy.max_wait is not None:
         if waited + must_wait >= policy.max_wait and (waited > 0 or must_wait > 0):
+            if ticket and client is not None and isinstance(refusal, Busy):
+                handoff.leave_line(client, [refusal.key], request.id)
             more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
             raise LockWaitTimeout(
                 f"Task {task.name!r}[{request.id}] {describe(refusal)} and gave up: it "
@@ -103,11 +118,37 @@ def requeue(
         countdown = min(countdown, max(policy.max_wait - waited, 0.0))
 
     headers = dict(getattr(request, "headers", None) or {})
-    headers[WAIT_HEADER] = {"since": since, "attempts": attempts + 1, "promises": promises}
+    handoffs: list = []
+    joins_line = (isinstance(refusal, Busy) and refusal.position is None
+                  and client is not None and reserve_ms > 0 and since is not None)
+    if joins_line:
+        assert isinstance(refusal, Busy)
+        ticket = ticket or handoff.new_ticket(request.id)
+    wait = {"since": since, "attempts": attempts + 1, "promises": promises}
+    if ticket:
+        wait["ticket"] = ticket
+    headers[WAIT_HEADER] = wait
+    if joins_line:
+        assert isinstance(refusal, Busy) and since is not None
+        express = task.signature_from_request(
+            request, args, kwargs,
+            headers={**headers, WAIT_HEADER: {**wait, "express": True}},
+            retries=request.retries,
+        )
+        express.options.pop("countdown", None)
+        express.options.pop("eta", None)
+        _, handoffs = handoff.join_line(
+            client, refusal.key, ticket, since,
+            handoff.waiter_record(task.name, request.id, request.hostname, since),
+            handoff.pack_message(express, task.serializer or task.app.conf.task_serializer),
+            keep_ms=policy.keep_ticket_ms(ceiling), reserve_ms=reserve_ms,
+        )
     signature = task.signature_from_request(
         request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
     )
     _publish(signature)
+    if handoffs:
+        handoff.publish(task.app, handoffs)
     _announce(task, request, refusal, countdown)
     logger.info(
         "celery-redislock: task %s[%s] %s; waiting %.2f s (attempt %d)",

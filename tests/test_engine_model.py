@@ -61,7 +61,7 @@ TICK_MS = 10_000  # one step of simulated time
 LEASE_TICKS = LEASE_MS // TICK_MS  # a lease not renewed for this many ticks has ended
 
 LIVE, ENDED, GONE = "live", "ended", "gone"
-STATISTICS = {"#fence", "#hold"}
+STATISTICS = {"#fence", "#hold", "#slots"}
 
 
 # Moves time forward by ARGV[1] ms for one semaphore: its lease ends and its expiry.
@@ -195,19 +195,18 @@ class EngineModel(RuleBasedStateMachine):
         else:
             released = lease.release(wait=wait)
             self.settle(lease)
-        unanswered = (not wait and not through_semaphore and not lease._contended
-                      and channel_for(lease._client) is not None)
+        # A release of a semaphore that has refused a run keeps the average hold time.
         if held.state == LIVE:
             assert released is True
-            if lease._contended:
+            if self.refused:
                 self.average_known = True
         elif held.state == GONE:
-            assert unanswered or released is False, "released a lease it no longer held"
+            assert released is False, "released a lease it no longer held"
         else:
             # Ran out, and nobody was admitted since (an admission tidies it away): the
             # slot was never given to anyone else, so True is allowed; either way the
             # removal of the stale entry frees no live slot, which the invariant checks.
-            if released and lease._contended:
+            if released and self.refused:
                 self.average_known = True
         event(f"release of a {held.state} lease")
         held.state = GONE

@@ -45,6 +45,8 @@ SHORT_LEASE_KEY = "short-lease"
 LIMITED_SLEEP = "worker_app.limited_sleep"
 SYNC_CUSTOMER = "worker_app.sync_customer"
 SHORT_LEASE_SLEEP = "worker_app.short_lease_sleep"
+HANDOFF_SLEEP = "worker_app.handoff_sleep"
+HANDOFF_KEY = "handoff"
 
 #: Small countdowns when every slot is taken, so that the tests run fast.
 FAST_RETRY: Mapping[str, float] = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
@@ -182,6 +184,13 @@ def create_app(urls: AppUrls) -> Celery:
     def short_lease_sleep(self: Any, seconds: float) -> str:
         """One at a time, on a one-second lease that must be renewed while it runs."""
         recorder(urls.record).run(self.request.id, [SHORT_LEASE_KEY], seconds)
+        return self.request.id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=HANDOFF_SLEEP, lock_slots=2)
+    def handoff_sleep(self: Any, seconds: float = 0.2) -> str:
+        """At most two at once, with the default waiting settings: freed slots are
+        handed to the oldest waiter."""
+        recorder(urls.record).run(self.request.id, [HANDOFF_KEY], seconds)
         return self.request.id
 
     return app

@@ -1,12 +1,14 @@
 -- Admit one run past N limiters at once, all or nothing, on the server's clock.
+-- (line.lua, the waiting line, is put in front of this script when it is loaded.)
 --
 -- A limiter is a leased semaphore ('s') or a rate limiter ('r'), one key each:
 --
 --   semaphore  sorted set. Each holder is a member "token acquired_ms fence description"
---              scored by the end of its lease (ms). Two members keep statistics, with
---              negative scores so they never count as holders: '#fence' (minus the last
---              fencing number) and, once a run has been refused, '#hold' (minus 1 + the
---              average hold time in ms; -0.5 until a holder has been released since).
+--              scored by the end of its lease (ms). Reservations '~ticket' (line.lua)
+--              count as holders. Members with negative scores keep statistics and never
+--              count: '#fence' (minus the last fencing number), '#slots' (minus the
+--              configured number of slots) and, once a run has been refused, '#hold'
+--              (minus 1 + the average hold time in ms; -0.5 until a release since).
 --              The key lives at least a minute, and at least until its last lease ends.
 --   rate       hash: 'tat' -> theoretical arrival time (us), GCRA;
 --              'line' -> end of the line of promised start times (us)
@@ -15,22 +17,33 @@
 -- ARGV[1]     holder token, unique per acquisition
 -- ARGV[2]     lease length (ms)
 -- ARGV[3]     holder description (opaque text for operators)
--- ARGV[3+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise>', the
+-- ARGV[4]     the run's ticket in a waiting line, or '' (see line.lua)
+-- ARGV[5]     'e' when this message is the express copy sent when the ticket was handed
+--             a slot, 'o' for the copy sent back with a countdown, '' without a ticket
+-- ARGV[6]     how long a served ticket is remembered (ms)
+-- ARGV[7]     how long a slot handed to a waiter stays reserved for it (ms); 0 for a
+--             caller that cannot re-publish a waiter's message
+-- ARGV[7+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise>', the
 --             promise being the start time (us) promised earlier, 0 for none, or -1 for
 --             a caller that will not wait (refused, it is told when to try, promised
 --             nothing)
 --
 -- Replies:
---   "now_ms lease_end_ms fence contended"      (one string: cheap to send and parse)
---                                              admitted; the holder's entry in every
---                                              semaphore is "token now_ms fence description"
---                                              (fence 0 without a semaphore); contended is 1
---                                              if a semaphore keeps an average hold time,
---                                              which release.lua must then update
---   {0, now_ms, i, holders, ms_until_first_lease_end, average_hold_ms}
---                                              semaphore i is full; nothing is taken
---   {2, now_ms, i, promise_us, wait_ms}        rate limiter i refused; the run is promised
---                                              a start time, and nothing else is written
+--   "now_ms lease_end_ms fence contended"   admitted, nothing else to do. The holder's
+--                                           entry in every semaphore is "token now_ms
+--                                           fence description" (fence 0 without one);
+--                                           contended is 1 if a semaphore has a line or
+--                                           keeps an average hold time
+--   {status, now_ms, i, a, b, c, d, message...}   where the messages are those of waiters
+--   that were handed a slot on the way and must be re-published by the caller:
+--     {1, now, 0, lease_end, fence, contended, 0}   admitted
+--     {0, now, i, holders, ms_until_first_lease_end, average_hold_ms, position}
+--                                semaphore i is full (or its slots are promised to the
+--                                line); position: the ticket's place in the line, or -1
+--     {2, now, i, promise_us, wait_ms, 0, 0}   rate limiter i refused; the run is promised
+--                                a start time, and nothing else is written
+--     {3, now, i, pause_end_ms or -1, 0, 0, 0}   limiter i is paused by an operator
+--     {4, now, i, 0, 0, 0, 0}    the ticket was served already: this copy must not run
 --
 -- A newcomer (no promise) is admitted by a rate limiter only when no promised start is
 -- still ahead of it, so waiters are served in the order they were promised. A run that
@@ -41,42 +54,91 @@
 local token = ARGV[1]
 local lease = tonumber(ARGV[2])
 local description = ARGV[3]
+local ticket = ARGV[4]
+local express = ARGV[5] == 'e'
+local keep_ticket = tonumber(ARGV[6])
+local reserve = tonumber(ARGV[7])
 local STATISTICS_TTL = 60000
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local now, now_us = server_now()
+local handed = {}
 
 local function number(value)
   return tonumber(value or '0') or 0
 end
 
--- Phase 1: look at every limiter; stop at the first semaphore that is full.
+local function reply(status, i, a, b, c, d)
+  local answer = {status, now, i, a, b, c, d}
+  for _, message in ipairs(handed) do answer[#answer + 1] = message end
+  return answer
+end
+
+local function rate_pause(key)
+  local control = string.gsub(key, '}:r:', '}:cr:', 1)
+  return pause_end(redis.call('HGET', control, 'paused_until'), now)
+end
+
+-- Phase 1: look at every limiter; stop at the first one that refuses the run.
 local limiters = {}
 local rate_refusal = nil
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local spec = ARGV[3 + i]
+  local spec = ARGV[7 + i]
   local limiter = {kind = string.sub(spec, 1, 1), key = key}
   if limiter.kind == 's' then
-    local slots = tonumber(string.sub(spec, 3))
-    -- Leases that ran out are dropped first: an admission always replaces them, so a
-    -- late release of one of them says it no longer held its slot.
+    limiter.slots = tonumber(string.sub(spec, 3))
+    local slots, paused = semaphore_limit(key, limiter.slots, now)
+    if paused then return reply(3, i, paused, 0, 0, 0) end
+    -- Leases and reservations that ran out are dropped first: an admission always
+    -- replaces them, so a late release of one of them says it no longer held its slot.
     redis.call('ZREMRANGEBYSCORE', key, 0, now)
-    local used = redis.call('ZCOUNT', key, '(' .. now, '+inf')
-    if used >= slots then
-      local first = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES',
-                               'LIMIT', 0, 1)
-      local until_first_end = 0
-      if first[2] then until_first_end = tonumber(first[2]) - now end
-      local hold = redis.call('ZSCORE', key, '#hold')
-      if hold then
-        hold = -tonumber(hold) - 1
-      else
-        redis.call('ZADD', key, -0.5, '#hold')  -- contended: releases now keep the average
+    local has_line = redis.call('EXISTS', companion(key, 'q')) == 1
+    limiter.has_line = has_line
+    if ticket ~= '' and has_line then prune_tickets(key, now) end
+    if ticket ~= '' and redis.call('ZSCORE', key, RESERVED .. ticket) then
+      limiter.reserved = true  -- handed a slot while it waited: it is this run's
+    else
+      local waiting = ticket ~= '' and redis.call('ZSCORE', companion(key, 'q'), ticket)
+      if ticket ~= '' and not waiting
+          and redis.call('ZSCORE', companion(key, 'x'), ticket) then
+        return reply(4, i, 0, 0, 0, 0)  -- served: the other copy of the message ran
       end
-      return {0, now, i, used, until_first_end, hold and hold >= 0 and hold or -1}
+      limiter.waiting = waiting and true or false
+      local used = redis.call('ZCOUNT', key, '(' .. now, '+inf')
+      local free = slots - used
+      local blocked = free <= 0
+      if not blocked and has_line then
+        -- Free slots go to the line first, oldest first; the run gets one only if some
+        -- are left when its own turn (or the end of the line) comes.
+        local reached
+        free, reached, blocked = hand_over(key, free, now, reserve, ticket, handed)
+        blocked = blocked or free <= 0
+      end
+      if blocked then
+        local first = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES',
+                                 'LIMIT', 0, 1)
+        local until_first_end = 0
+        if first[2] then until_first_end = tonumber(first[2]) - now end
+        local hold = redis.call('ZSCORE', key, '#hold')
+        if hold then
+          hold = -tonumber(hold) - 1
+        else
+          redis.call('ZADD', key, -0.5, '#hold')  -- contended: releases keep the average
+        end
+        local position = -1
+        if waiting then
+          position = redis.call('ZRANK', companion(key, 'q'), ticket)
+          if not express then
+            redis.call('ZADD', companion(key, 'x'), now + keep_ticket, ticket)
+            keep_line(key, keep_ticket + STATISTICS_TTL)
+          end
+        end
+        return reply(0, i, used, until_first_end, hold and hold >= 0 and hold or -1,
+                     position)
+      end
     end
   else
+    local paused = rate_pause(key)
+    if paused then return reply(3, i, paused, 0, 0, 0) end
     local interval, tolerance, promise = string.match(spec, '^r:([^:]+):([^:]+):([^:]+)$')
     limiter.interval = tonumber(interval)
     tolerance = tonumber(tolerance)
@@ -104,8 +166,8 @@ if rate_refusal then
   local limiter = rate_refusal.limiter
   local promise = rate_refusal.promise
   if limiter.no_promise then
-    return {2, now, rate_refusal.index, rate_refusal.allowed_at,
-            math.ceil((rate_refusal.allowed_at - now_us) / 1000)}
+    return reply(2, rate_refusal.index, rate_refusal.allowed_at,
+                 math.ceil((rate_refusal.allowed_at - now_us) / 1000), 0, 0)
   elseif promise == 0 then
     -- A newcomer: the next start time at the end of the line.
     promise = math.max(limiter.line, rate_refusal.allowed_at)
@@ -120,7 +182,7 @@ if rate_refusal then
     redis.call('HSET', limiter.key, 'line', string.format('%.0f', limiter.line))
     expire_rate_state(limiter, limiter.tat, limiter.line)
   end
-  return {2, now, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000)}
+  return reply(2, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000), 0, 0)
 end
 
 -- Phase 2: admitted by every limiter. One fencing number for the whole admission, above
@@ -130,11 +192,12 @@ local fence = 0
 local has_semaphore = false
 local contended = 0
 for i = 1, #KEYS do
-  if limiters[i].kind == 's' then
+  local limiter = limiters[i]
+  if limiter.kind == 's' then
     has_semaphore = true
-    local stats = redis.call('ZMSCORE', limiters[i].key, '#fence', '#hold')
+    local stats = redis.call('ZMSCORE', limiter.key, '#fence', '#hold')
     fence = math.max(fence, stats[1] and (1 - tonumber(stats[1])) or 0)
-    if stats[2] then contended = 1 end
+    if stats[2] or limiter.has_line then contended = 1 end
   end
 end
 if has_semaphore then fence = math.max(fence, now_us) end
@@ -146,7 +209,17 @@ local member = token .. ' ' .. string.format('%.0f', now) .. ' ' .. fence_text .
 for i = 1, #KEYS do
   local limiter = limiters[i]
   if limiter.kind == 's' then
-    redis.call('ZADD', limiter.key, lease_end, member, -fence, '#fence')
+    if limiter.reserved then redis.call('ZREM', limiter.key, RESERVED .. ticket) end
+    if limiter.reserved or limiter.waiting then
+      -- Served: out of the line, and remembered so the other copy does not run too.
+      local xkey = companion(limiter.key, 'x')
+      redis.call('ZREM', companion(limiter.key, 'q'), ticket)
+      redis.call('HDEL', companion(limiter.key, 'w'), ticket, 'm:' .. ticket)
+      redis.call('ZADD', xkey, now + keep_ticket, ticket)
+      keep_line(limiter.key, keep_ticket + STATISTICS_TTL)
+    end
+    redis.call('ZADD', limiter.key, lease_end, member, -fence, '#fence',
+               -limiter.slots, '#slots')
     if redis.call('PTTL', limiter.key) < lease then
       redis.call('PEXPIRE', limiter.key, math.max(lease, STATISTICS_TTL))
     end
@@ -156,4 +229,5 @@ for i = 1, #KEYS do
     expire_rate_state(limiter, tat, limiter.line)
   end
 end
+if #handed > 0 then return reply(1, 0, lease_end, fence_text, contended, 0) end
 return string.format('%.0f %.0f %.0f %d', now, lease_end, fence, contended)

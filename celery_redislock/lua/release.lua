@@ -1,18 +1,24 @@
--- Give back the slots of one holder in N leased semaphores (see admit.lua).
+-- Give back the slots of one holder in N leased semaphores (see admit.lua), and hand
+-- them to the oldest waiters of their lines (line.lua is put in front of this script).
 --
 -- KEYS[i]   semaphore i
 -- ARGV[1]   the holder's member, "token acquired_ms fence description"
 -- ARGV[2]   how long it held the slots (ms), for the average hold time
+-- ARGV[3]   how long a slot handed to a waiter stays reserved for it (ms); 0 for a
+--           caller that cannot re-publish a waiter's message (the slot is then simply free)
 --
--- Returns how many of the N semaphores the holder was removed from: 0 when it held none
--- (already released, or its lease ran out), so releasing twice is harmless and a holder
--- never frees a slot another holder has. The average hold time is kept only for
--- semaphores that have refused a run (waiters use it); the key's own expiry, set by
--- admit.lua, removes what is left of an idle semaphore.
+-- Returns {released, message...}: in how many of the N semaphores the holder was removed
+-- (0 when it held none: released already, or its lease ran out, so releasing twice is
+-- harmless and a holder never frees a slot another holder has), and the messages of the
+-- waiters handed a slot, for the caller to re-publish. The average hold time is kept
+-- only for semaphores that have refused a run (waiters use it).
 
 local member = ARGV[1]
 local held = tonumber(ARGV[2])
+local reserve = tonumber(ARGV[3] or '0')
 local released = 0
+local handed = {}
+local now = nil
 
 for i = 1, #KEYS do
   local key = KEYS[i]
@@ -21,9 +27,14 @@ for i = 1, #KEYS do
     local average = redis.call('ZSCORE', key, '#hold')
     if average then
       average = -tonumber(average) - 1
-      if average >= 0 then held = average * 0.8 + held * 0.2 end
-      redis.call('ZADD', key, -1 - math.floor(held), '#hold')
+      local kept = held
+      if average >= 0 then kept = average * 0.8 + held * 0.2 end
+      redis.call('ZADD', key, -1 - math.floor(kept), '#hold')
     end
+    now = now or server_now()
+    serve_line(key, now, reserve, handed)
   end
 end
-return released
+local answer = {released}
+for _, message in ipairs(handed) do answer[#answer + 1] = message end
+return answer

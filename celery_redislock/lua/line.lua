@@ -1,0 +1,120 @@
+-- The waiting line of a semaphore: shared by the scripts that admit, queue and release.
+-- (This text is put in front of those scripts when they are loaded; see scripts.py.)
+--
+-- A semaphore key K = '<prefix>{<digest>}:s:<name>' has companion keys with the same
+-- hash tag, so one script may use them on Redis Cluster too:
+--
+--   '}:q:'  the line: sorted set, ticket -> when the run first asked (ms). Oldest first.
+--   '}:w:'  hash: ticket -> waiter record (JSON, for operators),
+--                 'm:' .. ticket -> the run's message, re-published when it is served
+--   '}:x:'  sorted set, ticket -> when the ticket is forgotten (ms): a waiter whose message
+--           never came back is dropped then, and a served ticket is remembered until
+--           then, so that the other copy of its message (the one sent back with a
+--           countdown) finds it was served and does not run the task again
+--   '}:cs:' control hash, written by operators: 'slots' overrides the configured number
+--           of slots, 'paused_until' (ms, or 'forever') refuses every run until then
+--
+-- In K, a member '~' .. ticket is a reservation: a slot kept for that waiter while its
+-- message travels to a worker, scored by the end of the reservation like a lease.
+
+local RESERVED = '~'
+
+local function companion(key, mark)
+  local at = string.find(key, '}:s:', 1, true)
+  if not at then return key .. ':' .. mark end
+  return string.sub(key, 1, at) .. ':' .. mark .. ':' .. string.sub(key, at + 4)
+end
+
+local function server_now()
+  local clock = redis.call('TIME')
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000),
+         tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+end
+
+-- 'paused_until' of a control hash: the end of the pause (ms, -1 = forever), or nil.
+local function pause_end(value, now)
+  if not value then return nil end
+  if value == 'forever' then return -1 end
+  local until_ms = tonumber(value)
+  if until_ms and until_ms > now then return until_ms end
+  return nil
+end
+
+-- The number of slots of semaphore `key`: the operator's override, else `configured`
+-- (else what the last admission recorded in '#slots'); and the end of a pause, or nil.
+local function semaphore_limit(key, configured, now)
+  local control = redis.call('HMGET', companion(key, 'cs'), 'slots', 'paused_until')
+  local slots = tonumber(control[1] or '') or configured
+  if not slots then
+    local recorded = redis.call('ZSCORE', key, '#slots')
+    slots = recorded and -tonumber(recorded) or 1
+  end
+  return slots, pause_end(control[2], now)
+end
+
+local function forget_ticket(key, ticket)
+  redis.call('ZREM', companion(key, 'q'), ticket)
+  redis.call('HDEL', companion(key, 'w'), ticket, 'm:' .. ticket)
+  redis.call('ZREM', companion(key, 'x'), ticket)
+end
+
+-- Drop the tickets whose time ran out (at most 100 a call).
+local function prune_tickets(key, now)
+  local xkey = companion(key, 'x')
+  local old = redis.call('ZRANGEBYSCORE', xkey, '-inf', now, 'LIMIT', 0, 100)
+  for _, ticket in ipairs(old) do forget_ticket(key, ticket) end
+end
+
+-- Keep the line's keys at least `ms` longer (they hold nothing older than that).
+local function keep_line(key, ms)
+  for _, mark in ipairs({'q', 'w', 'x'}) do
+    local companion_key = companion(key, mark)
+    if redis.call('PTTL', companion_key) < ms then redis.call('PEXPIRE', companion_key, ms) end
+  end
+end
+
+-- Walk the line from the front and hand each waiter that has no reservation one of the
+-- `free` slots: a reservation until now + reserve_ms, and its message is appended to `out`
+-- for the caller to re-publish. With reserve_ms 0 (a caller that cannot publish), a
+-- waiter without a reservation only blocks.
+-- Stops at ticket `me` (the run that is asking), which is then `reached`; otherwise it
+-- stops when the slots run out before the end of the line (`blocked`).
+-- Returns the slots left free, reached, blocked.
+local function hand_over(key, free, now, reserve_ms, me, out)
+  local qkey = companion(key, 'q')
+  local wkey = companion(key, 'w')
+  local index = 0
+  while true do
+    local batch = redis.call('ZRANGE', qkey, index, index + 15)
+    if #batch == 0 then return free, false, false end
+    for _, ticket in ipairs(batch) do
+      if ticket == me then return free, true, false end
+      local reserved = redis.call('ZSCORE', key, RESERVED .. ticket)
+      if not (reserved and tonumber(reserved) > now) then
+        if free <= 0 or reserve_ms <= 0 then return free, false, true end
+        local message = redis.call('HGET', wkey, 'm:' .. ticket)
+        if message then
+          redis.call('ZADD', key, now + reserve_ms, RESERVED .. ticket)
+          out[#out + 1] = message
+          free = free - 1
+        else
+          forget_ticket(key, ticket)  -- nothing to re-publish: not a waiter any more
+          index = index - 1
+        end
+      end
+    end
+    index = index + #batch
+  end
+end
+
+-- Hand the free slots of semaphore `key` to its line, if it has one.
+local function serve_line(key, now, reserve_ms, out)
+  if reserve_ms <= 0 or redis.call('EXISTS', companion(key, 'q')) == 0 then return end
+  prune_tickets(key, now)
+  redis.call('ZREMRANGEBYSCORE', key, 0, now)
+  local slots, paused = semaphore_limit(key, nil, now)
+  if paused then return end
+  local free = slots - redis.call('ZCOUNT', key, '(' .. now, '+inf')
+  if free > 0 then hand_over(key, free, now, reserve_ms, '', out) end
+end
+
