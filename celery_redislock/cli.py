@@ -412,7 +412,7 @@ def reap(ctx: click.Context) -> None:
     click.echo(f"reaped {removed} expired holder entr{'y' if removed == 1 else 'ies'}")
 
 
-@redislock.command(name="set-slots")
+@redislock.command(name="set-slots", context_settings={"ignore_unknown_options": True})
 @click.argument("name")
 @click.argument("slots", metavar="N")
 @click.option("--force", is_flag=True,

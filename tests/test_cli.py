@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,14 +15,16 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
 from celery_redislock import Semaphore
-from celery_redislock.admission import SlotLimit, admit
+from celery_redislock.admission import Busy, Lease, Paused, SlotLimit, admit
 from celery_redislock.cli import redislock
+from celery_redislock.control import limit_state
 from celery_redislock.keys import semaphore_key
 from celery_redislock.scripts import HOLDERS
 from celery_redislock.testing import free_port
 
-from cli_app import CRAWL, URL_ENV, create_app
-from support import LOCK_DB
+from cli_app import CALL_API, CRAWL, URL_ENV, api_name, create_app, create_worker_app
+from support import LOCK_DB, wait_until
+from worker_cluster import WorkerCluster
 
 TESTS = Path(__file__).resolve().parent
 DESCRIPTION = '{"task": "proj.t", "worker": "w1@host", "pid": 123, "id": "task-1"}'
@@ -243,6 +247,8 @@ def test_reap_drops_only_expired_entries(app, holders, lock_client):
 
 @pytest.mark.parametrize("args", [
     ["status"], ["status", "--json"], ["inspect", CRAWL], ["release", CRAWL, "x"], ["reap"],
+    ["set-slots", CRAWL, "3"], ["clear-slots", CRAWL], ["pause", CRAWL, "--for", "5"],
+    ["resume", CRAWL], ["watch", "--once"],
 ])
 def test_unreachable_redis_fails_cleanly(args):
     app = create_app(f"redis://127.0.0.1:{free_port()}/0")
@@ -283,3 +289,310 @@ def test_celery_command_fails_cleanly_without_redis():
     assert result.returncode != 0
     assert "Traceback" not in result.stderr + result.stdout
     assert "lock store Redis failed" in result.stderr
+
+
+# --- set-slots / clear-slots ---------------------------------------------------------
+
+
+def status_of(app, name):
+    result = invoke(app, "status", "--json")
+    assert result.exit_code == 0, result.output
+    return {row["name"]: row for row in json.loads(result.stdout)}[name]
+
+
+def test_set_slots_raises_and_lowers_the_limit(app, holders, lock_client):
+    crawl = Semaphore(lock_client, CRAWL, slots=2)
+    assert crawl.attempt().__class__.__name__ == "Busy"
+    result = invoke(app, "set-slots", CRAWL, "3")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"{CRAWL}: slots set to 3 (configured 2), 2 in use"
+    third = crawl.attempt()
+    assert isinstance(third, Lease)
+    row = status_of(app, CRAWL)
+    assert (row["used"], row["limit"], row["configured_limit"], row["slots_override"]) == (
+        3, 3, 2, 3)
+    # Lowering below the holders evicts nobody: they drain.
+    assert invoke(app, "set-slots", CRAWL, "1").exit_code == 0
+    assert live_holders(lock_client, CRAWL) == 3 and third.renew()
+    assert isinstance(crawl.attempt(), Busy)
+    assert third.release() and holders["plain"].release()
+    assert isinstance(crawl.attempt(), Busy)  # one holder left = the limit of 1
+    text_row = next(line.split() for line in invoke(app, "status").stdout.splitlines()
+                    if line.startswith(CRAWL))
+    assert text_row[1:4] == ["1/1", "2", "1"]
+
+
+def test_clear_slots_restores_the_configured_limit(app, holders, lock_client):
+    crawl = Semaphore(lock_client, CRAWL, slots=2)
+    assert invoke(app, "set-slots", CRAWL, "3").exit_code == 0
+    extra = crawl.attempt()
+    assert isinstance(extra, Lease)
+    result = invoke(app, "clear-slots", CRAWL)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"{CRAWL}: slot override cleared"
+    row = status_of(app, CRAWL)
+    assert (row["used"], row["limit"], row["slots_override"]) == (3, 2, None)
+    assert isinstance(crawl.attempt(), Busy)
+    assert extra.release()
+    assert isinstance(crawl.attempt(), Busy)  # 2 of 2 again
+    assert invoke(app, "clear-slots", CRAWL).stdout.strip() == f"{CRAWL}: had no slot override"
+
+
+@pytest.mark.parametrize(("count", "message"), [
+    ("0", "slots of 'cli_app.crawl' must be >= 1, not 0"),
+    ("-2", "slots of 'cli_app.crawl' must be >= 1, not -2"),
+    ("many", "expected a whole number, not 'many'"),
+    ("1.5", "expected a whole number, not '1.5'"),
+])
+def test_set_slots_bad_number_fails_cleanly(app, holders, lock_client, count, message):
+    result = invoke(app, "set-slots", CRAWL, count)
+    assert_clean_failure(result)
+    assert message in result.stderr
+    assert status_of(app, CRAWL)["slots_override"] is None
+
+
+def test_set_slots_unknown_name_fails_unless_forced(app, lock_client):
+    result = invoke(app, "set-slots", "no-such-key", "4")
+    assert_clean_failure(result)
+    assert "no limit named 'no-such-key'" in result.stderr
+    assert invoke(app, "set-slots", "no-such-key", "4", "--force").exit_code == 0
+    assert Semaphore(lock_client, "no-such-key", slots=1).attempt().__class__ is Lease
+    assert Semaphore(lock_client, "no-such-key", slots=1).attempt().__class__ is Lease
+
+
+def test_set_slots_on_a_registered_task_key_before_any_run(app, lock_client):
+    result = invoke(app, "set-slots", CRAWL, "5")  # nothing in Redis yet: the task's key
+    assert result.exit_code == 0, result.output
+    assert "slots set to 5 (configured ?)" in result.stdout
+
+
+# --- pause / resume ------------------------------------------------------------------
+
+
+def server_seconds(client):
+    seconds, microseconds = client.time()
+    return seconds + microseconds / 1e6
+
+
+def test_pause_for_then_resume(app, holders, lock_client):
+    crawl = Semaphore(lock_client, CRAWL, slots=3)
+    result = invoke(app, "pause", CRAWL, "--for", "30")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{CRAWL}: paused until 20")
+    refused = crawl.attempt()
+    assert isinstance(refused, Paused) and 29 < refused.retry_hint <= 30
+    assert holders["run"].renew()  # holders keep running
+    row = status_of(app, CRAWL)
+    assert row["paused"] is True and 29 < row["pause_left_seconds"] <= 30
+    assert row["paused_until"] == pytest.approx(server_seconds(lock_client) + 30, abs=1)
+    paused_column = next(line.split() for line in invoke(app, "status").stdout.splitlines()
+                         if line.startswith(CRAWL))[5]
+    assert paused_column.endswith("s") and 29 < float(paused_column[:-1]) <= 30
+    result = invoke(app, "resume", CRAWL)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"{CRAWL}: resumed"
+    assert isinstance(crawl.attempt(), Lease)
+    assert invoke(app, "resume", CRAWL).stdout.strip() == f"{CRAWL}: was not paused"
+
+
+def test_pause_without_an_end(app, holders, lock_client):
+    result = invoke(app, "pause", "other")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "other: paused until resumed"
+    refused = Semaphore(lock_client, "other", slots=2).attempt()
+    assert isinstance(refused, Paused) and refused.retry_hint is None
+    row = status_of(app, "other")
+    assert (row["paused"], row["paused_until"], row["pause_left_seconds"]) == (True, None, None)
+    assert "forever" in next(line for line in invoke(app, "status").stdout.splitlines()
+                             if line.startswith("other"))
+    inspected = invoke(app, "inspect", "other")
+    assert "paused until resumed" in inspected.stdout
+
+
+@pytest.mark.parametrize("form", ["iso", "iso-offset", "unix"])
+def test_pause_until_a_time(app, holders, lock_client, form):
+    end = server_seconds(lock_client) + 60
+    moment = datetime.datetime.fromtimestamp(end, tz=datetime.timezone.utc)
+    value = {"iso": moment.isoformat().replace("+00:00", "Z"),
+             "iso-offset": moment.astimezone(
+                 datetime.timezone(datetime.timedelta(hours=2))).isoformat(),
+             "unix": f"{end:.3f}"}[form]
+    result = invoke(app, "pause", CRAWL, "--until", value)
+    assert result.exit_code == 0, result.output
+    assert status_of(app, CRAWL)["paused_until"] == pytest.approx(end, abs=0.002)
+    assert isinstance(Semaphore(lock_client, CRAWL, slots=3).attempt(), Paused)
+
+
+def test_pause_keep_longer(app, holders):
+    assert invoke(app, "pause", CRAWL, "--for", "1h").exit_code == 0
+    first = status_of(app, CRAWL)["paused_until"]
+    assert invoke(app, "pause", CRAWL, "--for", "5s", "--keep-longer").exit_code == 0
+    assert status_of(app, CRAWL)["paused_until"] == first
+    assert invoke(app, "pause", CRAWL, "--for", "5s").exit_code == 0
+    assert status_of(app, CRAWL)["paused_until"] < first
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--for", "0"], "--for must be a number of seconds > 0"),
+    (["--for", "soon"], "--for must be a number of seconds > 0"),
+    (["--until", "next tuesday"], "--until must be ISO-8601"),
+    (["--until", "1000"], "is not after the lock store's time now"),
+    (["--until", "2001-01-01T00:00:00Z"], "is not after the lock store's time now"),
+    (["--until", "4000000000", "--for", "5"], "give --until or --for, not both"),
+])
+def test_pause_bad_input_fails_cleanly(app, holders, args, message):
+    result = invoke(app, "pause", CRAWL, *args)
+    assert_clean_failure(result)
+    assert message in result.stderr
+    assert status_of(app, CRAWL)["paused"] is False
+
+
+@pytest.mark.parametrize("command", [["pause"], ["resume"], ["clear-slots"], ["inspect"]])
+def test_unknown_name_fails_cleanly(app, holders, command):
+    result = invoke(app, *command, "no-such-key")
+    assert_clean_failure(result)
+    assert "no limit named 'no-such-key'" in result.stderr
+
+
+def test_a_paused_rate_only_name_is_listed(app, lock_client):
+    assert invoke(app, "pause", "partner", "--for", "60", "--force").exit_code == 0
+    row = status_of(app, "partner")
+    assert (row["paused"], row["used"], row["limit"]) == (True, 0, None)
+    assert invoke(app, "resume", "partner").exit_code == 0
+    assert "partner" not in {r["name"] for r in json.loads(invoke(app, "status",
+                                                                  "--json").stdout)}
+
+
+# --- watch ---------------------------------------------------------------------------
+
+
+def test_watch_once_shows_keys_and_holders(app, holders, lock_client):
+    invoke(app, "pause", "other", "--for", "60")
+    invoke(app, "set-slots", CRAWL, "4")
+    result = invoke(app, "watch", "--once")
+    assert result.exit_code == 0, result.output
+    assert "\x1b[" not in result.stdout  # no terminal: no escape codes
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("celery-redislock: 2 key(s) at ")
+    assert lines[1].split() == ["NAME", "USED", "WAITING", "PAUSED", "OVERRIDE"]
+    crawl_line = next(line.split() for line in lines if line.startswith(CRAWL))
+    assert crawl_line[1:3] == ["2/4", "0"] and crawl_line[4] == "4"
+    other_line = next(line.split() for line in lines if line.startswith("other"))
+    assert other_line[1] == "1/1" and other_line[3].endswith("s")
+    assert any(line.strip().startswith("holds   proj.t task-1 on w1@host") for line in lines)
+
+
+def test_watch_repeats_until_interrupted(app, holders):
+    """Without --once it refreshes every --interval until Ctrl-C (here: the 3rd view)."""
+    import celery_redislock.watch as watch_module
+
+    views = []
+    real_render = watch_module.render
+
+    def counting_render(*args, **kwargs):
+        views.append(1)
+        if len(views) == 3:
+            raise KeyboardInterrupt
+        return real_render(*args, **kwargs)
+
+    watch_module.render = counting_render
+    try:
+        result = invoke(app, "watch", "--interval", "0.01")
+    finally:
+        watch_module.render = real_render
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("celery-redislock: 2 key(s)") == 2
+    assert "every 0.01s, Ctrl-C to quit" in result.stdout
+
+
+def test_watch_on_a_terminal_redraws_in_place(app, holders):
+    from io import StringIO
+
+    from celery_redislock.cli import LockStore
+    from celery_redislock.watch import CLEAR, run_watch
+
+    store = LockStore(app)
+    screen = StringIO()
+    run_watch(lambda: store.states(store.limit_keys(), store.now_ms()), once=True,
+              stream=screen, is_tty=True)
+    assert screen.getvalue().startswith(CLEAR)
+    assert CRAWL in screen.getvalue()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--interval", "0"], "--interval must be a number of seconds > 0"),
+    (["--interval", "fast"], "--interval must be a number of seconds > 0"),
+    (["--rows", "x"], "expected a whole number, not 'x'"),
+])
+def test_watch_bad_input_fails_cleanly(app, args, message):
+    result = invoke(app, "watch", "--once", *args)
+    assert_clean_failure(result)
+    assert message in result.stderr
+
+
+# --- waiting runs of a real worker ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One real prefork worker running ``cli_app``'s tasks."""
+    with WorkerCluster(tmp_path_factory.mktemp("cli-workers"), app_module="cli_app",
+                       app_factory=create_worker_app, workers=1, concurrency=2) as running:
+        yield running
+
+
+def test_waiting_runs_in_line_order(cluster):
+    """A run holds the token's only slot; three more wait: inspect lists them in the
+    order they asked, status counts them, watch shows them, set-slots wakes the first."""
+    token = uuid.uuid4().hex[:12]
+    name, app = api_name(token), cluster.app
+    records = cluster.redis.client(db=3)
+    holder = app.send_task(CALL_API, (token,), {"hold": True})
+    wait_until(lambda: records.hexists("started", holder.id), timeout=30,
+               what="the first run to start")
+    waiting = []
+    for count in range(1, 4):  # one at a time, so the line's order is the sending order
+        waiting.append(app.send_task(CALL_API, (token,), {"hold": True}))
+        wait_until(lambda n=count: limit_state(app, name).waiting == n, timeout=30,
+                   what=f"{count} run(s) to wait in line")
+
+    data = json.loads(invoke(app, "inspect", name, "--json").stdout)
+    assert set(data) == INSPECT_FIELDS
+    assert (data["used"], data["limit"], data["waiting"]) == (1, 1, 3)
+    assert [h["task_id"] for h in data["holders"]] == [holder.id]
+    assert data["holders"][0]["task"] == CALL_API
+    assert [w["position"] for w in data["waiters"]] == [0, 1, 2]
+    assert [w["task_id"] for w in data["waiters"]] == [r.id for r in waiting]
+    for waiter in data["waiters"]:
+        assert waiter["task"] == CALL_API and waiter["worker"].startswith("worker1@")
+        assert waiter["ticket"].startswith(waiter["task_id"] + ".")
+        assert waiter["age_seconds"] >= 0 and waiter["reserved"] is False
+    ages = [w["age_seconds"] for w in data["waiters"]]
+    assert ages == sorted(ages, reverse=True)  # the oldest first
+
+    text_lines = invoke(app, "inspect", name).stdout.splitlines()
+    assert "1/1 slots used, 3 waiting" in text_lines[0]
+    line_at = text_lines.index("waiting line:")
+    assert text_lines[line_at + 1].split() == ["POS", "TASK", "TASK", "ID", "WORKER", "AGE",
+                                               "RESERVED"]
+    assert [row.split()[2] for row in text_lines[line_at + 2:]] == [r.id for r in waiting]
+
+    row = status_of(app, name)
+    assert (row["used"], row["limit"], row["waiting"], row["contended"]) == (1, 1, 3, True)
+
+    view = invoke(app, "watch", "--once", "--rows", "2").stdout.splitlines()
+    assert next(line.split() for line in view if line.startswith(name))[1:3] == ["1/1", "3"]
+    waits = [line.split() for line in view if line.strip().startswith("waits")]
+    assert [(w[1], w[3].rstrip(",")) for w in waits] == [
+        ("#0", waiting[0].id), ("#1", waiting[1].id)]
+    assert any(line.strip() == "... 1 more waiting" for line in view)
+
+    result = invoke(app, "set-slots", name, "2")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().endswith("1 waiting run(s) woken")
+    wait_until(lambda: records.hexists("started", waiting[0].id), timeout=10,
+               what="the oldest waiter to start")
+    assert not any(records.hexists("started", r.id) for r in waiting[1:])
+    records.set(f"go:{token}", 1)
+    for result in [holder, *waiting]:
+        assert result.get(timeout=30) == result.id
