@@ -33,6 +33,8 @@ from .common import RESULTS_DIR, markdown_table, write_json
 
 RESULTS_MD = Path(__file__).resolve().parent / "RESULTS.md"
 QUICK_RESULTS_MD = RESULTS_DIR / "RESULTS.quick.md"
+#: Everything from this line on in RESULTS.md is written by hand and kept by each run.
+NOTES_MARKER = "<!-- notes below are written by hand; run_all keeps them -->"
 
 
 def benchmark_arguments(quick: bool) -> Dict[str, List[str]]:
@@ -159,6 +161,15 @@ def results_document(text: str, reports: Dict[str, Dict[str, Any]], quick: bool,
     )
 
 
+def kept_notes(path: Path) -> str:
+    """The hand-written part of a results file: from the :data:`NOTES_MARKER` line on."""
+    if not path.exists():
+        return ""
+    text = path.read_text(encoding="utf-8")
+    start = text.find(NOTES_MARKER)
+    return "\n" + text[start:] if start >= 0 else ""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> str:
     """Run every benchmark, print the combined summary, write the results files."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -189,7 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     document = results_document(text, reports, args.quick, chart)
     path = QUICK_RESULTS_MD if args.quick else RESULTS_MD
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(document, encoding="utf-8")
+    path.write_text(document + kept_notes(RESULTS_MD), encoding="utf-8")
     print("\n" + "=" * 72 + "\n")
     print(text)
     print(f"(written to {path})")
