@@ -6,7 +6,8 @@
   session's private redis-server.
 * :func:`create_worker_app`: the app real worker processes run (``celery -A cli_app
   worker``, started by :class:`worker_cluster.WorkerCluster`, which sets the
-  ``REDISLOCK_TEST_*_URL`` variables). Its task :data:`CALL_API` takes one slot per API
+  ``REDISLOCK_TEST_*_URL`` variables). Its task :data:`CALL_API` (and
+  :data:`CALL_API_PATIENT`, which waits longer when refused) takes one slot per API
   token; it records in the record store when its body starts (``started`` hash: task id
   -> server time in µs) and, when asked to, holds its slot until the test sets
   ``go:<token>``; every refusal is recorded in the list ``refused:<task id>``.
@@ -30,6 +31,10 @@ from worker_app import BROKER_URL_ENV, FAST_RETRY, AppUrls
 URL_ENV = "CLI_APP_REDISLOCK_URL"
 CRAWL = "cli_app.crawl"
 CALL_API = "cli_app.call_api"
+CALL_API_PATIENT = "cli_app.call_api_patient"
+
+#: Countdowns of :data:`CALL_API_PATIENT` when refused (seconds, drawn in [10, 20]).
+PATIENT = {"lock_retry_backoff": 20.0, "lock_retry_backoff_max": 20.0}
 
 #: How long a held body waits for its ``go:<token>`` at most (seconds).
 HOLD_LIMIT = 60.0
@@ -77,20 +82,30 @@ def create_worker_app(urls: AppUrls) -> Celery:
             records = redis.Redis.from_url(urls.record, socket_timeout=10)
         return records
 
+    def body(task: Any, token: str, hold: bool, retry_after: float) -> Any:
+        store = record_store()
+        seconds, micros = store.time()
+        store.hset("started", task.request.id, seconds * 1_000_000 + micros)
+        if retry_after:
+            return pause_key_of(task, token, seconds=retry_after, keep_longer=True)
+        deadline = time.monotonic() + HOLD_LIMIT
+        while hold and not store.exists(f"go:{token}") and time.monotonic() < deadline:
+            time.sleep(0.01)  # the simulated call, until the test lets it end
+        return task.request.id
+
     @app.task(base=LimitedTask, bind=True, shared=False, name=CALL_API, lock_slots=1,
               lock_key="api:{token}", **FAST_RETRY)
     def call_api(self: Any, token: str, hold: bool = False, retry_after: float = 0) -> Any:
         """One call at a time per token. ``hold``: keep the slot until ``go:<token>``.
         ``retry_after``: act on a 429 answer, pausing the token's key that long."""
-        store = record_store()
-        seconds, micros = store.time()
-        store.hset("started", self.request.id, seconds * 1_000_000 + micros)
-        if retry_after:
-            return pause_key_of(self, token, seconds=retry_after, keep_longer=True)
-        deadline = time.monotonic() + HOLD_LIMIT
-        while hold and not store.exists(f"go:{token}") and time.monotonic() < deadline:
-            time.sleep(0.01)  # the simulated call, until the test lets it end
-        return self.request.id
+        return body(self, token, hold, retry_after)
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=CALL_API_PATIENT,
+              lock_slots=1, lock_key="api:{token}", **PATIENT)
+    def call_api_patient(self: Any, token: str, hold: bool = False) -> Any:
+        """:data:`CALL_API`, whose refused runs come back only after 10-20 s on their own:
+        one that starts sooner was handed a slot."""
+        return body(self, token, hold, 0)
 
     def refused(sender: Any = None, task_id: Optional[str] = None,
                 reason: Optional[str] = None, **_: Any) -> None:

@@ -22,7 +22,7 @@ from celery_redislock.keys import semaphore_key
 from celery_redislock.scripts import HOLDERS
 from celery_redislock.testing import free_port
 
-from cli_app import CALL_API, CRAWL, URL_ENV, api_name, create_app, create_worker_app
+from cli_app import CALL_API_PATIENT, CRAWL, URL_ENV, api_name, create_app, create_worker_app
 from support import LOCK_DB, wait_until
 from worker_cluster import WorkerCluster
 
@@ -547,12 +547,12 @@ def test_waiting_runs_in_line_order(cluster):
     token = uuid.uuid4().hex[:12]
     name, app = api_name(token), cluster.app
     records = cluster.redis.client(db=3)
-    holder = app.send_task(CALL_API, (token,), {"hold": True})
+    holder = app.send_task(CALL_API_PATIENT, (token,), {"hold": True})
     wait_until(lambda: records.hexists("started", holder.id), timeout=30,
                what="the first run to start")
     waiting = []
     for count in range(1, 4):  # one at a time, so the line's order is the sending order
-        waiting.append(app.send_task(CALL_API, (token,), {"hold": True}))
+        waiting.append(app.send_task(CALL_API_PATIENT, (token,), {"hold": True}))
         wait_until(lambda n=count: limit_state(app, name).waiting == n, timeout=30,
                    what=f"{count} run(s) to wait in line")
 
@@ -560,11 +560,11 @@ def test_waiting_runs_in_line_order(cluster):
     assert set(data) == INSPECT_FIELDS
     assert (data["used"], data["limit"], data["waiting"]) == (1, 1, 3)
     assert [h["task_id"] for h in data["holders"]] == [holder.id]
-    assert data["holders"][0]["task"] == CALL_API
+    assert data["holders"][0]["task"] == CALL_API_PATIENT
     assert [w["position"] for w in data["waiters"]] == [0, 1, 2]
     assert [w["task_id"] for w in data["waiters"]] == [r.id for r in waiting]
     for waiter in data["waiters"]:
-        assert waiter["task"] == CALL_API and waiter["worker"].startswith("worker1@")
+        assert waiter["task"] == CALL_API_PATIENT and waiter["worker"].startswith("worker1@")
         assert waiter["ticket"].startswith(waiter["task_id"] + ".")
         assert waiter["age_seconds"] >= 0 and waiter["reserved"] is False
     ages = [w["age_seconds"] for w in data["waiters"]]
@@ -590,8 +590,8 @@ def test_waiting_runs_in_line_order(cluster):
     result = invoke(app, "set-slots", name, "2")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().endswith("1 waiting run(s) woken")
-    wait_until(lambda: records.hexists("started", waiting[0].id), timeout=10,
-               what="the oldest waiter to start")
+    wait_until(lambda: records.hexists("started", waiting[0].id), timeout=5,
+               what="the oldest waiter to start")  # at once, not on its 10-20 s countdown
     assert not any(records.hexists("started", r.id) for r in waiting[1:])
     records.set(f"go:{token}", 1)
     for result in [holder, *waiting]:

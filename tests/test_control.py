@@ -25,7 +25,7 @@ from celery_redislock.control import (
 )
 from celery_redislock.keys import DEFAULT_PREFIX, rate_key, semaphore_key
 
-from cli_app import CALL_API, CRAWL, api_name, create_app, create_worker_app
+from cli_app import CALL_API, CALL_API_PATIENT, CRAWL, api_name, create_app, create_worker_app
 from support import wait_until
 from worker_cluster import WorkerCluster
 
@@ -264,15 +264,15 @@ def test_a_task_pauses_its_own_key_after_a_429(cluster):
 def test_raising_slots_wakes_waiting_runs_at_once(cluster):
     key_token = token()
     name = api_name(key_token)
-    holder = cluster.app.send_task(CALL_API, (key_token,), {"hold": True})
+    holder = cluster.app.send_task(CALL_API_PATIENT, (key_token,), {"hold": True})
     wait_until(lambda: records(cluster).hexists("started", holder.id), timeout=30,
                what="the first run to start")
-    waiter = cluster.app.send_task(CALL_API, (key_token,), {"hold": True})
+    waiter = cluster.app.send_task(CALL_API_PATIENT, (key_token,), {"hold": True})
     wait_until(lambda: limit_state(cluster.app, name).waiting == 1, timeout=30,
                what="the second run to wait in line")
     assert set_slots(cluster.app, name, 2) == 1
-    wait_until(lambda: records(cluster).hexists("started", waiter.id), timeout=10,
-               what="the woken run to start")
+    wait_until(lambda: records(cluster).hexists("started", waiter.id), timeout=5,
+               what="the woken run to start")  # at once, not on its 10-20 s countdown
     state = limit_state(cluster.app, name)
     assert (state.used, state.limit, state.waiting) == (2, 2, 0)
     records(cluster).set(f"go:{key_token}", 1)
