@@ -27,6 +27,7 @@ Example (an in-process model, for tests or for forwarding to another system)::
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import re
 import string
@@ -329,9 +330,6 @@ def _label_of_name(rules: Sequence[_RuleLabel], name: str) -> Optional[str]:
     return next((rule.label for rule in variable if rule.pattern is None), None)
 
 
-_rules_cache: Dict[Tuple[int, str], List[_RuleLabel]] = {}
-
-
 def default_limit_label(task: Any, key: Optional[str]) -> str:
     """The ``limit`` label of ``key`` for ``task``: the limit's key *template*, so that
     per-argument keys collapse into one series per limit.
@@ -357,10 +355,11 @@ def default_limit_label(task: Any, key: Optional[str]) -> str:
     """
     if key is None:
         return UNREACHABLE
-    cache_key = (id(task), getattr(task, "name", ""))
-    rules = _rules_cache.get(cache_key)
+    rules = getattr(task, "__dict__", {}).get("_redislock_metric_rules")
     if rules is None:
-        rules = _rules_cache[cache_key] = _rule_labels(task)
+        rules = _rule_labels(task)
+        with contextlib.suppress(AttributeError, TypeError):
+            task.__dict__["_redislock_metric_rules"] = rules
     if not rules:
         return key or getattr(task, "name", "") or OVERFLOW
     names = key.split(", ") if key else []

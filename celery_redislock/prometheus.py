@@ -161,8 +161,12 @@ class SweepingCollector(multiprocess.MultiProcessCollector if prometheus_client 
     """``MultiProcessCollector`` that first drops the live-gauge files of processes that
     have exited (a pool child killed, or replaced after ``max_tasks_per_child``)."""
 
+    def __init__(self, registry: Any, path: str) -> None:
+        self.directory = path
+        super().__init__(registry, path=path)
+
     def collect(self) -> Any:
-        sweep_dead_processes(self._path)
+        sweep_dead_processes(self.directory)
         return super().collect()
 
 
