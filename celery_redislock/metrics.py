@@ -424,8 +424,9 @@ class MetricsRecorder:
             return False
         if self.app is None:
             return True
-        app = getattr(task, "app", None)
-        return app is self.app or getattr(app, "main", None) == getattr(self.app, "main", ())
+        get_app = getattr(task, "_get_app", None)
+        app = get_app() if callable(get_app) else getattr(task, "app", None)
+        return app is self.app
 
     def on_acquired(self, sender: Any = None, lease: Any = None, waited: float = 0.0,
                     **_: Any) -> None:
