@@ -284,6 +284,17 @@ def test_celery_command_runs_the_entry_point(lock_url, holders):
     assert (rows["other"]["holders"], rows["other"]["limit"]) == (1, 1)
 
 
+def test_celery_command_pauses_and_resumes(lock_url, holders, lock_client):
+    result = run_celery(lock_url, "pause", CRAWL, "--for", "30")
+    assert result.returncode == 0, result.stderr
+    assert isinstance(Semaphore(lock_client, CRAWL, slots=3).attempt(), Paused)
+    result = run_celery(lock_url, "resume", CRAWL)
+    assert (result.returncode, result.stdout.strip()) == (0, f"{CRAWL}: resumed")
+    result = run_celery(lock_url, "set-slots", CRAWL, "zero")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == "Error: expected a whole number, not 'zero'"
+
+
 def test_celery_command_fails_cleanly_without_redis():
     result = run_celery(f"redis://127.0.0.1:{free_port()}/0", "status", "--json")
     assert result.returncode != 0
