@@ -244,18 +244,20 @@ def admit(
 @dataclass(frozen=True)
 class Ticket:
     """A run's place in a waiting line: ``id`` (the task id, a dot, a random part),
-    ``express`` for the copy of its message sent when it was handed a slot, and how long
-    (ms) the line remembers it once served (longer than the other copy's countdown)."""
+    ``express`` for the copy of its message sent when it was handed a slot, ``copy`` the
+    identity of this copy of the message, and how long (ms) the line remembers the ticket
+    once served (longer than the other copy's countdown)."""
 
     id: str = ""
     express: bool = False
     keep_ms: int = DEFAULT_KEEP_TICKET_MS
+    copy: str = ""
 
     @property
     def mode(self) -> str:
         if not self.id:
             return ""
-        return "e" if self.express else "o"
+        return f"{'e' if self.express else 'o'}:{self.copy}"
 
 
 NO_TICKET = Ticket()

@@ -90,7 +90,7 @@ def run_limited(
     # Eager runs have no queue to go back to, nor a broker to hand slots over through.
     reserve_ms = 0 if request.is_eager else handoff.reservation_ms(limits.lease)
     ticket = Ticket(waited.get("ticket") or "", bool(waited.get("express")),
-                    limits.retry.keep_ticket_ms(None))
+                    limits.retry.keep_ticket_ms(None), str(waited.get("copy") or ""))
     try:
         outcome: Any = admit(client, limiters, lease=limits.lease, description=description,
                              promises=promises, owner=owner, ticket=ticket,

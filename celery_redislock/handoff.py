@@ -36,7 +36,7 @@ import base64
 import json
 import logging
 import os
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from celery import signature as make_signature
 from kombu.serialization import dumps, loads
@@ -44,6 +44,9 @@ from kombu.serialization import dumps, loads
 from .scripts import ENQUEUE, LEAVE_LINE, WAKE
 
 logger = logging.getLogger(__name__)
+
+#: The message header that carries a run's wait (see :mod:`celery_redislock.waiting`).
+WAIT_HEADER = "redislock_wait"
 
 #: How long a slot handed to a waiter is kept for it (seconds, at most the lease):
 #: time for its express copy to reach a worker.
@@ -57,6 +60,13 @@ SERVED_MEMORY = 600.0
 def new_ticket(task_id: str) -> str:
     """A ticket for one wait of one run: the task id, a dot, a random part."""
     return f"{task_id}.{os.urandom(5).hex()}"
+
+
+def new_copy_id() -> str:
+    """The identity of one copy of a waiting run's message: a served ticket remembers
+    which copy was admitted, so that the broker redelivering that same message (its
+    worker died) is not mistaken for the other copy."""
+    return os.urandom(4).hex()
 
 
 def reservation_ms(lease: float) -> int:
@@ -131,13 +141,23 @@ def publish(app: Any, messages: Iterable[Any]) -> int:
     sent = 0
     for message in messages:
         try:
-            fields = unpack_message(message)
-            make_signature(dict(fields), app=app).apply_async()
+            fields = dict(unpack_message(message))
+            _new_copy(fields)
+            make_signature(fields, app=app).apply_async()
             sent += 1
         except Exception as exc:
             logger.warning("celery-redislock: could not hand a free slot to a waiting task "
                            "(%r); it runs when its countdown ends", exc)
     return sent
+
+
+def _new_copy(fields: Dict[str, Any]) -> None:
+    """Give the express copy about to be sent an identity of its own."""
+    options = fields.setdefault("options", {})
+    headers = options.setdefault("headers", {})
+    wait = dict(headers.get(WAIT_HEADER) or {})
+    wait["copy"] = new_copy_id()
+    headers[WAIT_HEADER] = wait
 
 
 def wake_waiters(app: Any, semaphore_key: str, lease: float = RESERVATION) -> int:

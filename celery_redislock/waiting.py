@@ -25,10 +25,10 @@ from . import handoff, signals
 from .admission import Busy, Paused, RateLimited
 from .backoff import RetryPolicy
 from .errors import LockWaitTimeout
+from .handoff import WAIT_HEADER
 
 logger = logging.getLogger(__name__)
 
-WAIT_HEADER = "redislock_wait"
 
 #: Countdowns stay below this share of the broker's ``visibility_timeout``, since a longer
 #: ETA is redelivered (so run twice) by the Redis and SQS transports.
@@ -127,6 +127,7 @@ def requeue(
     wait = {"since": since, "attempts": attempts + 1, "promises": promises}
     if ticket:
         wait["ticket"] = ticket
+        wait["copy"] = handoff.new_copy_id()
     headers[WAIT_HEADER] = wait
     if joins_line:
         assert isinstance(refusal, Busy) and since is not None

@@ -18,8 +18,11 @@
 -- ARGV[2]     lease length (ms)
 -- ARGV[3]     holder description (opaque text for operators)
 -- ARGV[4]     the run's ticket in a waiting line, or '' (see line.lua)
--- ARGV[5]     'e' when this message is the express copy sent when the ticket was handed
---             a slot, 'o' for the copy sent back with a countdown, '' without a ticket
+-- ARGV[5]     which copy of the run's message this is: 'e:<id>' for an express copy,
+--             sent when the ticket was handed a slot, 'o:<id>' for a copy sent back with
+--             a countdown, '' without a ticket. A served ticket remembers the copy that
+--             was admitted: the same message delivered again (its run's worker died and
+--             the broker redelivered it) is not turned away as "served"
 -- ARGV[6]     how long a served ticket is remembered (ms)
 -- ARGV[7]     how long a slot handed to a waiter stays reserved for it (ms); 0 for a
 --             caller that cannot re-publish a waiter's message
@@ -55,7 +58,8 @@ local token = ARGV[1]
 local lease = tonumber(ARGV[2])
 local description = ARGV[3]
 local ticket = ARGV[4]
-local express = ARGV[5] == 'e'
+local copy = ARGV[5]
+local express = string.sub(copy, 1, 1) == 'e'
 local keep_ticket = tonumber(ARGV[6])
 local reserve = tonumber(ARGV[7])
 local STATISTICS_TTL = 60000
@@ -99,8 +103,9 @@ for i = 1, #KEYS do
     else
       local waiting = ticket ~= '' and redis.call('ZSCORE', companion(key, 'q'), ticket)
       if ticket ~= '' and not waiting
-          and redis.call('ZSCORE', companion(key, 'x'), ticket) then
-        return reply(4, i, 0, 0, 0, 0)  -- served: the other copy of the message ran
+          and redis.call('ZSCORE', companion(key, 'x'), ticket)
+          and redis.call('HGET', companion(key, 'w'), 'd:' .. ticket) ~= copy then
+        return reply(4, i, 0, 0, 0, 0)  -- served: another copy of the message ran
       end
       limiter.waiting = waiting and true or false
       local used = redis.call('ZCOUNT', key, '(' .. now, '+inf')
@@ -215,6 +220,7 @@ for i = 1, #KEYS do
       local xkey = companion(limiter.key, 'x')
       redis.call('ZREM', companion(limiter.key, 'q'), ticket)
       redis.call('HDEL', companion(limiter.key, 'w'), ticket, 'm:' .. ticket)
+      redis.call('HSET', companion(limiter.key, 'w'), 'd:' .. ticket, copy)
       redis.call('ZADD', xkey, now + keep_ticket, ticket)
       keep_line(limiter.key, keep_ticket + STATISTICS_TTL)
     end

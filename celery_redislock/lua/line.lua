@@ -6,7 +6,8 @@
 --
 --   '}:q:'  the line: sorted set, ticket -> when the run first asked (ms). Oldest first.
 --   '}:w:'  hash: ticket -> waiter record (JSON, for operators),
---                 'm:' .. ticket -> the run's message, re-published when it is served
+--                 'm:' .. ticket -> the run's message, re-published when it is served,
+--                 'd:' .. ticket -> once served, which copy of the message was admitted
 --   '}:x:'  sorted set, ticket -> when the ticket is forgotten (ms): a waiter whose message
 --           never came back is dropped then, and a served ticket is remembered until
 --           then, so that the other copy of its message (the one sent back with a
@@ -54,7 +55,7 @@ end
 
 local function forget_ticket(key, ticket)
   redis.call('ZREM', companion(key, 'q'), ticket)
-  redis.call('HDEL', companion(key, 'w'), ticket, 'm:' .. ticket)
+  redis.call('HDEL', companion(key, 'w'), ticket, 'm:' .. ticket, 'd:' .. ticket)
   redis.call('ZREM', companion(key, 'x'), ticket)
 end
 
