@@ -27,7 +27,7 @@ import datetime
 import functools
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 import click
@@ -148,7 +148,7 @@ class LockStore:
             found.extend(read_states(self.client, batch, now, prefix=self.prefix,
                                      waiters=waiters))
         if limits:
-            found = [LimitState(**{**s.__dict__, "configured_slots": limits[s.key]})
+            found = [replace(s, configured_slots=limits[s.key])
                      if s.configured_slots is None and s.key in limits else s for s in found]
         return found
 

@@ -12,7 +12,7 @@ Every time is on the Redis server's clock (``TIME``), the clock the leases are w
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .holder import Holder, parse_holder, text
@@ -227,7 +227,7 @@ def _with_waiters(client: Any, states: List[LimitState],
             for position, ((ticket, since), record)
             in enumerate(zip(lines[state.key], records[state.key]))
         ]
-        result.append(LimitState(**{**state.__dict__, "waiters": listed}))
+        result.append(replace(state, waiters=listed))
     return result
 
 
