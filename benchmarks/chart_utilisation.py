@@ -91,8 +91,11 @@ def plot_batch(axis: Any, batch: Dict[str, Any], colour: str) -> None:
     steps = concurrency_steps(records)
     times = [0.0] + [moment - origin for moment, _ in steps]
     running = [0] + [count for _, count in steps]
-    axis.step(times, running, where="post", color=colour, linewidth=1.2)
-    axis.fill_between(times, running, step="post", color=colour, alpha=0.15)
+    # The fill shows the slot time used; drawn without edges or antialiasing, so the
+    # many millisecond-long hand-off dips do not grey it out at this scale.
+    axis.fill_between(times, running, step="post", color=colour, alpha=0.25, linewidth=0,
+                      antialiased=False)
+    axis.step(times, running, where="post", color=colour, linewidth=0.6)
     axis.axhline(batch["slots"], color="black", linestyle="--", linewidth=1,
                  label=f"limit N={batch['slots']}")
     axis.axvline(batch["ideal_makespan_s"], color="grey", linestyle=":", linewidth=1,
