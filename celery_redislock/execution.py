@@ -21,6 +21,7 @@ from .admission import (
     Lease,
     Outcome,
     Paused,
+    RateLimit,
     RateLimited,
     Served,
     SlotLimit,
@@ -97,26 +98,29 @@ def run_limited(
                              reserve_ms=reserve_ms)
     except RedisError as exc:
         if settings.fail_open:
-            logger.warning("celery-redislock: task %s[%s] runs WITHOUT A SLOT: the lock store "
-                           "is unreachable (%r) and redislock_fail_open is set",
-                           task.name, request.id, exc)
+            logger.warning("celery-redislock: task %s[%s] runs WITHOUT A SLOT of %s: the lock "
+                           "store is unreachable (%r) and redislock_fail_open is set",
+                           task.name, request.id, _names(limiters), exc)
             return body()
         if request.is_eager:
             raise LockStoreUnavailable(
                 f"Task {task.name!r}: the lock store is unreachable: {exc}"
             ) from exc
         # Fail closed: never run unlimited, never drop the task; ask again later.
-        logger.warning("celery-redislock: task %s[%s]: lock store unreachable (%r)",
-                       task.name, request.id, exc)
+        logger.warning("celery-redislock: task %s[%s]: lock store unreachable for %s (%r)",
+                       task.name, request.id, _names(limiters), exc)
         outcome = None
     if outcome is not None and outcome.handoffs:
         handoff.publish(task.app, outcome.handoffs)
-    if isinstance(outcome, Served) or (isinstance(outcome, Busy) and outcome.express):
-        # The other copy of this run's message ran it, or holds its reservation, or
-        # will come back on its countdown: this copy ends here, without running.
-        logger.debug("celery-redislock: task %s[%s]: %s", task.name, request.id,
+    if isinstance(outcome, Served) or (isinstance(outcome, Busy) and outcome.express
+                                       and outcome.position is not None):
+        # Another copy of this run's message ran it; or this express copy lost its
+        # reservation while the run still waits in line, and its countdown copy will
+        # come back: this copy ends here, without running.
+        logger.debug("celery-redislock: task %s[%s]: %s of %r", task.name, request.id,
                      "served already" if isinstance(outcome, Served)
-                     else "its reservation lapsed; its waiting copy carries on")
+                     else "its reservation lapsed; its waiting copy carries on in the line",
+                     outcome.name)
         raise Ignore()
     if (request.delivery_info or {}).get("redelivered"):
         _warn_if_an_earlier_run_holds(task, client, limiters, request.id, outcome)
@@ -125,7 +129,11 @@ def run_limited(
                                           promises, outcome, ticket, reserve_ms, task.app)
     if not isinstance(outcome, Lease):
         if not request.is_eager:
-            requeue(task, request, args, kwargs, limits.retry, outcome, client, reserve_ms)
+            # A run under a rate limit too waits by its promised start instead: a slot
+            # handed to it would sit reserved until that start.
+            joins = not any(isinstance(limiter, RateLimit) for limiter in limiters)
+            requeue(task, request, args, kwargs, limits.retry, outcome, client,
+                    reserve_ms if joins else 0)
         outcome = _wait_in_place(task, limits, client, limiters, description, owner, outcome)
     lease: Lease = outcome
     since = waited.get("since")
@@ -135,6 +143,9 @@ def run_limited(
             sender=task, task_id=request.id, lease=lost))
     request.redislock_lease = lease
     lease_started = time.monotonic()
+    if lease.holds_slots:
+        logger.debug("celery-redislock: task %s[%s] admitted to %r (fence %d)",
+                     task.name, request.id, lease.name, lease.fence)
     if signals.lock_acquired.receivers:
         signals.lock_acquired.send(
             sender=task, task_id=request.id, lease=lease,
@@ -240,6 +251,10 @@ def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequenc
     return outcome
 
 
+def _names(limiters: Sequence[Any]) -> str:
+    return ", ".join(repr(limiter.name) for limiter in limiters)
+
+
 def give_back(task: Any, lease: Lease) -> None:
     """Release ``lease``; if Redis cannot be reached, its lease runs out by itself."""
     lease_keeper().forget(lease)
@@ -250,7 +265,10 @@ def give_back(task: Any, lease: Lease) -> None:
             lease.handoffs.clear()
     except RedisError as exc:
         logger.warning(
-            "celery-redislock: task %s could not release its slot of %r (%r); the slot "
+            "celery-redislock: task %s[%s] could not release its slot of %r (%r); the slot "
             "comes back when its lease ends, within %.0f s",
-            task.name, lease.name, exc, lease.lease_seconds,
+            task.name, task.request.id, lease.name, exc, lease.lease_seconds,
         )
+    else:
+        logger.debug("celery-redislock: task %s[%s] released %r", task.name, task.request.id,
+                     lease.name)

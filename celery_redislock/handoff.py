@@ -140,14 +140,17 @@ def publish(app: Any, messages: Iterable[Any]) -> int:
     """
     sent = 0
     for message in messages:
+        fields: Dict[str, Any] = {}
         try:
             fields = dict(unpack_message(message))
             _new_copy(fields)
             make_signature(fields, app=app).apply_async()
             sent += 1
         except Exception as exc:
-            logger.warning("celery-redislock: could not hand a free slot to a waiting task "
-                           "(%r); it runs when its countdown ends", exc)
+            logger.warning("celery-redislock: could not hand a free slot to waiting task "
+                           "%s[%s] (%r); it runs when its countdown ends",
+                           fields.get("task"), (fields.get("options") or {}).get("task_id"),
+                           exc)
     return sent
 
 

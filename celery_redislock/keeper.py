@@ -124,8 +124,8 @@ class LeaseKeeper:
                 return
             retry_in = min(1.0, lease.lease_seconds / 10)
             logger.warning(
-                "celery-redislock: could not renew the lease on %r (%r); retrying in %.1f s",
-                lease.name, exc, retry_in,
+                "celery-redislock: could not renew the lease on %r of holder %s (%r); "
+                "retrying in %.1f s", lease.name, lease.token, exc, retry_in,
             )
             self._reschedule(entry, started + retry_in)
             return
@@ -146,9 +146,9 @@ class LeaseKeeper:
         if not still_kept:
             return  # released meanwhile: nothing was lost
         logger.error(
-            "celery-redislock: LEASE LOST on %r (fence %s): %s; the slot may now be held "
-            "by another holder while this one still runs",
-            entry.lease.name, entry.lease.fence, why,
+            "celery-redislock: LEASE LOST on %r by holder %s (fence %s): %s; the slot may "
+            "now be held by another holder while this one still runs",
+            entry.lease.name, entry.lease.token, entry.lease.fence, why,
         )
         for callback in entry.on_lost:
             try:

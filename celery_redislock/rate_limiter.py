@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from .admission import Busy, RateLimit, RateLimited, admit
+from .admission import Busy, Paused, RateLimit, RateLimited, admit
 from .keys import DEFAULT_PREFIX, check_prefix
 from .rate import Rate
 
+#: How often (seconds, at most) a waiting ``acquire`` asks again while the name is paused.
+PAUSED_POLL = 1.0
 
 class RateLimiter:
     """At most ``rate`` starts of ``name``, across every process using ``client``.
@@ -41,8 +43,9 @@ class RateLimiter:
         self.limit = RateLimit(name, self.rate, check_prefix(prefix))
 
     def attempt(self, promise: Optional[int] = None, *,
-                will_wait: bool = True) -> Optional[RateLimited]:
-        """Try once: None when admitted, else :class:`RateLimited` with the promised start.
+                will_wait: bool = True) -> Optional[Union[RateLimited, Paused]]:
+        """Try once: None when admitted, else :class:`RateLimited` with the promised start
+        (or :class:`Paused` when an operator paused the name).
 
         Pass back the ``promise`` of an earlier refusal to keep its place in the line.
         ``will_wait=False`` asks to be promised nothing: a caller that will not come back
@@ -53,7 +56,7 @@ class RateLimiter:
         promises = {self.limit.key: promise} if promise else None
         outcome = admit(self.client, [self.limit], lease=1, promises=promises)
         assert not isinstance(outcome, Busy)
-        return outcome if isinstance(outcome, RateLimited) else None
+        return outcome if isinstance(outcome, (RateLimited, Paused)) else None
 
     def try_acquire(self) -> bool:
         """True if a start is allowed now (and counted), else False; never waits."""
@@ -67,8 +70,12 @@ class RateLimiter:
             refused = self.attempt(promise)
             if refused is None:
                 return True
-            promise = refused.promise
-            wait = max(refused.wait, 0.001)
+            if isinstance(refused, Paused):
+                wait = PAUSED_POLL if refused.retry_hint is None \
+                    else min(PAUSED_POLL, max(refused.retry_hint, 0.001))
+            else:
+                promise = refused.promise
+                wait = max(refused.wait, 0.001)
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining < wait:

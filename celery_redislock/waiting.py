@@ -83,7 +83,8 @@ def requeue(
     ``refusal`` is why it was not admitted: :class:`Busy`, :class:`RateLimited`,
     :class:`Paused`, or None when the lock store could not be reached. A run refused by
     a semaphore also takes its place in the semaphore's waiting line (on ``client``),
-    if it is not there yet. Raises :class:`LockWaitTimeout` instead when the run has
+    if it is not there yet, when ``reserve_ms`` > 0 (see :mod:`celery_redislock.handoff`).
+    Raises :class:`LockWaitTimeout` instead when the run has
     waited, or would have to wait, longer than ``policy.max_wait``.
     """
     state = wait_state(request)

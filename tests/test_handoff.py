@@ -26,7 +26,7 @@ from cluster_checks import (
     wait_for_results,
     wait_until,
 )
-from worker_app import HANDOFF_KEY, HANDOFF_SLEEP
+from worker_app import HANDOFF_CRASH_ONCE, HANDOFF_KEY, HANDOFF_SLEEP
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
@@ -75,7 +75,7 @@ def test_backlog_keeps_both_slots_busy(cluster: WorkerCluster) -> None:
     served = {field.decode() for field in lock.hkeys(keys["w"])}
     assert all(field.startswith("d:") for field in served)  # which copy ran, per ticket
     assert len(served) == lock.zcard(keys["x"])
-    assert 0 < lock.pttl(keys["x"]) and 0 < lock.pttl(keys["w"])
+    assert lock.pttl(keys["x"]) > 0 and lock.pttl(keys["w"]) > 0
 
 
 def test_waiters_start_in_the_order_they_asked(cluster: WorkerCluster) -> None:
@@ -136,3 +136,26 @@ def test_waits_are_short_and_fair_under_a_burst(cluster: WorkerCluster) -> None:
     waits: List[float] = sorted((us - first) / 1e6 for us in started.values())
     # 20 tasks of 0.1 s on 2 slots: the last starts about 0.9 s after the first.
     assert statistics.median(waits) < 1.0 and waits[-1] < 2.0, waits
+
+
+def test_served_run_killed_mid_body_runs_again_once(cluster: WorkerCluster) -> None:
+    """A waiter is handed the slot, and its process is SIGKILLed in the body; with
+    acks_late and reject_on_worker_lost the broker redelivers that message, which runs
+    again (as Celery would without the package). Its other copy, back on its countdown
+    (at most 0.6 s), finds the ticket served and does not run it a third time."""
+    lock = lock_store(cluster)
+    name = "crash-once"
+    held = admit(lock, [SlotLimit(name, 1, PREFIX)], lease=30)
+    result = cluster.app.tasks[HANDOFF_CRASH_ONCE].delay()
+    keys = line_keys(name)
+    wait_until(lambda: lock.zcard(keys["q"]) == 1, 10, "the task in line")
+    held._reserve_ms = reservation_ms(30)
+    held.release()
+    assert publish(cluster.app, held.handoffs) == 1
+    assert result.get(timeout=30) == result.id
+    record = record_store(cluster)
+    assert record.get(f"crashes:{result.id}") == "2"
+    # The countdown copy comes back within 0.6 s (plus delivery) and must end unrun.
+    with pytest.raises(AssertionError):
+        wait_until(lambda: record.get(f"runs:{result.id}") != "2", 3, "a third run")
+    assert record.get(f"runs:{result.id}") == "2"

@@ -125,3 +125,14 @@ def test_slots_and_rate_are_all_or_nothing(redis_client):
     assert redis_client.exists(other_rate.key) == 0
     held.release()
     assert admit(redis_client, [slots, other_rate], lease=10).__class__.__name__ == "Lease"
+
+
+def test_a_paused_name_admits_nobody_until_resumed(redis_client):
+    from celery_redislock.control import pause, resume
+
+    limiter = RateLimiter(redis_client, "paused-api", "100/s", burst=5)
+    pause(redis_client, "paused-api", seconds=30)
+    assert limiter.try_acquire() is False
+    assert limiter.acquire(timeout=0.2) is False
+    resume(redis_client, "paused-api")
+    assert limiter.try_acquire() is True

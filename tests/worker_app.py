@@ -47,6 +47,7 @@ SYNC_CUSTOMER = "worker_app.sync_customer"
 SHORT_LEASE_SLEEP = "worker_app.short_lease_sleep"
 HANDOFF_SLEEP = "worker_app.handoff_sleep"
 HANDOFF_KEY = "handoff"
+HANDOFF_CRASH_ONCE = "worker_app.handoff_crash_once"
 
 #: Small countdowns when every slot is taken, so that the tests run fast.
 FAST_RETRY: Mapping[str, float] = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
@@ -191,6 +192,18 @@ def create_app(urls: AppUrls) -> Celery:
         """At most two at once, with the default waiting settings: freed slots are
         handed to the oldest waiter."""
         recorder(urls.record).run(self.request.id, [HANDOFF_KEY], seconds)
+        return self.request.id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=HANDOFF_CRASH_ONCE,
+              lock_slots=1, lock_key="crash-once", lock_retry_backoff=0.3,
+              lock_retry_backoff_max=0.6, acks_late=True, reject_on_worker_lost=True)
+    def handoff_crash_once(self: Any) -> str:
+        """Its first run's process is SIGKILLed in the body; the broker redelivers it."""
+        record = recorder(urls.record)
+        record.start(self.request.id, ["crash-once"])
+        if record.client.incr(f"crashes:{self.request.id}") == 1:
+            os.kill(os.getpid(), 9)
+        record.end(self.request.id, ["crash-once"])
         return self.request.id
 
     return app
