@@ -14,10 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .channel import channel_for
 from .holder import holder_member
-from .keys import rate_key, semaphore_key
+from .keys import companion_key, rate_key, semaphore_key
 from .rate import Rate
-from .scripts import ADMIT, REFUND, RELEASE, RENEW, by_hash_slot
+from .scripts import ADMIT, REFUND, RELEASE, RENEW, WAKE, by_hash_slot
 
 #: How long a served ticket is remembered when the caller says nothing (ms).
 DEFAULT_KEEP_TICKET_MS = 600_000
@@ -125,7 +126,8 @@ class Lease:
         A freed slot goes to the oldest waiter of the semaphore's line, if it has one and
         this lease was taken by a caller that can re-publish messages: the messages to
         re-publish are added to :attr:`handoffs`. ``wait`` is kept for compatibility:
-        the release always waits for its answer, which carries them.
+        the release always waits for its answer, which carries them. One round trip;
+        two for the first holders of a key that became contended while they ran.
         """
         if self._parts:
             results = [part.release(wait) for part in self._parts]
@@ -135,10 +137,32 @@ class Lease:
             return all(results)
         if not self._keys:
             return False
+        if len(self._keys) == 1 and not self._contended:
+            return self._release_uncontended()
         held_ms = round((time.monotonic() - self._taken_at) * 1000)
         reply = RELEASE.run(self._client, self._keys, [self._member, held_ms, self._reserve_ms])
         self.handoffs.extend(reply[1:])
         return bool(int(reply[0]))
+
+    def _release_uncontended(self) -> bool:
+        """Nobody waited when the slot was taken: remove the entry with a plain ``ZREM``,
+        and look, in the same round trip, whether a waiting line formed since. Only then
+        (the first holders of a busy spell) does a second call hand the slot over. A run
+        that joins the line after the look finds the slot free itself (``enqueue.lua``
+        hands free slots to the line)."""
+        key = self._keys[0]
+        commands = (("ZREM", key, self._member), ("EXISTS", companion_key(key, "q")))
+        channel = channel_for(self._client)
+        if channel is not None:
+            removed, has_line = channel.call_many(*commands)
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            removed, has_line = pipe.execute()
+        if removed and has_line and self._reserve_ms > 0:
+            self.handoffs.extend(WAKE.run(self._client, [key], [self._reserve_ms]))
+        return bool(removed)
 
 
 @dataclass(frozen=True)

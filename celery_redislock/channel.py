@@ -48,6 +48,16 @@ class Channel:
             self._drop()
             raise
 
+    def call_many(self, *commands: Any) -> list:
+        """Send several commands in one write and return their replies, in order."""
+        try:
+            self.connection.send_packed_command(
+                [b"".join(self._pack(command) for command in commands)], check_health=False)
+            return [self.connection.read_response() for _ in commands]
+        except (ConnectionError, TimeoutError, OSError):
+            self._drop()
+            raise
+
     def send(self, *command: Any) -> None:
         """Send ``command`` and have the server send no reply (``CLIENT REPLY SKIP``):
         nothing to wait for, and nothing to read later."""

@@ -6,6 +6,7 @@ but its task bodies record what a fault test needs in the record store:
 ``runs:<task id>``     how many times a body ran for that task id
 ``started``/``ended``  hash: task id -> Redis server time (µs) when the body started/ended
 ``pid``/``host``       hash: task id -> pool process id / worker node name of the body
+``pids:<task id>``     list: the pool process id of each of its bodies, in order
 ``fence``/``lost``     hash: task id -> ``request.redislock_lease.fence`` and ``.lost``
                        (``"1"``/``"0"``), read when the body ends
 ``exited``             hash: task id -> the exception that ended a body early (SIGTERM
@@ -73,6 +74,7 @@ local id = ARGV[1]
 redis.call('INCR', 'runs:' .. id)
 redis.call('HSET', 'started', id, string.format('%.0f', micros))
 redis.call('HSET', 'pid', id, ARGV[2])
+redis.call('RPUSH', 'pids:' .. id, ARGV[2])
 redis.call('HSET', 'host', id, ARGV[3])
 for i = 5, #ARGV do
   local running = 'running:' .. ARGV[i]

@@ -195,10 +195,10 @@ class EngineModel(RuleBasedStateMachine):
         else:
             released = lease.release(wait=wait)
             self.settle(lease)
-        # A release of a semaphore that has refused a run keeps the average hold time.
+        # A holder admitted once the semaphore had refused a run is timed when released.
         if held.state == LIVE:
             assert released is True
-            if self.refused:
+            if lease._contended:
                 self.average_known = True
         elif held.state == GONE:
             assert released is False, "released a lease it no longer held"
@@ -206,7 +206,7 @@ class EngineModel(RuleBasedStateMachine):
             # Ran out, and nobody was admitted since (an admission tidies it away): the
             # slot was never given to anyone else, so True is allowed; either way the
             # removal of the stale entry frees no live slot, which the invariant checks.
-            if released and self.refused:
+            if released and lease._contended:
                 self.average_known = True
         event(f"release of a {held.state} lease")
         held.state = GONE
