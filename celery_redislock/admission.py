@@ -290,6 +290,8 @@ NO_TICKET = Ticket()
 def _groups(client: Any, limiters: Sequence[Limiter]) -> List[List[Limiter]]:
     """The limiters in groups of one Cluster hash slot each (one group elsewhere): those
     without a rate limit first, so that a rate is spent only once the slots are taken."""
+    if len(limiters) == 1:
+        return [list(limiters)]
     by_key = {limiter.key: limiter for limiter in limiters}
     groups = [[by_key[key] for key in keys]
               for keys in by_hash_slot(client, [limiter.key for limiter in limiters])]
