@@ -230,14 +230,14 @@ def markdown_report(data: Dict[str, Any]) -> str:
     idle_text = (
         f"{idle['keys_used']:,} keys used once and released: **{idle['keys_left_at_release']:,}"
         f" keys** ({idle['key_bytes_left_at_release']:,} key bytes, used_memory "
-        f"+{idle['used_memory_left_at_release']:,} B) right after"
+        f"{idle['used_memory_left_at_release']:+,} B) right after"
         + (f", TTL {ttl['min']:.0f}-{ttl['max']:.0f} s" if ttl else "")
     )
     if idle["waited"]:
         until = idle["seconds_until_empty"]
         idle_text += (
             f"; **{idle['keys_left_after_wait']} keys** (used_memory "
-            f"+{idle['used_memory_left_after_wait']:,} B) "
+            f"{idle['used_memory_left_after_wait']:+,} B) "
             + (f"after {until:.0f} s" if until is not None else "when the wait ran out")
         )
     else:
