@@ -253,11 +253,20 @@ SUMMARY_FIELDS = (
 )
 
 
+#: The hand-off gap's three parts (p50 per batch): end → delivery → admission → body.
+HANDOFF_PARTS = (
+    "handoff_to_delivery_p50_s", "handoff_to_admission_p50_s", "handoff_to_body_p50_s",
+)
+
+
 def summarize(batches: List[Dict[str, Any]], scenario: Scenario, mode: str,
               slots: int) -> Dict[str, Any]:
     """Medians over one scenario and mode's batches; worst cases over all of them."""
     mine = [b for b in batches if b["scenario"] == scenario.name and b["mode"] == mode]
     summary: Dict[str, Any] = {f: median([b[f] for b in mine]) for f in SUMMARY_FIELDS}
+    for field in HANDOFF_PARTS:
+        known = [b[field] for b in mine if b.get(field) is not None]
+        summary[field] = median(known) if known else None
     summary.update({
         "label": scenario.label(slots),
         "batches": len(mine),
@@ -325,6 +334,15 @@ def markdown_report(data: Dict[str, Any]) -> str:
          "lock-store cmds/task", "publishes/task", "runs/task"),
         rows,
     )
+    split_rows = [
+        (r["label"], mode, *(_ms(r[field]) for field in HANDOFF_PARTS))
+        for per_mode in data["results"].values() for mode, r in per_mode.items()
+    ]
+    split = markdown_table(
+        ("scenario", "mode", "end → next delivery reaches a pool process",
+         "→ slot taken", "→ body starts"),
+        split_rows,
+    )
     targets = "; ".join(
         f"{name} {t['utilisation']:.3f} (target >= {t['target']}: "
         f"{'met' if t['met'] else 'NOT met'})"
@@ -334,6 +352,8 @@ def markdown_report(data: Dict[str, Any]) -> str:
         f"## Utilisation and fairness under contention ({data['workers']} workers x prefork "
         f"-c {data['concurrency']}, N={data['slots']}, {data['rounds']} round(s), medians)\n\n"
         f"{table}\n\n"
+        f"Where a hand-off's time goes (ms, median over hand-offs, median over batches; "
+        f"the run that took the freed slot):\n\n{split}\n\n"
         f"Package utilisation: {targets or 'no target scenario run'}; at most N at once and "
         f"every task run exactly once: **{'yes' if data['limits_held'] else 'NO'}**.\n\n"
         "`package`: `LimitedTask(lock_slots=N)`, default settings. `baseline`: plain task, "
@@ -345,6 +365,10 @@ def markdown_report(data: Dict[str, Any]) -> str:
         "the lock store's own server (script-inner commands included); publishes: broker "
         "`LPUSH`es per task (1 = sent once, never re-queued).\n"
     )
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "?" if seconds is None else f"{seconds * 1000:.1f}"
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

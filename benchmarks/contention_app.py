@@ -22,8 +22,9 @@ the semaphore ``run:<run>`` (a fresh key per batch):
 
 A ``task_prerun`` handler stores, with ``SET NX``, the time each task id first reached a
 pool process (its first ask). Each body that runs appends one JSON record (task id,
-``seq``, start, end, worker, pid) to ``bench:contention:<run>``. Times are
-``time.time()`` of processes on one machine, so one clock.
+``seq``, start, end, worker, pid, when the delivery that ran reached its pool process,
+and the Redis server time at which its slot was taken) to ``bench:contention:<run>``.
+Times are ``time.time()`` of processes, and the Redis server's clock, on one machine.
 """
 
 from __future__ import annotations
@@ -100,10 +101,19 @@ def _client(env: str) -> redis.Redis:
     return client
 
 
-def _record(task: Task, run: str, seq: int, start: float, end: float) -> None:
+#: When the delivery now running in this process reached it (``task_prerun``).
+_delivered = {"task_id": None, "at": 0.0}
+
+
+def _record(task: Task, run: str, seq: int, start: float, end: float,
+            admitted_ms: Optional[int] = None) -> None:
+    request = task.request
+    delivered = _delivered["at"] if _delivered["task_id"] == request.id else None
     record = {
-        "task_id": task.request.id, "seq": seq, "start": start, "end": end,
-        "worker": task.request.hostname or socket.gethostname(), "pid": os.getpid(),
+        "task_id": request.id, "seq": seq, "start": start, "end": end,
+        "worker": request.hostname or socket.gethostname(), "pid": os.getpid(),
+        "delivered": delivered,
+        "admitted": admitted_ms / 1000.0 if admitted_ms is not None else None,
     }
     _client(RECORD_ENV).rpush(records_key(run), json.dumps(record))
 
@@ -111,9 +121,12 @@ def _record(task: Task, run: str, seq: int, start: float, end: float) -> None:
 @task_prerun.connect
 def note_first_ask(task_id: Optional[str] = None, task: Optional[Task] = None,
                    **_: Any) -> None:
-    """Keep the time this task id first reached a pool process (later deliveries keep it)."""
+    """Keep the time this task id first reached a pool process (later deliveries keep it),
+    and, in this process, when this delivery reached it."""
     if task is not None and task.name in (LIMITED, BASELINE) and task_id:
-        _client(RECORD_ENV).set(first_ask_key(task_id), repr(time.time()), nx=True, ex=3600)
+        now = time.time()
+        _delivered.update(task_id=task_id, at=now)
+        _client(RECORD_ENV).set(first_ask_key(task_id), repr(now), nx=True, ex=3600)
 
 
 @app.task(name=LIMITED, base=LimitedTask, bind=True, lock_slots=SLOTS, lock_key="run:{run}")
@@ -121,7 +134,7 @@ def limited(self: Task, run: str, seq: int, duration: float) -> None:
     """Sleep ``duration`` s in a slot; the package handles runs that find none free."""
     start = time.time()
     time.sleep(duration)
-    _record(self, run, seq, start, time.time())
+    _record(self, run, seq, start, time.time(), self.request.redislock_lease.acquired_at_ms)
 
 
 @app.task(name=BASELINE, bind=True, max_retries=None)
@@ -136,7 +149,7 @@ def baseline(self: Task, run: str, seq: int, duration: float) -> None:
     try:
         start = time.time()
         time.sleep(duration)
-        _record(self, run, seq, start, time.time())
+        _record(self, run, seq, start, time.time(), lease.acquired_at_ms)
     finally:
         semaphore.release(lease)
 

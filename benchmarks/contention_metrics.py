@@ -1,7 +1,9 @@
 """Measures of one contention batch, from its run records: pure functions, no Redis.
 
 A record is one run of a task body: ``start`` and ``end`` (seconds, one clock) and
-``first_ask`` (when the task id first reached a pool process), plus ``seq`` (send order).
+``first_ask`` (when the task id first reached a pool process), plus ``seq`` (send order)
+and, when known, ``delivered`` (when the delivery that ran reached its pool process) and
+``admitted`` (when its slot was taken).
 """
 
 from __future__ import annotations
@@ -82,6 +84,23 @@ def handoff_gaps(records: Sequence[Record], slots: int) -> List[float]:
     return [starts[slots + i] - ends[i] for i in range(len(records) - slots)]
 
 
+def handoff_parts(records: Sequence[Record], slots: int) -> Dict[str, List[float]]:
+    """Each hand-off gap (see :func:`handoff_gaps`) split in three, by the run that took
+    the freed slot: end → its delivery reached a pool process, → its slot was taken,
+    → its body started. Hand-offs whose run lacks the times are left out."""
+    ends = sorted(r["end"] for r in records)
+    starters = sorted(records, key=lambda r: r["start"])
+    parts: Dict[str, List[float]] = {"to_delivery": [], "to_admission": [], "to_body": []}
+    for index in range(len(records) - slots):
+        run = starters[slots + index]
+        if run.get("delivered") is None or run.get("admitted") is None:
+            continue
+        parts["to_delivery"].append(run["delivered"] - ends[index])
+        parts["to_admission"].append(run["admitted"] - run["delivered"])
+        parts["to_body"].append(run["start"] - run["admitted"])
+    return parts
+
+
 def ramp_up(records: Sequence[Record], slots: int) -> float:
     """Seconds from the first start to the N-th: how long the first slots took to fill."""
     starts = sorted(r["start"] for r in records)
@@ -92,7 +111,13 @@ def batch_measures(records: Sequence[Record], duration: float, slots: int) -> Di
     """Every measure of one batch whose runs are ``records`` (one per task)."""
     gaps = handoff_gaps(records, slots)
     all_waits = waits(records)
+    parts = handoff_parts(records, slots)
+    split = {
+        f"handoff_{name}_p50_s": percentile(values, 0.5) if values else None
+        for name, values in parts.items()
+    }
     return {
+        **split,
         "utilisation": utilisation(records, duration, slots),
         "makespan_s": makespan(records),
         "ideal_makespan_s": len(records) * duration / slots,
