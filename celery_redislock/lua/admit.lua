@@ -134,7 +134,7 @@ for i = 1, #KEYS do
           position = redis.call('ZRANK', companion(key, 'q'), ticket)
           if not express then
             redis.call('ZADD', companion(key, 'x'), now + keep_ticket, ticket)
-            keep_line(key, keep_ticket + STATISTICS_TTL)
+            keep_line(key, keep_ticket + STATISTICS_TTL, {'q', 'w', 'x'})
           end
         end
         return reply(0, i, used, until_first_end, hold and hold >= 0 and hold or -1,
@@ -222,7 +222,7 @@ for i = 1, #KEYS do
       redis.call('HDEL', companion(limiter.key, 'w'), ticket, 'm:' .. ticket)
       redis.call('HSET', companion(limiter.key, 'w'), 'd:' .. ticket, copy)
       redis.call('ZADD', xkey, now + keep_ticket, ticket)
-      keep_line(limiter.key, keep_ticket + STATISTICS_TTL)
+      keep_line(limiter.key, keep_ticket + STATISTICS_TTL, {'w', 'x'})
     end
     redis.call('ZADD', limiter.key, lease_end, member, -fence, '#fence',
                -limiter.slots, '#slots')

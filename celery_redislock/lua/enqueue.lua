@@ -23,7 +23,7 @@ prune_tickets(key, now)
 redis.call('ZADD', companion(key, 'q'), 'NX', ARGV[2], ticket)
 redis.call('HSET', companion(key, 'w'), ticket, ARGV[3], 'm:' .. ticket, ARGV[4])
 redis.call('ZADD', companion(key, 'x'), now + keep_ticket, ticket)
-keep_line(key, keep_ticket + 60000)
+keep_line(key, keep_ticket + 60000, {'q', 'w', 'x'})
 
 local handed = {}
 serve_line(key, now, reserve, handed)

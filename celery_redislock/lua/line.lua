@@ -66,11 +66,15 @@ local function prune_tickets(key, now)
   for _, ticket in ipairs(old) do forget_ticket(key, ticket) end
 end
 
--- Keep the line's keys at least `ms` longer (they hold nothing older than that).
-local function keep_line(key, ms)
-  for _, mark in ipairs({'q', 'w', 'x'}) do
+-- Keep the given companion keys of the line (marks, e.g. {'w', 'x'}) alive at least `ms`
+-- longer (they hold nothing that must outlive that). A key is given half as long again
+-- when it runs short, so that most calls find it long enough and write nothing.
+local function keep_line(key, ms, marks)
+  for _, mark in ipairs(marks) do
     local companion_key = companion(key, mark)
-    if redis.call('PTTL', companion_key) < ms then redis.call('PEXPIRE', companion_key, ms) end
+    if redis.call('PTTL', companion_key) < ms then
+      redis.call('PEXPIRE', companion_key, math.floor(ms * 1.5))
+    end
   end
 end
 
