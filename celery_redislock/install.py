@@ -16,6 +16,7 @@ from celery import bootsteps
 from .config import check_limits, config_limits, limits_setting, matching_entry, task_function
 from .execution import run_limited
 from .limit import TaskLimits
+from .recovery import DEFAULT_REQUEST, LIMITED_REQUEST
 
 
 def install(app: Any) -> None:
@@ -63,12 +64,18 @@ class LimitsAnnotation:
         if matching_entry(limits_setting(self.app), task_class.name or "") is None:
             return None
         task_class._redislock_wrapped = True
-        return {"@__call__": _limited_call}
+        annotation: Dict[str, Any] = {"@__call__": _limited_call}
+        if task_class.Request == DEFAULT_REQUEST:
+            annotation["Request"] = LIMITED_REQUEST  # frees a lost child's slots at once
+        return annotation
 
     def apply_to(self, task_class: Any) -> None:
         """Annotate a task class that Celery bound before :func:`install` was called."""
         for attribute, value in (self.annotate(task_class) or {}).items():
-            task_class.add_around(attribute[1:], value)
+            if attribute.startswith("@"):
+                task_class.add_around(attribute[1:], value)
+            else:
+                setattr(task_class, attribute, value)
 
 
 def _limited_call(original_call: Callable[..., Any]) -> Callable[..., Any]:

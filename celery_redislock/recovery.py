@@ -24,8 +24,10 @@ import time
 from typing import Any, List, Mapping, Optional, Sequence
 
 from billiard.exceptions import WorkerLostError
+from celery import Task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, task_revoked, worker_init
+from celery.worker.request import Request
 
 from . import handoff
 from .admission import SlotLimit, owner_prefix
@@ -209,10 +211,47 @@ def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str
                     freed, task.name, task_id, why)
 
 
+#: Where :class:`LimitedRequest` is, as Celery's ``Task.Request`` names a request class.
+LIMITED_REQUEST = "celery_redislock.recovery:LimitedRequest"
+
+#: Celery's own request class, as ``Task.Request`` names it by default.
+DEFAULT_REQUEST = Task.Request
+
+
+class LimitedRequest(Request):
+    """The worker-side request of limited tasks: when the pool child running it is lost
+    (SIGKILL, the OOM killer), the worker's main process frees its slots on every path.
+
+    Celery sends ``task_failure`` for a lost child only when it does not requeue the
+    message; with ``acks_late`` and ``reject_on_worker_lost`` it rejects the message
+    for redelivery and sends nothing, so the slots would wait for their lease to run
+    out. ``LimitedTask`` uses this class (``Task.Request``), and so do plain tasks that
+    ``redislock_limits`` names, unless they have a request class of their own.
+    """
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> Any:
+        exc = exc_info.exception
+        exc = getattr(exc, "exc", exc)  # billiard wraps it in an ExceptionWithTraceback
+        if isinstance(exc, WorkerLostError):
+            _free_for_dead_run(self.task, self.id, self.args, self.kwargs, "WorkerLostError")
+        return super().on_failure(exc_info, send_failed_event=send_failed_event,
+                                  return_ok=return_ok)
+
+
+def _frees_lost_runs_itself(task: Any) -> bool:
+    request_class = getattr(task, "Request", None)
+    return request_class == LIMITED_REQUEST or (
+        isinstance(request_class, type) and issubclass(request_class, LimitedRequest))
+
+
 @task_failure.connect
 def _on_task_failure(sender: Any = None, task_id: Optional[str] = None, exception: Any = None,
                      args: Any = None, kwargs: Any = None, **_: Any) -> None:
-    if isinstance(exception, (WorkerLostError, TimeLimitExceeded)) and task_id:
+    if not task_id:
+        return
+    lost = isinstance(exception, WorkerLostError) and not _frees_lost_runs_itself(sender)
+    if lost or isinstance(exception, TimeLimitExceeded):
         _free_for_dead_run(sender, task_id, args, kwargs, type(exception).__name__)
 
 

@@ -11,6 +11,7 @@ from .errors import LockConfigurationError
 from .execution import run_limited
 from .keys import KeySource
 from .limit import LIMIT_FIELDS, OPTION_DEFAULTS, RETRY_FIELDS, TaskLimits
+from .recovery import LIMITED_REQUEST
 
 
 class LimitedTask(Task):
@@ -53,6 +54,10 @@ class LimitedTask(Task):
     ``lock_slots``, ``lock_rate``, ``lock_burst``, ``lock_key`` and ``lock_lease``.
     Inside the body, ``self.request.redislock_lease`` is the :class:`Lease` held.
     """
+
+    #: Frees the slots of a run whose pool child was lost, even when Celery requeues
+    #: its message (see :class:`celery_redislock.recovery.LimitedRequest`).
+    Request = LIMITED_REQUEST
 
     lock_slots: Optional[int] = OPTION_DEFAULTS["lock_slots"]
     lock_rate: Optional[str] = OPTION_DEFAULTS["lock_rate"]
