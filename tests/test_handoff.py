@@ -26,7 +26,7 @@ from cluster_checks import (
     wait_for_results,
     wait_until,
 )
-from worker_app import HANDOFF_CRASH_ONCE, HANDOFF_KEY, HANDOFF_SLEEP
+from worker_app import HANDOFF_CRASH_ONCE, HANDOFF_KEY, HANDOFF_SLEEP, PLAIN_ECHO
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
@@ -162,3 +162,24 @@ def test_served_run_killed_mid_body_runs_again_once(cluster: WorkerCluster) -> N
     with pytest.raises(AssertionError):
         wait_until(lambda: record.get(f"runs:{result.id}") != "2", 3, "a third run")
     assert record.get(f"runs:{result.id}") == "2"
+
+
+def test_waiting_runs_hold_no_pool_process(cluster: WorkerCluster) -> None:
+    """30 runs wait in line (more than the 9 pool processes) while the slots are held by
+    hand; plain tasks sent after them still run at once, because a waiting run is a
+    message in the broker, not a process blocked on a lock."""
+    lock = lock_store(cluster)
+    limit = SlotLimit(HANDOFF_SLEEP, 2, PREFIX)
+    held = [admit(lock, [limit], lease=30) for _ in range(2)]
+    waiting = [cluster.app.tasks[HANDOFF_SLEEP].delay(0.05) for _ in range(30)]
+    keys = line_keys(HANDOFF_SLEEP)
+    wait_until(lambda: lock.zcard(keys["q"]) == 30, 20, "thirty runs in line")
+    echoes = [cluster.app.tasks[PLAIN_ECHO].delay(number) for number in range(20)]
+    assert [echo.get(timeout=5) for echo in echoes] == list(range(20))
+    assert not any(result.ready() for result in waiting)
+    for lease in held:
+        lease._reserve_ms = reservation_ms(30)
+        lease.release()
+        publish(cluster.app, lease.handoffs)
+    wait_for_results(cluster, waiting)
+    assert_each_ran_once(record_store(cluster), waiting)

@@ -48,6 +48,7 @@ SHORT_LEASE_SLEEP = "worker_app.short_lease_sleep"
 HANDOFF_SLEEP = "worker_app.handoff_sleep"
 HANDOFF_KEY = "handoff"
 HANDOFF_CRASH_ONCE = "worker_app.handoff_crash_once"
+PLAIN_ECHO = "worker_app.plain_echo"
 
 #: Small countdowns when every slot is taken, so that the tests run fast.
 FAST_RETRY: Mapping[str, float] = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
@@ -205,6 +206,11 @@ def create_app(urls: AppUrls) -> Celery:
             os.kill(os.getpid(), 9)
         record.end(self.request.id, ["crash-once"])
         return self.request.id
+
+    @app.task(shared=False, name=PLAIN_ECHO)
+    def plain_echo(value: Any) -> Any:
+        """No limit at all: shows that pool processes are free while limited runs wait."""
+        return value
 
     return app
 
