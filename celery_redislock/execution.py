@@ -6,6 +6,7 @@ Shared by :class:`~celery_redislock.LimitedTask` and by plain tasks limited thro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -123,10 +124,15 @@ def run_limited(
                      outcome.name)
         raise Ignore()
     if (request.delivery_info or {}).get("redelivered"):
-        _warn_if_an_earlier_run_holds(task, client, limiters, request.id, outcome)
+        with contextlib.suppress(RedisError):  # only a warning to give; the run goes on
+            _warn_if_an_earlier_run_holds(task, client, limiters, request.id, outcome)
     if isinstance(outcome, RateLimited) and not request.is_eager:
-        outcome = _wait_briefly_for_start(client, limiters, limits.lease, description, owner,
-                                          promises, outcome, ticket, reserve_ms, task.app)
+        try:
+            outcome = _wait_briefly_for_start(client, limiters, limits.lease, description,
+                                              owner, promises, outcome, ticket, reserve_ms,
+                                              task.app)
+        except RedisError:
+            outcome = None  # the lock store went away: ask again later, as above
     if not isinstance(outcome, Lease):
         if not request.is_eager:
             # A run under a rate limit too waits by its promised start instead: a slot

@@ -15,11 +15,13 @@ once, so the countdown chosen here is only the fallback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Union
 
 from celery.exceptions import Ignore
+from redis.exceptions import RedisError
 
 from . import handoff, signals
 from .admission import Busy, Paused, RateLimited
@@ -110,7 +112,8 @@ def requeue(
     if policy.max_wait is not None:
         if waited + must_wait >= policy.max_wait and (waited > 0 or must_wait > 0):
             if ticket and client is not None and isinstance(refusal, Busy):
-                handoff.leave_line(client, [refusal.key], request.id)
+                with contextlib.suppress(RedisError):  # else dropped when its time runs out
+                    handoff.leave_line(client, [refusal.key], request.id)
             more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
             raise LockWaitTimeout(
                 f"Task {task.name!r}[{request.id}] {describe(refusal)} and gave up: it "
@@ -139,12 +142,18 @@ def requeue(
         )
         express.options.pop("countdown", None)
         express.options.pop("eta", None)
-        _, handoffs = handoff.join_line(
-            client, refusal.key, ticket, since,
-            handoff.waiter_record(task.name, request.id, request.hostname, since),
-            handoff.pack_message(express, task.serializer or task.app.conf.task_serializer),
-            keep_ms=policy.keep_ticket_ms(ceiling), reserve_ms=reserve_ms,
-        )
+        try:
+            _, handoffs = handoff.join_line(
+                client, refusal.key, ticket, since,
+                handoff.waiter_record(task.name, request.id, request.hostname, since),
+                handoff.pack_message(express, task.serializer or task.app.conf.task_serializer),
+                keep_ms=policy.keep_ticket_ms(ceiling), reserve_ms=reserve_ms,
+            )
+        except RedisError as exc:
+            # The copy sent back below carries the run; it joins the line next time.
+            logger.warning("celery-redislock: task %s[%s] could not join the waiting line of "
+                           "%r (%r); it comes back on its countdown", task.name, request.id,
+                           refusal.name, exc)
     signature = task.signature_from_request(
         request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
     )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Dict, List
 
 import pytest
 
-from celery_redislock.admission import SlotLimit, admit
+from celery_redislock.admission import Lease, SlotLimit, admit
 from celery_redislock.handoff import publish, reservation_ms
 from celery_redislock.keys import companion_key, semaphore_key
 
@@ -49,6 +49,23 @@ def line_keys(name: str) -> Dict[str, str]:
     return {mark: companion_key(key, mark) for mark in ("q", "w", "x")}
 
 
+def hold_by_hand(cluster: WorkerCluster, name: str, slots: int) -> List[Lease]:
+    """Take every slot of ``name`` from the test process."""
+    limit = SlotLimit(name, slots, PREFIX)
+    return [admit(lock_store(cluster), [limit], lease=30) for _ in range(slots)]
+
+
+def release_by_hand(cluster: WorkerCluster, held: List[Lease],
+                    reserve_ms: int = reservation_ms(30), publish_handoffs: bool = True) -> None:
+    """Give the slots back as a worker does: hand them to the line, and re-publish the
+    waiters' messages (unless ``publish_handoffs`` is False: a releaser that died)."""
+    for lease in held:
+        lease._reserve_ms = reserve_ms
+        lease.release()
+        if publish_handoffs:
+            publish(cluster.app, lease.handoffs)
+
+
 def times(cluster: WorkerCluster, field: str) -> Dict[str, int]:
     return {task_id: int(us) for task_id, us in record_store(cluster).hgetall(field).items()}
 
@@ -82,18 +99,14 @@ def test_waiters_start_in_the_order_they_asked(cluster: WorkerCluster) -> None:
     """A slot is held by hand while tasks arrive one by one; once it is given back, the
     tasks start in the order they first asked (each one that asked joined the line)."""
     lock = lock_store(cluster)
-    limit = SlotLimit(HANDOFF_SLEEP, 2, PREFIX)
-    held = [admit(lock, [limit], lease=30) for _ in range(2)]
+    held = hold_by_hand(cluster, HANDOFF_SLEEP, 2)
     task = cluster.app.tasks[HANDOFF_SLEEP]
     keys = line_keys(HANDOFF_SLEEP)
     results = []
     for number in range(8):
         results.append(task.delay(0.05))
         wait_until(lambda n=number + 1: lock.zcard(keys["q"]) == n, 10, f"waiter {number}")
-    for lease in held:
-        lease._reserve_ms = reservation_ms(30)
-        lease.release()
-        publish(cluster.app, lease.handoffs)
+    release_by_hand(cluster, held)
     wait_for_results(cluster, results)
     assert_each_ran_once(record_store(cluster), results)
     started = times(cluster, "started")
@@ -111,16 +124,13 @@ def test_hand_off_lost_with_its_releaser_still_runs_every_task(
     the reservation lapses, and the waiter's own copy, back on its countdown, runs the
     task, once."""
     lock = lock_store(cluster)
-    limit = SlotLimit(HANDOFF_SLEEP, 2, PREFIX)
-    held = [admit(lock, [limit], lease=30) for _ in range(2)]
+    held = hold_by_hand(cluster, HANDOFF_SLEEP, 2)
     task = cluster.app.tasks[HANDOFF_SLEEP]
     keys = line_keys(HANDOFF_SLEEP)
     results = [task.delay(0.05) for _ in range(3)]
     wait_until(lambda: lock.zcard(keys["q"]) == 3, 10, "three waiters in line")
-    for lease in held:
-        lease._reserve_ms = 300  # a short reservation, so that the test is quick
-        lease.release()
-        assert len(lease.handoffs) == 1  # handed over ... and never published
+    release_by_hand(cluster, held, reserve_ms=300, publish_handoffs=False)  # short: quick
+    assert [len(lease.handoffs) for lease in held] == [1, 1]  # handed over, never published
     wait_for_results(cluster, results)
     assert_each_ran_once(record_store(cluster), results)
     assert max(peaks(record_store(cluster), HANDOFF_KEY)) <= 2
@@ -148,12 +158,11 @@ def test_served_run_killed_mid_body_runs_again_once(cluster: WorkerCluster) -> N
     time."""
     lock = lock_store(cluster)
     name = "crash-once"
-    held = admit(lock, [SlotLimit(name, 1, PREFIX)], lease=30)
+    [held] = hold_by_hand(cluster, name, 1)
     result = cluster.app.tasks[HANDOFF_CRASH_ONCE].delay()
     keys = line_keys(name)
     wait_until(lambda: lock.zcard(keys["q"]) == 1, 10, "the task in line")
-    held._reserve_ms = reservation_ms(30)
-    held.release()
+    release_by_hand(cluster, [held], publish_handoffs=False)
     assert publish(cluster.app, held.handoffs) == 1
     assert result.get(timeout=15) == result.id  # Celery notices a lost child within ~5 s
     record = record_store(cluster)
@@ -169,17 +178,13 @@ def test_waiting_runs_hold_no_pool_process(cluster: WorkerCluster) -> None:
     hand; plain tasks sent after them still run at once, because a waiting run is a
     message in the broker, not a process blocked on a lock."""
     lock = lock_store(cluster)
-    limit = SlotLimit(HANDOFF_SLEEP, 2, PREFIX)
-    held = [admit(lock, [limit], lease=30) for _ in range(2)]
+    held = hold_by_hand(cluster, HANDOFF_SLEEP, 2)
     waiting = [cluster.app.tasks[HANDOFF_SLEEP].delay(0.05) for _ in range(30)]
     keys = line_keys(HANDOFF_SLEEP)
     wait_until(lambda: lock.zcard(keys["q"]) == 30, 20, "thirty runs in line")
     echoes = [cluster.app.tasks[PLAIN_ECHO].delay(number) for number in range(20)]
     assert [echo.get(timeout=5) for echo in echoes] == list(range(20))
     assert not any(result.ready() for result in waiting)
-    for lease in held:
-        lease._reserve_ms = reservation_ms(30)
-        lease.release()
-        publish(cluster.app, lease.handoffs)
+    release_by_hand(cluster, held)
     wait_for_results(cluster, waiting)
     assert_each_ran_once(record_store(cluster), waiting)
