@@ -22,7 +22,7 @@ from typing import Any, List, Optional
 
 import redis
 from redis._parsers.base import BaseParser
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 _POOLS = (redis.ConnectionPool,)
 
@@ -78,7 +78,7 @@ class Channel:
                 raise
             raise ConnectionError(f"Error talking to the lock store: {exc}") from exc
         for answer in answers:
-            if isinstance(answer, ResponseError):
+            if isinstance(answer, RedisError):  # ResponseError, NoScriptError, BusyLoadingError
                 raise answer
         return answers
 

@@ -222,3 +222,19 @@ def test_a_redelivered_run_is_told_an_earlier_run_still_holds(redis_client, capl
         _warn_if_an_earlier_run_holds(task, redis_client, [limit], "task-8", again)
     assert caplog.text == ""
     earlier.release()
+
+
+def test_error_replies_are_raised_as_redis_py_exceptions(redis_client):
+    """The per-thread channel reads replies itself: an error reply is raised as the
+    exception redis-py would raise (here a script error, and NOSCRIPT handled by
+    falling back to EVAL), and the connection stays usable."""
+    import redis.exceptions
+
+    from celery_redislock.channel import channel_for
+
+    channel = channel_for(redis_client)
+    with pytest.raises(redis.exceptions.ResponseError):
+        channel.call("EVAL", "return redis.error_reply('boom')", 0)
+    with pytest.raises(redis.exceptions.NoScriptError):
+        channel.call("EVALSHA", "0" * 40, 0)
+    assert channel.call_many(("PING",), ("ECHO", "x")) == [b"PONG", b"x"]

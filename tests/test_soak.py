@@ -127,7 +127,8 @@ def test_soak(worker_cluster_factory: WorkerClusterFactory, lock_server: RedisSe
     print("slots still held after settling: 0")
 
     assert restarted and killed
-    assert states == Counter({"SUCCESS": TASKS})
+    failures = {result.id: repr(result.result) for result in results if result.failed()}
+    assert states == Counter({"SUCCESS": TASKS}), failures
     assert not never
     assert twice <= killed | killed_twice, \
         f"ran twice without being killed: {sorted(twice - killed - killed_twice)}"
