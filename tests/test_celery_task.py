@@ -59,7 +59,11 @@ def test_contention_neither_uses_retry_budget_nor_shows_in_retries(
     blocker = Semaphore(lock_client, "budget", slots=1, lease=30)
     held = blocker.acquire()
     result = patient.delay()
-    wait_until(lambda: deliveries[result.id] >= 12, what="12 contended deliveries")
+    try:
+        wait_until(lambda: deliveries[result.id] >= 12, what="12 contended deliveries")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: saw {deliveries[result.id]}, state {result.state}: "
+                             f"{result.result!r}") from None
     assert own_retries_seen == []  # the body never ran while the slot was taken
     blocker.release(held)
     assert result.get(timeout=10) == 1
