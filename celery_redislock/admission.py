@@ -16,12 +16,9 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .channel import channel_for
 from .holder import holder_member
-from .keys import companion_key, rate_key, semaphore_key
+from .keys import LINE, companion_key, rate_key, semaphore_key
 from .rate import Rate
 from .scripts import ADMIT, REFUND, RELEASE, RENEW, WAKE, by_hash_slot
-
-#: How long a served ticket is remembered when the caller says nothing (ms).
-DEFAULT_KEEP_TICKET_MS = 600_000
 
 
 @dataclass(frozen=True)
@@ -151,7 +148,7 @@ class Lease:
         that joins the line after the look finds the slot free itself (``enqueue.lua``
         hands free slots to the line)."""
         key = self._keys[0]
-        commands = (("ZREM", key, self._member), ("EXISTS", companion_key(key, "q")))
+        commands = (("ZREM", key, self._member), ("EXISTS", companion_key(key, LINE)))
         channel = channel_for(self._client)
         if channel is not None:
             removed, has_line = channel.call_many(*commands)
@@ -270,11 +267,11 @@ class Ticket:
     """A run's place in a waiting line: ``id`` (the task id, a dot, a random part),
     ``express`` for the copy of its message sent when it was handed a slot, ``copy`` the
     identity of this copy of the message, and how long (ms) the line remembers the ticket
-    once served (longer than the other copy's countdown)."""
+    once served (longer than the other copy's countdown; unused without an ``id``)."""
 
     id: str = ""
     express: bool = False
-    keep_ms: int = DEFAULT_KEEP_TICKET_MS
+    keep_ms: int = 0
     copy: str = ""
 
     @property

@@ -1,12 +1,11 @@
-"""One connection per thread for the commands on every task's path, and releases that do
-not wait for their reply.
+"""One connection per thread for the commands on every task's path.
 
 Every limited run costs an admission and a release. Through redis-py's client each call
-also takes a connection from the pool, wraps it in retry and metrics bookkeeping, and
-puts it back; and the release waits for a reply the run does not need. A ``Channel``
-keeps one connection of the client's pool for the calling thread, and sends the release
-with ``CLIENT REPLY SKIP`` in front of it: one write, no reply to wait for or to read. A
-connection error drops the connection; the next call opens a new one.
+also takes a connection from the pool, wraps it in retry and metrics bookkeeping, puts
+it back, and parses the reply with a general parser. A ``Channel`` keeps one connection
+of the client's pool for the calling thread, sends a request (or several commands) in
+one write, and reads the replies itself. A connection error drops the connection; the
+next call opens a new one.
 
 Only plain ``redis.Redis`` clients over a ``ConnectionPool`` get a channel; any other
 client (Cluster, custom pools) is called the ordinary way.
@@ -34,7 +33,7 @@ class Channel:
 
         channel = channel_for(client)
         reply = channel.call("EVALSHA", sha, 1, key, token)
-        channel.send("ZREM", key, member)     # sent now; the server sends no reply
+        removed, exists = channel.call_many(("ZREM", key, member), ("EXISTS", line))
     """
 
     def __init__(self, client: Any) -> None:
@@ -52,11 +51,6 @@ class Channel:
         """Send several commands in one write and return their replies, in order."""
         return self._exchange(b"".join(self._pack(command) for command in commands),
                               len(commands))
-
-    def send(self, *command: Any) -> None:
-        """Send ``command`` and have the server send no reply (``CLIENT REPLY SKIP``):
-        nothing to wait for, and nothing to read later."""
-        self._exchange(_SKIP_REPLY + self._pack(command), 0)
 
     def _exchange(self, request: bytes, replies: int) -> List[Any]:
         """Write ``request``, read ``replies`` replies. The connection is redis-py's (it
@@ -180,8 +174,6 @@ class ReplyReader:
         self.buffer += chunk
 
 
-#: ``CLIENT REPLY SKIP``, packed: the server sends no reply to the command after it.
-_SKIP_REPLY = b"*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$4\r\nSKIP\r\n"
 
 _local = threading.local()
 

@@ -205,17 +205,25 @@ def semaphore_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}{{{name_digest(name)}}}:s:{_readable(name)}"
 
 
-#: What follows the hash tag in a semaphore key; its companion keys put another mark there.
+#: What every semaphore key holds after its hash tag.
 SEMAPHORE_MARK = "}:s:"
+
+#: The marks of the keys of one limit name (``<prefix>{<digest>}:<mark>:<name>``): the
+#: semaphore, its waiting line, its waiters' records and messages, when its tickets are
+#: forgotten, its operators' controls; the rate limiter and its operators' controls.
+SEMAPHORE, LINE, WAITERS, TICKETS, SEMAPHORE_CONTROL, RATE, RATE_CONTROL = (
+    "s", "q", "w", "x", "cs", "r", "cr")
 
 
 def companion_key(key: str, mark: str) -> str:
-    """The key beside semaphore ``key`` that holds ``mark``: ``"q"`` its waiting line,
-    ``"w"`` the waiters' records and messages, ``"x"`` when tickets are forgotten,
-    ``"cs"`` the operators' controls (see ``lua/line.lua``). Same hash tag, so same
-    Cluster slot::
+    """The key with ``mark`` of the same name as ``key`` (same hash tag, so same Cluster
+    slot): the mark after the hash tag is replaced. ``lua/line.lua`` does the same.
 
         >>> companion_key("redislock:{85280b862f4ca735}:s:customer:42", "q")
         'redislock:{85280b862f4ca735}:q:customer:42'
+        >>> companion_key("redislock:{85280b862f4ca735}:r:customer:42", "cr")
+        'redislock:{85280b862f4ca735}:cr:customer:42'
     """
-    return key.replace(SEMAPHORE_MARK, "}:" + mark + ":", 1)
+    close = key.index("}:")
+    end = key.index(":", close + 2)
+    return f"{key[:close]}}}:{mark}{key[end:]}"

@@ -25,11 +25,16 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
-#: What every semaphore key holds after its hash tag (see :func:`keys.semaphore_key`).
-SEMAPHORE_MARK = "}:s:"
-
-#: Marks of the keys that belong to one limit name.
-SEMAPHORE, LINE, WAITERS, SEMAPHORE_CONTROL, RATE, RATE_CONTROL = "s", "q", "w", "cs", "r", "cr"
+from .keys import (  # noqa: F401 - the CLI's modules take them from here
+    LINE,
+    RATE,
+    RATE_CONTROL,
+    SEMAPHORE,
+    SEMAPHORE_CONTROL,
+    SEMAPHORE_MARK,
+    WAITERS,
+    companion_key,
+)
 
 _KEY = re.compile(r"\{[0-9a-f]{16}\}:([a-z]+):(.*)\Z", re.S)
 
@@ -64,18 +69,6 @@ def split_key(key: str, prefix: str) -> Optional[Tuple[str, str]]:
         return None
     found = _KEY.match(key, len(prefix))
     return (found.group(1), found.group(2)) if found else None
-
-
-def companion_key(key: str, mark: str) -> str:
-    """The key with ``mark`` of the same name as ``key`` (same hash tag, same Cluster slot):
-    the first ``}:<mark>:`` after the hash tag is replaced.
-
-        >>> companion_key("redislock:{85280b862f4ca735}:r:customer:42", "cr")
-        'redislock:{85280b862f4ca735}:cr:customer:42'
-    """
-    close = key.index("}:")
-    end = key.index(":", close + 2)
-    return f"{key[:close]}}}:{mark}{key[end:]}"
 
 
 def scan_keys(client: Any, prefix: str, mark: str, type_: Optional[str] = None) -> List[str]:

@@ -18,11 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
+from celery_redislock.keys import LINE, companion_key
 from proj.burst import Limit
 from proj.records import Progress, Recorder
-
-SEMAPHORE_MARK = "}:s:"
-WAITING_LINE_MARK = "}:q:"
 
 HELD, HANDED_OVER, FREE = "█", "▒", "·"
 COLOURS = {HELD: "\x1b[32m", HANDED_OVER: "\x1b[33m", FREE: "\x1b[2m"}  # green, yellow, dim
@@ -35,7 +33,7 @@ MOST_CELLS = 12
 
 def waiting_line_key(semaphore: str) -> str:
     """The key of the waiting line of the semaphore ``semaphore``."""
-    return semaphore.replace(SEMAPHORE_MARK, WAITING_LINE_MARK, 1)
+    return companion_key(semaphore, LINE)
 
 
 @dataclass(frozen=True)
