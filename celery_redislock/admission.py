@@ -8,17 +8,23 @@ for another.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from redis.exceptions import RedisError
 
 from .channel import channel_for
 from .holder import holder_member
 from .keys import LINE, companion_key, rate_key, semaphore_key
 from .rate import Rate
 from .scripts import ADMIT, REFUND, RELEASE, RENEW, WAKE, by_hash_slot
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -123,8 +129,9 @@ class Lease:
         A freed slot goes to the oldest waiter of the semaphore's line, if it has one and
         this lease was taken by a caller that can re-publish messages: the messages to
         re-publish are added to :attr:`handoffs`. ``wait`` is kept for compatibility:
-        the release always waits for its answer, which carries them. One round trip;
-        two for the first holders of a key that became contended while they ran.
+        this always waits for the answer (see :meth:`release_soon` for a release that
+        does not). One round trip; two for the first holders of a key that became
+        contended while they ran.
         """
         if self._parts:
             results = [part.release(wait) for part in self._parts]
@@ -140,6 +147,53 @@ class Lease:
         reply = RELEASE.run(self._client, self._keys, [self._member, held_ms, self._reserve_ms])
         self.handoffs.extend(reply[1:])
         return bool(int(reply[0]))
+
+    def release_soon(self, on_handoffs: Callable[[List[Any]], None]) -> None:
+        """Give the slots back without waiting for Redis's answer where the answer is
+        seldom needed, else as :meth:`release` does.
+
+        Nobody waited for the semaphore when this lease was taken (the usual case): the
+        release is sent, and this thread goes on; Redis applies it before anything the
+        thread asks next. The answer, read at the thread's next call to the lock store
+        (or by the lease keeper's thread within a second), says whether a
+        waiting line formed meanwhile; only then is the slot handed over, and the
+        messages to re-publish go to ``on_handoffs``, maybe from the keeper's thread.
+        Otherwise the release waits for its answer and ``on_handoffs`` gets the messages
+        at once. A release that fails after it was sent is logged; its slot comes back
+        when its lease ends. Raises ``RedisError`` if it could not be sent::
+
+            lease.release_soon(lambda messages: handoff.publish(app, messages))
+        """
+        channel = channel_for(self._client) if self._keys else None
+        if channel is None or len(self._keys) != 1 or self._contended:
+            self.release()
+            handed, self.handoffs[:] = list(self.handoffs), []
+            if handed:
+                on_handoffs(handed)
+            return
+        key = self._keys[0]
+        channel.send(("ZREM", key, self._member), ("EXISTS", companion_key(key, LINE)),
+                     then=functools.partial(self._released_soon, on_handoffs))
+
+    def _released_soon(self, on_handoffs: Callable[[List[Any]], None],
+                       replies: List[Any]) -> None:
+        """The answer to :meth:`release_soon`'s request: hand the slot over if a line
+        formed while this lease was held."""
+        removed, has_line = replies
+        failure = next((reply for reply in replies if isinstance(reply, RedisError)), None)
+        try:
+            if failure is not None:
+                raise failure
+            if removed and has_line and self._reserve_ms > 0:
+                messages = WAKE.run(self._client, [self._keys[0]], [self._reserve_ms])
+                if messages:
+                    on_handoffs(list(messages))
+        except RedisError as exc:
+            logger.warning(
+                "celery-redislock: the release of %r by holder %s failed (%r); its slot "
+                "comes back when its lease ends, within %.0f s",
+                self.name, self.token, exc, self.lease_seconds,
+            )
 
     def _release_uncontended(self) -> bool:
         """Nobody waited when the slot was taken: remove the entry with a plain ``ZREM``,

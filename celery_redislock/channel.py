@@ -7,33 +7,51 @@ of the client's pool for the calling thread, sends a request (or several command
 one write, and reads the replies itself. A connection error drops the connection; the
 next call opens a new one.
 
+A request may also be sent without waiting for its replies (:meth:`Channel.send`): they
+are read at the channel's next call, which then finds them already there, or by
+:func:`settle_all` (the lease keeper's thread, and a process that exits). A task's
+release is sent that way: the worker process does not sit idle for a round trip, and
+Redis, which handles one connection's commands in order, applies the release before
+anything this process asks next.
+
 Only plain ``redis.Redis`` clients over a ``ConnectionPool`` get a channel; any other
 client (Cluster, custom pools) is called the ordinary way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 import threading
+import time
 import weakref
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 import redis
 from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
+logger = logging.getLogger(__name__)
+
 _POOLS = (redis.ConnectionPool,)
+
+#: What :meth:`Channel.send` does with the replies once they are read: it gets one per
+#: command, in order; an error reply comes as the exception (not raised), and when the
+#: connection failed before they were read, every reply is that ``RedisError``.
+ReplyHandler = Callable[[List[Any]], None]
 
 
 class Channel:
-    """A connection of ``client``'s pool, used by one thread only.
+    """A connection of ``client``'s pool, for one thread (other threads only settle it).
 
     Example::
 
         channel = channel_for(client)
         reply = channel.call("EVALSHA", sha, 1, key, token)
         removed, exists = channel.call_many(("ZREM", key, member), ("EXISTS", line))
+        channel.send(("ZREM", key, member), then=lambda replies: print(replies))
     """
 
     def __init__(self, client: Any) -> None:
@@ -42,6 +60,11 @@ class Channel:
         self.encoding = kwargs.get("encoding", "utf-8")
         self.decode = bool(kwargs.get("decode_responses", False))
         self._replies = ReplyReader()
+        self._lock = threading.Lock()
+        #: Requests sent without waiting: how many replies each expects, and its handler.
+        self._unread: List[Tuple[int, ReplyHandler]] = []
+        #: When the oldest of them was sent (``time.monotonic()``).
+        self.unread_since = 0.0
 
     def call(self, *command: Any) -> Any:
         """Send ``command`` and return its reply."""
@@ -52,29 +75,84 @@ class Channel:
         return self._exchange(b"".join(self._pack(command) for command in commands),
                               len(commands))
 
+    def send(self, *commands: Any, then: ReplyHandler) -> None:
+        """Send ``commands`` in one write now, and read their replies later: at this
+        channel's next call, or when it is settled. ``then`` gets the replies.
+        Raises a ``RedisError`` if the request could not be sent."""
+        request = b"".join(self._pack(command) for command in commands)
+        with self._lock:
+            try:
+                self._socket().sendall(request)
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                error = self._fail(exc)
+                pending, self._unread = self._unread, []
+            else:
+                if not self._unread:
+                    self.unread_since = time.monotonic()
+                    _unsettled.add(self)
+                self._unread.append((len(commands), then))
+                return
+        _hand_over([(handler, [error] * count) for count, handler in pending])
+        raise error
+
+    @property
+    def unsettled(self) -> bool:
+        """True while replies of :meth:`send` wait to be read."""
+        return bool(self._unread)
+
+    def settle(self) -> None:
+        """Read the replies of earlier :meth:`send` calls now and pass them on."""
+        if self._unread:
+            self._exchange(b"", 0)
+
     def _exchange(self, request: bytes, replies: int) -> List[Any]:
-        """Write ``request``, read ``replies`` replies. The connection is redis-py's (it
-        connects, authenticates, sets up TLS); the replies are read here, directly from
-        its socket, which costs a fraction of redis-py's general reply parser."""
-        try:
-            if self.connection._sock is None:
-                self.connection.connect()
-                self._replies = ReplyReader()
-            sock = self.connection._sock
-            sock.sendall(request)
-            answers = [self._replies.read(sock, self.decode) for _ in range(replies)]
-        except socket.timeout as exc:
-            self._drop()
-            raise TimeoutError(f"Timeout reading from the lock store: {exc}") from exc
-        except (ConnectionError, TimeoutError, OSError) as exc:
-            self._drop()
-            if isinstance(exc, (ConnectionError, TimeoutError)):
-                raise
-            raise ConnectionError(f"Error talking to the lock store: {exc}") from exc
+        """Write ``request``, read the replies still owed to earlier :meth:`send` calls and
+        then ``replies`` replies. The connection is redis-py's (it connects,
+        authenticates, sets up TLS); the replies are read here, directly from its socket,
+        which costs a fraction of redis-py's general reply parser. Handlers of earlier
+        sends run once the lock is let go: they may call the lock store themselves."""
+        with self._lock:
+            pending, self._unread = self._unread, []
+            _unsettled.discard(self)
+            done: List[Tuple[ReplyHandler, List[Any]]] = []
+            try:
+                sock = self._socket()
+                if request:
+                    sock.sendall(request)
+                for count, handler in pending:
+                    done.append((handler, [self._read(sock) for _ in range(count)]))
+                answers = [self._read(sock) for _ in range(replies)]
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                error = self._fail(exc)
+                done.extend((handler, [error] * count) for count, handler in pending[len(done):])
+            else:
+                error = None
+        _hand_over(done)
+        if error is not None:
+            raise error
         for answer in answers:
             if isinstance(answer, RedisError):  # ResponseError, NoScriptError, BusyLoadingError
                 raise answer
         return answers
+
+    def _socket(self) -> Any:
+        if self.connection._sock is None:
+            self.connection.connect()
+            self._replies = ReplyReader()
+        return self.connection._sock
+
+    def _read(self, sock: Any) -> Any:
+        return self._replies.read(sock, self.decode)
+
+    def _fail(self, exc: BaseException) -> RedisError:
+        """Drop the connection after ``exc``; the error to raise for it."""
+        self.connection.disconnect()
+        self._replies = ReplyReader()
+        if isinstance(exc, socket.timeout):
+            return TimeoutError(f"Timeout reading from the lock store: {exc}")
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return exc
+        return ConnectionError(f"Error talking to the lock store: {exc}")
 
     def _pack(self, command: Any) -> bytes:
         """The command in the Redis protocol. The arguments here are short strings and
@@ -89,9 +167,15 @@ class Channel:
             parts.append(b"$%d\r\n%b\r\n" % (len(argument), argument))
         return b"".join(parts)
 
-    def _drop(self) -> None:
-        self.connection.disconnect()
-        self._replies = ReplyReader()
+
+def _hand_over(done: List[Tuple[ReplyHandler, List[Any]]]) -> None:
+    """Give read replies to their handlers; a handler that fails is logged, never raised
+    into the unrelated call that happened to read its replies."""
+    for handler, replies in done:
+        try:
+            handler(replies)
+        except Exception:
+            logger.exception("celery-redislock: handling a lock store reply failed")
 
 
 class ReplyReader:
@@ -174,21 +258,50 @@ class ReplyReader:
         self.buffer += chunk
 
 
-
 _local = threading.local()
+#: Channels of this process with replies still to read (see :func:`settle_all`).
+_unsettled: Set[Channel] = set()
 
 
 def channel_for(client: Any) -> Optional[Channel]:
     """This thread's channel to ``client``, or None if the client cannot have one."""
     pool = getattr(client, "connection_pool", None)
+    local = _local
+    if getattr(local, "pool", None) is pool and pool is not None:
+        return local.channel  # the pool this thread used last: the usual case
     if type(client) is not redis.Redis or type(pool) not in _POOLS:
         return None
-    channels = getattr(_local, "channels", None)
-    if channels is None or _local.pid != os.getpid():
+    channels = getattr(local, "channels", None)
+    if channels is None:
         # Keyed by the pool itself, weakly: an id() could be reused by a later pool.
-        channels = _local.channels = weakref.WeakKeyDictionary()
-        _local.pid = os.getpid()
+        channels = local.channels = weakref.WeakKeyDictionary()
     channel = channels.get(pool)
     if channel is None:
         channel = channels[pool] = Channel(client)
+    local.pool, local.channel = pool, channel
     return channel
+
+
+def unsettled() -> bool:
+    """True if a channel of this process has replies still to read."""
+    return bool(_unsettled)
+
+
+def settle_all(older_than: float = 0.0) -> None:
+    """Read the replies that this process's channels still owe for requests sent at
+    least ``older_than`` seconds ago, and pass them on (see :meth:`Channel.send`)."""
+    now = time.monotonic()
+    for channel in list(_unsettled):
+        if now - channel.unread_since >= older_than:
+            with contextlib.suppress(RedisError):  # the handlers were told of it
+                channel.settle()
+
+
+def _forget_parent_channels() -> None:
+    """A forked child makes its own connections: its parent's belong to the parent."""
+    global _local
+    _local = threading.local()
+    _unsettled.clear()
+
+
+os.register_at_fork(after_in_child=_forget_parent_channels)

@@ -7,6 +7,7 @@ Shared by :class:`~celery_redislock.LimitedTask` and by plain tasks limited thro
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import time
 from typing import Any, Callable, Dict, Mapping, Sequence, TypeVar
 
 from celery.exceptions import Ignore
+from celery.signals import worker_process_shutdown
 from redis.exceptions import RedisError
 
 from . import handoff, signals
@@ -30,6 +32,7 @@ from .admission import (
     admit,
     owner_prefix,
 )
+from .channel import settle_all
 from .errors import LockStoreUnavailable, LockWaitTimeout
 from .holder import parse_holder
 from .keeper import lease_keeper
@@ -262,13 +265,20 @@ def _names(limiters: Sequence[Any]) -> str:
 
 
 def give_back(task: Any, lease: Lease) -> None:
-    """Release ``lease``; if Redis cannot be reached, its lease runs out by itself."""
+    """Release ``lease``; if Redis cannot be reached, its lease runs out by itself.
+
+    A worker's run does not wait for the answer (see :meth:`Lease.release_soon`); an
+    eager run does, so that its caller finds the slot free the moment it returns."""
     lease_keeper().forget(lease)
+    app = task.app
     try:
-        lease.release()
-        if lease.handoffs:
-            handoff.publish(task.app, lease.handoffs)
-            lease.handoffs.clear()
+        if task.request.is_eager:
+            lease.release()
+            if lease.handoffs:
+                handoff.publish(app, lease.handoffs)
+                lease.handoffs.clear()
+        else:
+            lease.release_soon(functools.partial(handoff.publish, app))
     except RedisError as exc:
         logger.warning(
             "celery-redislock: task %s[%s] could not release its slot of %r (%r); the slot "
@@ -276,5 +286,13 @@ def give_back(task: Any, lease: Lease) -> None:
             task.name, task.request.id, lease.name, exc, lease.lease_seconds,
         )
     else:
-        logger.debug("celery-redislock: task %s[%s] released %r", task.name, task.request.id,
-                     lease.name)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("celery-redislock: task %s[%s] released %r", task.name,
+                         task.request.id, lease.name)
+
+
+@worker_process_shutdown.connect
+def _settle_releases(**_: Any) -> None:
+    """A pool child that exits reads the answers to its last releases first, so that a
+    slot one of them freed for a waiting line is still handed over."""
+    settle_all()

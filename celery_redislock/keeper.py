@@ -9,6 +9,12 @@ A lease is renewed every third of its length. When Redis cannot be reached the k
 retries sooner; once a lease's time is certainly up without a successful renewal, or
 a renewal finds the lease gone, the lease is marked ``lost``, an error is logged, and
 the ``on_lost`` callbacks run.
+
+The same thread reads the answers to releases sent without waiting
+(:meth:`~celery_redislock.admission.Lease.release_soon`) that their own thread has not
+read within :data:`SETTLE_AFTER` seconds (it reads them at its next call to the lock
+store, usually much sooner): it looks at least every :data:`IDLE_WAKE` seconds, and
+every :data:`SETTLE_EVERY` seconds while any are unread.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from .admission import Lease
+from .channel import settle_all, unsettled
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +35,12 @@ LostCallback = Callable[[Lease], None]
 
 #: Seconds between two looks of an idle keeper.
 IDLE_WAKE = 1.0
+
+#: Answers to releases younger than this (seconds) are left to their own thread.
+SETTLE_AFTER = 0.05
+
+#: Seconds between two looks while answers to releases are unread.
+SETTLE_EVERY = 0.1
 
 
 @dataclass
@@ -96,21 +109,22 @@ class LeaseKeeper:
                 due = self._due_now()
                 if not due:
                     self._wakeup.wait(timeout=self._seconds_to_next())
-                    continue
             for entry in due:
                 self._renew(entry)
+            settle_all(older_than=SETTLE_AFTER)
 
     def _due_now(self) -> List[_Kept]:
         now = time.monotonic()
         return [entry for entry in self._kept.values() if entry.due <= now]
 
     def _seconds_to_next(self) -> float:
-        # Idle, it still looks up every second, so that keeping a new lease (first due a
+        # It looks up at least every second, so that keeping a new lease (first due a
         # third of a lease from now) seldom needs to wake it: a wake-up costs a context
-        # switch on every task.
-        self._next_due = min((entry.due for entry in self._kept.values()),
-                             default=time.monotonic() + IDLE_WAKE)
-        return max(0.0, self._next_due - time.monotonic())
+        # switch on every task. While answers to releases are unread, more often.
+        now = time.monotonic()
+        look = now + (SETTLE_EVERY if unsettled() else IDLE_WAKE)
+        self._next_due = min([entry.due for entry in self._kept.values()] + [look])
+        return max(0.0, self._next_due - now)
 
     def _renew(self, entry: _Kept) -> None:
         lease = entry.lease

@@ -1,0 +1,157 @@
+"""The per-thread channel's requests sent without waiting, and the release built on them,
+against real redis-servers."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, List
+
+import pytest
+import redis.exceptions
+from celery import Signature
+
+from celery_redislock import handoff
+from celery_redislock.admission import Lease, SlotLimit, admit
+from celery_redislock.channel import channel_for, settle_all, unsettled
+from celery_redislock.keeper import lease_keeper
+
+from support import wait_until
+
+
+def test_replies_of_a_send_are_read_by_the_next_call_in_order(redis_client):
+    channel = channel_for(redis_client)
+    seen: List[List[Any]] = []
+    channel.send(("SET", "a", "1"), ("INCR", "a"), then=seen.append)
+    channel.send(("ECHO", "second"), then=seen.append)
+    assert channel.unsettled and unsettled()
+    # Redis applies one connection's commands in order: the sent ones come first.
+    assert channel.call("GET", "a") == b"2"
+    assert seen == [[b"OK", 2], [b"second"]]
+    assert not channel.unsettled and not unsettled()
+
+
+def test_an_error_reply_reaches_the_handler_not_the_next_caller(redis_client):
+    channel = channel_for(redis_client)
+    seen: List[List[Any]] = []
+    channel.send(("EVAL", "return redis.error_reply('boom')", 0), ("PING",),
+                 then=seen.append)
+    assert channel.call("ECHO", "x") == b"x"
+    (error, pong), = seen
+    assert isinstance(error, redis.exceptions.ResponseError) and "boom" in str(error)
+    assert pong in (b"PONG", True)
+
+
+def test_a_failing_handler_is_logged_and_the_call_goes_on(redis_client, caplog):
+    channel = channel_for(redis_client)
+
+    def broken(replies: List[Any]) -> None:
+        raise RuntimeError("handler bug")
+
+    channel.send(("PING",), then=broken)
+    with caplog.at_level("ERROR", logger="celery_redislock.channel"):
+        assert channel.call("ECHO", "still") == b"still"
+    assert "handling a lock store reply failed" in caplog.text
+
+
+def test_a_lost_connection_is_told_to_every_unread_handler(own_redis_server):
+    client = own_redis_server.client()
+    channel = channel_for(client)
+    seen: List[List[Any]] = []
+    channel.call("PING")  # connected
+    own_redis_server.stop()
+    # The first write after the server went away still succeeds (the kernel takes it);
+    # the failure shows when the replies are read.
+    channel.send(("PING",), ("PING",), then=seen.append)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        channel.call("PING")
+    assert len(seen) == 1 and len(seen[0]) == 2
+    assert all(isinstance(reply, redis.exceptions.ConnectionError) for reply in seen[0])
+    assert not channel.unsettled
+    own_redis_server.restart()
+    wait_until(lambda: _answers(channel), what="the channel to reconnect")
+
+
+def _answers(channel: Any) -> bool:
+    try:
+        return channel.call("PING") in (b"PONG", True)
+    except redis.exceptions.ConnectionError:
+        return False
+
+
+def test_another_thread_settles_replies_old_enough(redis_client):
+    channel = channel_for(redis_client)
+    seen: List[str] = []
+    channel.send(("PING",), then=lambda replies: seen.append(threading.current_thread().name))
+    settler = threading.Thread(target=settle_all, kwargs={"older_than": 3600}, name="early")
+    settler.start()
+    settler.join()
+    assert seen == [] and channel.unsettled  # too young for that settler
+    settler = threading.Thread(target=settle_all, name="settler")
+    settler.start()
+    settler.join()
+    assert seen == ["settler"] and not channel.unsettled
+
+
+# -- releases that do not wait ------------------------------------------------------------
+
+def _uncontended_lease(client: Any, name: str) -> Lease:
+    lease = admit(client, [SlotLimit(name, 1, "redislock:")], lease=30,
+                  reserve_ms=handoff.reservation_ms(30))
+    assert isinstance(lease, Lease) and not lease._contended
+    return lease
+
+
+def _join_line(client: Any, lease: Lease, task_id: str) -> None:
+    message = handoff.pack_message(Signature("proj.waiting", (1,), task_id=task_id), "json")
+    position, handed = handoff.join_line(
+        client, lease._keys[0], handoff.new_ticket(task_id), 0, "{}", message,
+        keep_ms=60_000, reserve_ms=handoff.reservation_ms(30),
+    )
+    assert position == 0 and handed == []  # the only slot is held: it waits
+
+
+def test_release_soon_frees_the_slot_before_this_thread_asks_anything_else(redis_client):
+    lease = _uncontended_lease(redis_client, "soon")
+    handed: List[Any] = []
+    lease.release_soon(handed.extend)
+    assert channel_for(redis_client).unsettled
+    again = admit(redis_client, [SlotLimit("soon", 1, "redislock:")], lease=30)
+    assert isinstance(again, Lease), "the release was applied before the next admission"
+    assert handed == [] and not channel_for(redis_client).unsettled
+    again.release()
+
+
+def test_release_soon_hands_the_slot_to_a_line_formed_meanwhile(redis_client):
+    lease = _uncontended_lease(redis_client, "formed")
+    _join_line(redis_client, lease, "waiter-1")
+    handed: List[Any] = []
+    lease.release_soon(handed.extend)
+    channel_for(redis_client).call("PING")  # this thread's next call reads the answer
+    assert [handoff.unpack_message(m)["options"]["task_id"] for m in handed] == ["waiter-1"]
+
+
+def test_the_keeper_thread_hands_over_when_the_releasing_thread_goes_quiet(redis_client):
+    keeper = lease_keeper()
+    lease = _uncontended_lease(redis_client, "quiet")
+    keeper.keep(lease)  # the keeper's thread runs, as it does in every worker process
+    keeper.forget(lease)
+    _join_line(redis_client, lease, "waiter-2")
+    handed: List[str] = []
+
+    def publish(messages: List[Any]) -> None:
+        handed.extend(handoff.unpack_message(m)["options"]["task_id"] for m in messages)
+
+    lease.release_soon(publish)
+    # No further call from this thread: the keeper reads the answer within a second.
+    wait_until(lambda: handed, timeout=5, what="the keeper to hand the slot over")
+    assert handed == ["waiter-2"]
+
+
+def test_release_soon_waits_for_the_answer_of_a_contended_lease(redis_client):
+    lease = _uncontended_lease(redis_client, "contended")
+    lease._contended = True  # as if someone had been refused before it was admitted
+    _join_line(redis_client, lease, "waiter-3")
+    handed: List[Any] = []
+    lease.release_soon(handed.extend)
+    assert not channel_for(redis_client).unsettled
+    assert [handoff.unpack_message(m)["options"]["task_id"] for m in handed] == ["waiter-3"]
