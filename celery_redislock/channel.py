@@ -157,15 +157,21 @@ class Channel:
     def _pack(self, command: Any) -> bytes:
         """The command in the Redis protocol. The arguments here are short strings and
         numbers, so this skips redis-py's general packer (chunking, type dispatch)."""
-        parts = [b"*%d\r\n" % len(command)]
-        for argument in command:
-            if isinstance(argument, str):
-                argument = argument.encode(self.encoding)
-            elif not isinstance(argument, bytes):
-                argument = repr(argument).encode() if isinstance(argument, float) \
-                    else str(argument).encode()
-            parts.append(b"$%d\r\n%b\r\n" % (len(argument), argument))
-        return b"".join(parts)
+        encoding = self.encoding
+        data = [argument.encode(encoding) if type(argument) is str
+                else b"%d" % argument if type(argument) is int
+                else _encode_other(argument, encoding) for argument in command]
+        return b"*%d\r\n" % len(data) + b"".join(
+            [b"$%d\r\n%b\r\n" % (len(item), item) for item in data])
+
+
+def _encode_other(argument: Any, encoding: str) -> bytes:
+    """An argument that is neither ``str`` nor ``int`` as Redis protocol bytes."""
+    if isinstance(argument, bytes):
+        return argument
+    if isinstance(argument, float):
+        return repr(argument).encode()
+    return str(argument).encode(encoding)
 
 
 def _hand_over(done: List[Tuple[ReplyHandler, List[Any]]]) -> None:

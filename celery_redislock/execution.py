@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Sequence, TypeVar
 
 from celery.exceptions import Ignore
@@ -45,20 +46,24 @@ logger = logging.getLogger(__name__)
 Result = TypeVar("Result")
 
 _described: Dict[Any, str] = {}
+os.register_at_fork(after_in_child=_described.clear)
+
+#: A string as JSON text (what ``json.dumps`` does with a ``str``, without its overhead).
+_json_string = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 
 
-def _describe(task_name: str, worker: Any, task_id: str) -> str:
+def _describe(task_name: str, worker: Any, task_id: Any) -> str:
     """Who holds a slot, for operators: JSON with the task, its id, the worker, the process.
 
     The part that only changes with the process is made once per task and process."""
-    key = (task_name, worker, os.getpid())
-    start = _described.get(key)
+    start = _described.get((task_name, worker))
     if start is None:
-        start = _described[key] = (
+        start = _described[(task_name, worker)] = (
             f'{{"task": {json.dumps(task_name)}, "worker": {json.dumps(worker)}, '
-            f'"pid": {key[2]}, "id": '
+            f'"pid": {os.getpid()}, "id": '
         )
-    return f"{start}{json.dumps(task_id)}}}"
+    task_id = _json_string(task_id) if type(task_id) is str else json.dumps(task_id)
+    return f"{start}{task_id}}}"
 
 
 def task_settings(task: Any) -> Settings:
@@ -68,6 +73,34 @@ def task_settings(task: Any) -> Settings:
         settings = read_settings(task._get_app())
         task._redislock_settings = settings
     return settings
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every run of a task under ``limits`` takes from its app and limits: worked
+    out on its first run and kept on the task object."""
+
+    limits: TaskLimits
+    settings: Settings
+    client: Any
+    #: How long a slot handed to one of its runs stays reserved (worker runs).
+    reserve_ms: int
+    #: The place in a waiting line of a run that has not waited yet: none.
+    no_ticket: Ticket
+
+    @classmethod
+    def of(cls, task: Any, limits: TaskLimits) -> _Setup:
+        setup = getattr(task, "_redislock_setup", None)
+        if setup is None or setup.limits is not limits:
+            settings = task_settings(task)
+            setup = task._redislock_setup = cls(
+                limits=limits,
+                settings=settings,
+                client=redis_client(task._get_app(), settings) if settings.enabled else None,
+                reserve_ms=handoff.reservation_ms(limits.lease),
+                no_ticket=Ticket("", False, limits.retry.keep_ticket_ms(None), ""),
+            )
+        return setup
 
 
 def run_limited(
@@ -82,20 +115,24 @@ def run_limited(
     Not admitted: the run is re-queued with a countdown (worker), or waits here (eager).
     Admitted: the slots are kept alive while ``body`` runs and given back however it ends.
     """
-    settings = task_settings(task)
+    setup = _Setup.of(task, limits)
+    settings = setup.settings
     if not settings.enabled:
         return body()
     request = task.request
-    client = redis_client(task._get_app(), settings)
+    client = setup.client
     limiters = limits.limiters(args, kwargs, settings.prefix)
     description = _describe(task.name, request.hostname, request.id)
     waited = wait_state(request)
     promises = dict(waited.get("promises") or {})
     owner = owner_prefix(request.hostname or "", request.id or "")
     # Eager runs have no queue to go back to, nor a broker to hand slots over through.
-    reserve_ms = 0 if request.is_eager else handoff.reservation_ms(limits.lease)
-    ticket = Ticket(waited.get("ticket") or "", bool(waited.get("express")),
-                    limits.retry.keep_ticket_ms(None), str(waited.get("copy") or ""))
+    eager = request.is_eager
+    reserve_ms = 0 if eager else setup.reserve_ms
+    ticket = setup.no_ticket if not waited else Ticket(
+        waited.get("ticket") or "", bool(waited.get("express")), setup.no_ticket.keep_ms,
+        str(waited.get("copy") or ""),
+    )
     try:
         outcome: Any = admit(client, limiters, lease=limits.lease, description=description,
                              promises=promises, owner=owner, ticket=ticket,
@@ -106,7 +143,7 @@ def run_limited(
                            "store is unreachable (%r) and redislock_fail_open is set",
                            task.name, request.id, _names(limiters), exc)
             return body()
-        if request.is_eager:
+        if eager:
             raise LockStoreUnavailable(
                 f"Task {task.name!r}: the lock store is unreachable: {exc}"
             ) from exc
@@ -129,7 +166,7 @@ def run_limited(
     if (request.delivery_info or {}).get("redelivered"):
         with contextlib.suppress(RedisError):  # only a warning to give; the run goes on
             _warn_if_an_earlier_run_holds(task, client, limiters, request.id, outcome)
-    if isinstance(outcome, RateLimited) and not request.is_eager:
+    if isinstance(outcome, RateLimited) and not eager:
         try:
             outcome = _wait_briefly_for_start(client, limiters, limits.lease, description,
                                               owner, promises, outcome, ticket, reserve_ms,
@@ -137,7 +174,7 @@ def run_limited(
         except RedisError:
             outcome = None  # the lock store went away: ask again later, as above
     if not isinstance(outcome, Lease):
-        if not request.is_eager:
+        if not eager:
             # A run under a rate limit too waits by its promised start instead: a slot
             # handed to it would sit reserved until that start.
             joins = not any(isinstance(limiter, RateLimit) for limiter in limiters)
@@ -164,7 +201,7 @@ def run_limited(
         return body()
     finally:
         if lease.holds_slots:
-            give_back(task, lease)
+            give_back(task, lease, request)
             if signals.lock_released.receivers:
                 signals.lock_released.send(
                     sender=task, task_id=request.id, lease=lease,
@@ -264,7 +301,7 @@ def _names(limiters: Sequence[Any]) -> str:
     return ", ".join(repr(limiter.name) for limiter in limiters)
 
 
-def give_back(task: Any, lease: Lease) -> None:
+def give_back(task: Any, lease: Lease, request: Any) -> None:
     """Release ``lease``; if Redis cannot be reached, its lease runs out by itself.
 
     A worker's run does not wait for the answer (see :meth:`Lease.release_soon`); an
@@ -272,7 +309,7 @@ def give_back(task: Any, lease: Lease) -> None:
     lease_keeper().forget(lease)
     app = task.app
     try:
-        if task.request.is_eager:
+        if request.is_eager:
             lease.release()
             if lease.handoffs:
                 handoff.publish(app, lease.handoffs)
@@ -283,12 +320,11 @@ def give_back(task: Any, lease: Lease) -> None:
         logger.warning(
             "celery-redislock: task %s[%s] could not release its slot of %r (%r); the slot "
             "comes back when its lease ends, within %.0f s",
-            task.name, task.request.id, lease.name, exc, lease.lease_seconds,
+            task.name, request.id, lease.name, exc, lease.lease_seconds,
         )
     else:
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("celery-redislock: task %s[%s] released %r", task.name,
-                         task.request.id, lease.name)
+        logger.debug("celery-redislock: task %s[%s] released %r", task.name, request.id,
+                     lease.name)
 
 
 @worker_process_shutdown.connect
