@@ -22,7 +22,7 @@ from .channel import channel_for
 from .holder import holder_member
 from .keys import LINE, companion_key, rate_key, semaphore_key
 from .rate import Rate
-from .scripts import ADMIT, REFUND, RELEASE, RENEW, WAKE, by_hash_slot
+from .scripts import ADMIT, REFUND, RELEASE, RENEW, WAKE, by_hash_slot, is_cluster
 
 logger = logging.getLogger(__name__)
 
@@ -308,12 +308,13 @@ def admit(
     promises = promises or {}
     token = owner + new_token()
     ticket = ticket or NO_TICKET
-    groups = _groups(client, limiters)
-    if len(groups) == 1:
-        return _admit_group(client, limiters, token, lease, description, promises, ticket,
-                            reserve_ms)
-    return _admit_across_slots(client, groups, token, lease, description, promises, ticket,
-                               reserve_ms)
+    if len(limiters) > 1 and is_cluster(client):
+        groups = _groups(client, limiters)
+        if len(groups) > 1:
+            return _admit_across_slots(client, groups, token, lease, description, promises,
+                                       ticket, reserve_ms)
+    return _admit_group(client, limiters, token, lease, description, promises, ticket,
+                        reserve_ms)
 
 
 @dataclass(frozen=True)
@@ -339,10 +340,8 @@ NO_TICKET = Ticket()
 
 
 def _groups(client: Any, limiters: Sequence[Limiter]) -> List[List[Limiter]]:
-    """The limiters in groups of one Cluster hash slot each (one group elsewhere): those
-    without a rate limit first, so that a rate is spent only once the slots are taken."""
-    if len(limiters) == 1:
-        return [list(limiters)]
+    """The limiters in groups of one Cluster hash slot each: those without a rate limit
+    first, so that a rate is spent only once the slots are taken."""
     by_key = {limiter.key: limiter for limiter in limiters}
     groups = [[by_key[key] for key in keys]
               for keys in by_hash_slot(client, [limiter.key for limiter in limiters])]
@@ -391,7 +390,7 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
          reserve_ms, *(limiter.spec(promises) for limiter in limiters)],
     )
     if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended"
-        now_ms, lease_end, fence, contended = (int(part) for part in reply.split())
+        now_ms, lease_end, fence, contended = map(int, reply.split())
         return _lease(client, limiters, token, lease, description, reserve_ms,
                       now_ms, lease_end, fence, contended, [])
     status, now_ms, index = int(reply[0]), int(reply[1]), int(reply[2])
@@ -434,9 +433,14 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
 def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
            description: str, reserve_ms: int, now_ms: int, lease_end: int, fence: int,
            contended: int, handoffs: List[Any]) -> Lease:
-    semaphores = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
+    if len(limiters) == 1 and type(limiters[0]) is SlotLimit:
+        semaphores: Sequence[Limiter] = limiters
+        name = limiters[0].name
+    else:
+        semaphores = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
+        name = ", ".join(limiter.name for limiter in semaphores)
     return Lease(
-        name=", ".join(limiter.name for limiter in semaphores),
+        name=name,
         fence=fence,
         lease_seconds=lease,
         acquired_at_ms=now_ms,

@@ -109,8 +109,10 @@ def run_limited(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     body: Callable[[], Result],
+    request: Any = None,
 ) -> Result:
-    """Run ``body`` for the current request of ``task`` once its limits admit it.
+    """Run ``body`` for the current request of ``task`` (``request``, if the caller has it
+    at hand) once its limits admit it.
 
     Not admitted: the run is re-queued with a countdown (worker), or waits here (eager).
     Admitted: the slots are kept alive while ``body`` runs and given back however it ends.
@@ -119,7 +121,8 @@ def run_limited(
     settings = setup.settings
     if not settings.enabled:
         return body()
-    request = task.request
+    if request is None:
+        request = task.request
     client = setup.client
     limiters = limits.limiters(args, kwargs, settings.prefix)
     description = _describe(task.name, request.hostname, request.id)

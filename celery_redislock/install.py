@@ -84,7 +84,8 @@ def _limited_call(original_call: Callable[..., Any]) -> Callable[..., Any]:
     )
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.request.called_directly:
+        request = self.request
+        if request.called_directly:
             return original_call(self, *args, **kwargs)
         if custom:
             def body() -> Any:
@@ -92,7 +93,7 @@ def _limited_call(original_call: Callable[..., Any]) -> Callable[..., Any]:
         else:
             def body() -> Any:
                 return self.run(*args, **kwargs)
-        return run_limited(self, _limits_of(self), args, kwargs, body)
+        return run_limited(self, _limits_of(self), args, kwargs, body, request)
 
     return __call__
 

@@ -103,13 +103,14 @@ class LimitedTask(Task):
         return self._redislock_limits
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.request.called_directly:
+        request = self.request
+        if request.called_directly:
             # A plain function call, not an execution by Celery: no limit, like rate_limit.
             return super().__call__(*args, **kwargs)
         # The tracer has pushed this run's request already: call the body directly, as
         # Celery's worker does, so that apply() and eager runs see the right request.
         return run_limited(self, self.task_limits(), args, kwargs,
-                           lambda: self.run(*args, **kwargs))
+                           lambda: self.run(*args, **kwargs), request)
 
 
 class SingletonTask(LimitedTask):

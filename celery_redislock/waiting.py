@@ -132,6 +132,15 @@ def requeue(
     if ticket:
         wait["ticket"] = ticket
         wait["copy"] = handoff.new_copy_id()
+        if refusal is None and state.get("copy"):
+            # The lock store went away during the admission, which may have gone through
+            # before the answer was lost: then the line remembers this copy as the one
+            # admitted. The copy sent back is, to the line, this same copy, so that it
+            # still runs (once the slot the lost answer took comes back) instead of
+            # being turned away as served by another.
+            wait["copy"] = state["copy"]
+            if state.get("express"):
+                wait["express"] = True
     headers[WAIT_HEADER] = wait
     if joins_line:
         assert isinstance(refusal, Busy) and since is not None

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+import redis.exceptions
 from celery import Celery
 from celery.exceptions import Ignore, Reject
 
@@ -170,6 +171,53 @@ def test_unreachable_lock_store_fails_closed(celery_app, celery_worker, own_redi
     assert not ran.is_set()
     own_redis_server.start()
     assert result.get(timeout=15) == "ran"
+
+
+def test_a_waiter_whose_admission_answer_was_lost_still_runs_once(
+    celery_app, celery_worker, lock_client, monkeypatch
+):
+    """The lock store goes away just after admitting a waiting run, before the worker
+    reads the answer: the run goes back to the broker as if refused, and its admission
+    (which went through) marked its ticket served. It must still run, exactly once, once
+    the slot that lost admission took comes back (its lease is never renewed)."""
+    from celery_redislock import execution
+    from celery_redislock.admission import Lease
+
+    runs = []
+
+    @celery_app.task(base=LimitedTask, lock_key="lost-answer", lock_lease=1.0,
+                     shared=False, **FAST_RETRY)
+    def waiter():
+        runs.append(1)
+        return "ran"
+
+    real_admit = execution.admit
+    lost = []
+
+    def admit_then_lose_the_answer(client, limiters, **options):
+        outcome = real_admit(client, limiters, **options)
+        ticket = options.get("ticket")
+        if not lost and ticket is not None and ticket.id and isinstance(outcome, Lease):
+            lost.append(outcome)  # admitted in Redis; the worker never hears of it
+            raise redis.exceptions.ConnectionError("the connection dropped")
+        return outcome
+
+    monkeypatch.setattr(execution, "admit", admit_then_lose_the_answer)
+    celery_worker.reload()
+    blocker = Semaphore(lock_client, "lost-answer", slots=1, lease=30)
+    held = blocker.acquire()
+    result = waiter.delay()
+    wait_until(lambda: lock_client.zcard(_line_key(lock_client)) == 1,
+               what="the run to join the waiting line")
+    blocker.release(held)
+    assert result.get(timeout=15) == "ran"
+    assert len(lost) == 1 and runs == [1]
+
+
+def _line_key(lock_client):
+    from celery_redislock.keys import LINE, companion_key, semaphore_key
+
+    return companion_key(semaphore_key("lost-answer", "redislock:"), LINE)
 
 
 def test_eager_apply_takes_a_slot_and_waits_for_one(celery_app, lock_client):
