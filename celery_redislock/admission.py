@@ -87,6 +87,9 @@ class Lease:
     _member: str = field(default="", repr=False, compare=False)
     _taken_at: float = field(default_factory=time.monotonic, repr=False, compare=False)
     _contended: bool = field(default=True, repr=False, compare=False)
+    #: The admission took the last free slot: whoever asked next was refused and waits
+    #: for this release, so it waits for its answer, which hands the slot over.
+    _took_last_slot: bool = field(default=True, repr=False, compare=False)
     #: How long a slot this lease frees is reserved for a waiter (ms); 0: no hand-off.
     _reserve_ms: int = field(default=0, repr=False, compare=False)
     #: Messages of waiters handed a slot by this lease's admission or release: the
@@ -152,20 +155,23 @@ class Lease:
         """Give the slots back without waiting for Redis's answer where the answer is
         seldom needed, else as :meth:`release` does.
 
-        Nobody waited for the semaphore when this lease was taken (the usual case): the
-        release is sent, and this thread goes on; Redis applies it before anything the
-        thread asks next. The answer, read at the thread's next call to the lock store
-        (or by the lease keeper's thread within a second), says whether a
-        waiting line formed meanwhile; only then is the slot handed over, and the
-        messages to re-publish go to ``on_handoffs``, maybe from the keeper's thread.
-        Otherwise the release waits for its answer and ``on_handoffs`` gets the messages
-        at once. A release that fails after it was sent is logged; its slot comes back
-        when its lease ends. Raises ``RedisError`` if it could not be sent::
+        Nobody waited for the semaphore when this lease was taken, and it left free
+        slots (the usual case): the release is sent, and this thread goes on; Redis
+        applies it before anything the thread asks next. The answer, read at the
+        thread's next call to the lock store (or by the lease keeper's thread within
+        about 50 ms), says whether a waiting line formed meanwhile; only then is the
+        slot handed over, and the messages to re-publish go to ``on_handoffs``, maybe
+        from the keeper's thread. Otherwise (a line, or the last free slot taken: the
+        next run to ask waits for this release) the release waits for its answer and
+        ``on_handoffs`` gets the messages at once. A release that fails after it was
+        sent is logged; its slot comes back when its lease ends. Raises ``RedisError``
+        if it could not be sent::
 
             lease.release_soon(lambda messages: handoff.publish(app, messages))
         """
         channel = channel_for(self._client) if self._keys else None
-        if channel is None or len(self._keys) != 1 or self._contended:
+        if (channel is None or len(self._keys) != 1 or self._contended
+                or self._took_last_slot):
             self.release()
             handed, self.handoffs[:] = list(self.handoffs), []
             if handed:
@@ -390,15 +396,15 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
          reserve_ms, *(limiter.spec(promises) for limiter in limiters)],
     )
     if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended"
-        now_ms, lease_end, fence, contended = map(int, reply.split())
+        now_ms, lease_end, fence, contended, last = map(int, reply.split())
         return _lease(client, limiters, token, lease, description, reserve_ms,
-                      now_ms, lease_end, fence, contended, [])
+                      now_ms, lease_end, fence, contended, last, [])
     status, now_ms, index = int(reply[0]), int(reply[1]), int(reply[2])
     a, b, c, d = reply[3:7]
     handoffs = list(reply[7:])
     if status == 1:
         return _lease(client, limiters, token, lease, description, reserve_ms,
-                      now_ms, int(a), int(b), int(c), handoffs)
+                      now_ms, int(a), int(b), int(c), int(d), handoffs)
     limiter = limiters[index - 1]
     if status == 0:
         assert isinstance(limiter, SlotLimit)
@@ -432,7 +438,7 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
 
 def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
            description: str, reserve_ms: int, now_ms: int, lease_end: int, fence: int,
-           contended: int, handoffs: List[Any]) -> Lease:
+           contended: int, last: int, handoffs: List[Any]) -> Lease:
     if len(limiters) == 1 and type(limiters[0]) is SlotLimit:
         semaphores: Sequence[Limiter] = limiters
         name = limiters[0].name
@@ -449,6 +455,7 @@ def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
         _keys=[limiter.key for limiter in semaphores],
         _member=holder_member(token, now_ms, fence, description),
         _contended=bool(contended),
+        _took_last_slot=bool(last),
         _reserve_ms=reserve_ms,
         handoffs=handoffs,
     )

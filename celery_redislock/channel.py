@@ -80,18 +80,26 @@ class Channel:
         channel's next call, or when it is settled. ``then`` gets the replies.
         Raises a ``RedisError`` if the request could not be sent."""
         request = b"".join(self._pack(command) for command in commands)
+        error: Optional[RedisError] = None
+        first = False
         with self._lock:
             try:
                 self._socket().sendall(request)
             except (ConnectionError, TimeoutError, OSError) as exc:
                 error = self._fail(exc)
                 pending, self._unread = self._unread, []
+                _unsettled.discard(self)
             else:
-                if not self._unread:
-                    self.unread_since = time.monotonic()
+                first = not self._unread
+                if first:
+                    global _last_unsettled
+                    self.unread_since = _last_unsettled = time.monotonic()
                     _unsettled.add(self)
                 self._unread.append((len(commands), then))
-                return
+        if error is None:
+            if first and _unsettled_hook is not None:
+                _unsettled_hook()
+            return
         _hand_over([(handler, [error] * count) for count, handler in pending])
         raise error
 
@@ -267,6 +275,9 @@ class ReplyReader:
 _local = threading.local()
 #: Channels of this process with replies still to read (see :func:`settle_all`).
 _unsettled: Set[Channel] = set()
+_unsettled_hook: Optional[Callable[[], None]] = None
+#: When a channel of this process last got replies to read later (``time.monotonic()``).
+_last_unsettled = float("-inf")
 
 
 def channel_for(client: Any) -> Optional[Channel]:
@@ -288,9 +299,17 @@ def channel_for(client: Any) -> Optional[Channel]:
     return channel
 
 
-def unsettled() -> bool:
-    """True if a channel of this process has replies still to read."""
-    return bool(_unsettled)
+def when_unsettled(hook: Optional[Callable[[], None]]) -> None:
+    """Call ``hook`` (in the sending thread) whenever a channel that had every reply read
+    gets one to read later: the lease keeper uses it to look soon."""
+    global _unsettled_hook
+    _unsettled_hook = hook
+
+
+def unsettled(within: float = 0.0) -> bool:
+    """True if a channel of this process has replies still to read, or had some
+    ``within`` seconds ago."""
+    return bool(_unsettled) or time.monotonic() - _last_unsettled < within
 
 
 def settle_all(older_than: float = 0.0) -> None:
@@ -305,9 +324,10 @@ def settle_all(older_than: float = 0.0) -> None:
 
 def _forget_parent_channels() -> None:
     """A forked child makes its own connections: its parent's belong to the parent."""
-    global _local
+    global _local, _last_unsettled
     _local = threading.local()
     _unsettled.clear()
+    _last_unsettled = float("-inf")
 
 
 os.register_at_fork(after_in_child=_forget_parent_channels)

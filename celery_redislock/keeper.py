@@ -13,8 +13,12 @@ the ``on_lost`` callbacks run.
 The same thread reads the answers to releases sent without waiting
 (:meth:`~celery_redislock.admission.Lease.release_soon`) that their own thread has not
 read within :data:`SETTLE_AFTER` seconds (it reads them at its next call to the lock
-store, usually much sooner): it looks at least every :data:`IDLE_WAKE` seconds, and
-every :data:`SETTLE_EVERY` seconds while any are unread.
+store, usually much sooner). A process whose run just sent one may get no next run for
+a while, and the answer may hand the slot to a waiting line: so the keeper, which looks
+at least every :data:`IDLE_WAKE` seconds, is asked to look within :data:`SETTLE_EVERY`
+seconds, and keeps that pace while answers were unread within the last
+:data:`IDLE_WAKE` seconds (a busy process reads them itself long before, and the keeper
+then finds nothing to do; it is woken only when a process starts sending again).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from .admission import Lease
-from .channel import settle_all, unsettled
+from .channel import settle_all, unsettled, when_unsettled
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +41,10 @@ LostCallback = Callable[[Lease], None]
 IDLE_WAKE = 1.0
 
 #: Answers to releases younger than this (seconds) are left to their own thread.
-SETTLE_AFTER = 0.05
+SETTLE_AFTER = 0.02
 
 #: Seconds between two looks while answers to releases are unread.
-SETTLE_EVERY = 0.1
+SETTLE_EVERY = 0.05
 
 
 @dataclass
@@ -86,6 +90,17 @@ class LeaseKeeper:
                 self._next_due = due
                 self._wakeup.notify()
 
+    def look_soon(self) -> None:
+        """Look at unread answers to releases within :data:`SETTLE_EVERY` seconds (a
+        wake-up only if the thread sleeps longer than that)."""
+        soon = time.monotonic() + SETTLE_EVERY
+        if self._thread is None or self._next_due <= soon:
+            return  # no thread yet (nothing to settle for it), or it looks soon anyway
+        with self._wakeup:
+            if self._next_due > soon:
+                self._next_due = soon
+                self._wakeup.notify()
+
     def forget(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (it is about to be released, or was lost)."""
         with self._wakeup:
@@ -122,7 +137,7 @@ class LeaseKeeper:
         # third of a lease from now) seldom needs to wake it: a wake-up costs a context
         # switch on every task. While answers to releases are unread, more often.
         now = time.monotonic()
-        look = now + (SETTLE_EVERY if unsettled() else IDLE_WAKE)
+        look = now + (SETTLE_EVERY if unsettled(within=IDLE_WAKE) else IDLE_WAKE)
         self._next_due = min([entry.due for entry in self._kept.values()] + [look])
         return max(0.0, self._next_due - now)
 
@@ -192,3 +207,11 @@ def _forget_parent_keeper() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_parent_keeper)
+
+
+def _look_soon() -> None:
+    if _keeper is not None:
+        _keeper.look_soon()
+
+
+when_unsettled(_look_soon)

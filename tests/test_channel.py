@@ -95,19 +95,28 @@ def test_another_thread_settles_replies_old_enough(redis_client):
 # -- releases that do not wait ------------------------------------------------------------
 
 def _uncontended_lease(client: Any, name: str) -> Lease:
-    lease = admit(client, [SlotLimit(name, 1, "redislock:")], lease=30,
+    """A lease on a semaphore of two slots, taken while nobody waited: it leaves a slot
+    free, so it is released without waiting for the answer."""
+    lease = admit(client, [SlotLimit(name, 2, "redislock:")], lease=30,
                   reserve_ms=handoff.reservation_ms(30))
-    assert isinstance(lease, Lease) and not lease._contended
+    assert isinstance(lease, Lease) and not lease._contended and not lease._took_last_slot
     return lease
 
 
-def _join_line(client: Any, lease: Lease, task_id: str) -> None:
+def _fill_and_join_line(client: Any, lease: Lease, task_id: str) -> None:
+    """Take the other slot, then put a run in the semaphore's waiting line."""
+    other = admit(client, [SlotLimit(lease.name, 2, "redislock:")], lease=30)
+    assert isinstance(other, Lease) and other._took_last_slot
     message = handoff.pack_message(Signature("proj.waiting", (1,), task_id=task_id), "json")
     position, handed = handoff.join_line(
         client, lease._keys[0], handoff.new_ticket(task_id), 0, "{}", message,
         keep_ms=60_000, reserve_ms=handoff.reservation_ms(30),
     )
-    assert position == 0 and handed == []  # the only slot is held: it waits
+    assert position == 0 and handed == []  # every slot is held: it waits
+
+
+def _task_ids(messages: List[Any]) -> List[str]:
+    return [handoff.unpack_message(message)["options"]["task_id"] for message in messages]
 
 
 def test_release_soon_frees_the_slot_before_this_thread_asks_anything_else(redis_client):
@@ -123,11 +132,12 @@ def test_release_soon_frees_the_slot_before_this_thread_asks_anything_else(redis
 
 def test_release_soon_hands_the_slot_to_a_line_formed_meanwhile(redis_client):
     lease = _uncontended_lease(redis_client, "formed")
-    _join_line(redis_client, lease, "waiter-1")
+    _fill_and_join_line(redis_client, lease, "waiter-1")
     handed: List[Any] = []
     lease.release_soon(handed.extend)
+    assert handed == []
     channel_for(redis_client).call("PING")  # this thread's next call reads the answer
-    assert [handoff.unpack_message(m)["options"]["task_id"] for m in handed] == ["waiter-1"]
+    assert _task_ids(handed) == ["waiter-1"]
 
 
 def test_the_keeper_thread_hands_over_when_the_releasing_thread_goes_quiet(redis_client):
@@ -135,23 +145,30 @@ def test_the_keeper_thread_hands_over_when_the_releasing_thread_goes_quiet(redis
     lease = _uncontended_lease(redis_client, "quiet")
     keeper.keep(lease)  # the keeper's thread runs, as it does in every worker process
     keeper.forget(lease)
-    _join_line(redis_client, lease, "waiter-2")
+    _fill_and_join_line(redis_client, lease, "waiter-2")
     handed: List[str] = []
-
-    def publish(messages: List[Any]) -> None:
-        handed.extend(handoff.unpack_message(m)["options"]["task_id"] for m in messages)
-
-    lease.release_soon(publish)
-    # No further call from this thread: the keeper reads the answer within a second.
+    lease.release_soon(lambda messages: handed.extend(_task_ids(messages)))
+    # No further call from this thread: the keeper reads the answer.
     wait_until(lambda: handed, timeout=5, what="the keeper to hand the slot over")
     assert handed == ["waiter-2"]
 
 
-def test_release_soon_waits_for_the_answer_of_a_contended_lease(redis_client):
-    lease = _uncontended_lease(redis_client, "contended")
-    lease._contended = True  # as if someone had been refused before it was admitted
-    _join_line(redis_client, lease, "waiter-3")
+@pytest.mark.parametrize("why", ["contended", "took the last slot"])
+def test_release_soon_waits_for_the_answer_when_a_waiter_is_likely(redis_client, why):
+    if why == "contended":
+        lease = _uncontended_lease(redis_client, "likely")
+        lease._contended = True  # as if a run had been refused before it was admitted
+        _fill_and_join_line(redis_client, lease, "waiter-3")
+    else:
+        _uncontended_lease(redis_client, "likely")
+        lease = admit(redis_client, [SlotLimit("likely", 2, "redislock:")], lease=30,
+                      reserve_ms=handoff.reservation_ms(30))
+        assert lease._took_last_slot and not lease._contended
+        message = handoff.pack_message(Signature("proj.waiting", task_id="waiter-3"), "json")
+        handoff.join_line(redis_client, lease._keys[0], handoff.new_ticket("waiter-3"), 0,
+                          "{}", message, keep_ms=60_000,
+                          reserve_ms=handoff.reservation_ms(30))
     handed: List[Any] = []
     lease.release_soon(handed.extend)
     assert not channel_for(redis_client).unsettled
-    assert [handoff.unpack_message(m)["options"]["task_id"] for m in handed] == ["waiter-3"]
+    assert _task_ids(handed) == ["waiter-3"]

@@ -32,14 +32,16 @@
 --             nothing)
 --
 -- Replies:
---   "now_ms lease_end_ms fence contended"   admitted, nothing else to do. The holder's
---                                           entry in every semaphore is "token now_ms
---                                           fence description" (fence 0 without one);
---                                           contended is 1 if a semaphore has a line or
---                                           keeps an average hold time
+--   "now_ms lease_end_ms fence contended last"   admitted, nothing else to do. The
+--                                           holder's entry in every semaphore is "token
+--                                           now_ms fence description" (fence 0 without
+--                                           one); contended is 1 if a semaphore has a
+--                                           line or keeps an average hold time; last is
+--                                           1 if the run took the last free slot of a
+--                                           semaphore (whoever asks next waits for it)
 --   {status, now_ms, i, a, b, c, d, message...}   where the messages are those of waiters
 --   that were handed a slot on the way and must be re-published by the caller:
---     {1, now, 0, lease_end, fence, contended, 0}   admitted
+--     {1, now, 0, lease_end, fence, contended, last}   admitted
 --     {0, now, i, holders, ms_until_first_lease_end, average_hold_ms, position}
 --                                semaphore i is full (or its slots are promised to the
 --                                line); position: the ticket's place in the line, or -1
@@ -118,6 +120,7 @@ for i = 1, #KEYS do
         free, reached, blocked = hand_over(key, free, now, reserve, ticket, handed)
         blocked = blocked or free <= 0
       end
+      limiter.last = free <= 1
       if blocked then
         local first = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES',
                                  'LIMIT', 0, 1)
@@ -196,6 +199,7 @@ end
 local fence = 0
 local has_semaphore = false
 local contended = 0
+local last = 0
 for i = 1, #KEYS do
   local limiter = limiters[i]
   if limiter.kind == 's' then
@@ -203,6 +207,7 @@ for i = 1, #KEYS do
     local stats = redis.call('ZMSCORE', limiter.key, '#fence', '#hold')
     fence = math.max(fence, stats[1] and (1 - tonumber(stats[1])) or 0)
     if stats[2] or limiter.has_line then contended = 1 end
+    if limiter.last then last = 1 end
   end
 end
 if has_semaphore then fence = math.max(fence, now_us) end
@@ -235,5 +240,5 @@ for i = 1, #KEYS do
     expire_rate_state(limiter, tat, limiter.line)
   end
 end
-if #handed > 0 then return reply(1, 0, lease_end, fence_text, contended, 0) end
-return string.format('%.0f %.0f %.0f %d', now, lease_end, fence, contended)
+if #handed > 0 then return reply(1, 0, lease_end, fence_text, contended, last) end
+return string.format('%.0f %.0f %.0f %d %d', now, lease_end, fence, contended, last)
