@@ -172,28 +172,32 @@ class Lease:
         channel = channel_for(self._client) if self._keys else None
         if (channel is None or len(self._keys) != 1 or self._contended
                 or self._took_last_slot):
-            self.release()
-            handed, self.handoffs[:] = list(self.handoffs), []
-            if handed:
-                on_handoffs(handed)
+            self.release_handing_over(on_handoffs)
             return
         key = self._keys[0]
         channel.send(("ZREM", key, self._member), ("EXISTS", companion_key(key, LINE)),
                      then=functools.partial(self._released_soon, on_handoffs))
 
+    def release_handing_over(self, on_handoffs: Callable[[List[Any]], None]) -> bool:
+        """:meth:`release`, then pass the messages of waiters handed the freed slots to
+        ``on_handoffs`` (if any) rather than keeping them in :attr:`handoffs`."""
+        released = self.release()
+        handed, self.handoffs[:] = list(self.handoffs), []
+        if handed:
+            on_handoffs(handed)
+        return released
+
     def _released_soon(self, on_handoffs: Callable[[List[Any]], None],
                        replies: List[Any]) -> None:
         """The answer to :meth:`release_soon`'s request: hand the slot over if a line
         formed while this lease was held."""
-        removed, has_line = replies
         failure = next((reply for reply in replies if isinstance(reply, RedisError)), None)
         try:
             if failure is not None:
                 raise failure
-            if removed and has_line and self._reserve_ms > 0:
-                messages = WAKE.run(self._client, [self._keys[0]], [self._reserve_ms])
-                if messages:
-                    on_handoffs(list(messages))
+            messages = self._wake_line_formed_meanwhile(*replies)
+            if messages:
+                on_handoffs(messages)
         except RedisError as exc:
             logger.warning(
                 "celery-redislock: the release of %r by holder %s failed (%r); its slot "
@@ -217,9 +221,16 @@ class Lease:
             for command in commands:
                 pipe.execute_command(*command)
             removed, has_line = pipe.execute()
-        if removed and has_line and self._reserve_ms > 0:
-            self.handoffs.extend(WAKE.run(self._client, [key], [self._reserve_ms]))
+        self.handoffs.extend(self._wake_line_formed_meanwhile(removed, has_line))
         return bool(removed)
+
+    def _wake_line_formed_meanwhile(self, removed: Any, has_line: Any) -> List[Any]:
+        """After an uncontended release (``ZREM`` and ``EXISTS`` of the line): if it freed
+        the slot and a line formed while the lease was held, hand the free slots to the
+        line; the messages to re-publish."""
+        if removed and has_line and self._reserve_ms > 0:
+            return list(WAKE.run(self._client, [self._keys[0]], [self._reserve_ms]))
+        return []
 
 
 @dataclass(frozen=True)
@@ -395,7 +406,7 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
         [token, milliseconds(lease), description, ticket.id, ticket.mode, ticket.keep_ms,
          reserve_ms, *(limiter.spec(promises) for limiter in limiters)],
     )
-    if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended"
+    if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended last"
         now_ms, lease_end, fence, contended, last = map(int, reply.split())
         return _lease(client, limiters, token, lease, description, reserve_ms,
                       now_ms, lease_end, fence, contended, last, [])
@@ -439,14 +450,9 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
 def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
            description: str, reserve_ms: int, now_ms: int, lease_end: int, fence: int,
            contended: int, last: int, handoffs: List[Any]) -> Lease:
-    if len(limiters) == 1 and type(limiters[0]) is SlotLimit:
-        semaphores: Sequence[Limiter] = limiters
-        name = limiters[0].name
-    else:
-        semaphores = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
-        name = ", ".join(limiter.name for limiter in semaphores)
+    semaphores = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
     return Lease(
-        name=name,
+        name=", ".join(limiter.name for limiter in semaphores),
         fence=fence,
         lease_seconds=lease,
         acquired_at_ms=now_ms,

@@ -79,6 +79,7 @@ class Channel:
         """Send ``commands`` in one write now, and read their replies later: at this
         channel's next call, or when it is settled. ``then`` gets the replies.
         Raises a ``RedisError`` if the request could not be sent."""
+        global _last_unsettled
         request = b"".join(self._pack(command) for command in commands)
         error: Optional[RedisError] = None
         first = False
@@ -92,7 +93,6 @@ class Channel:
             else:
                 first = not self._unread
                 if first:
-                    global _last_unsettled
                     self.unread_since = _last_unsettled = time.monotonic()
                     _unsettled.add(self)
                 self._unread.append((len(commands), then))

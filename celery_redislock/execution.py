@@ -310,15 +310,12 @@ def give_back(task: Any, lease: Lease, request: Any) -> None:
     A worker's run does not wait for the answer (see :meth:`Lease.release_soon`); an
     eager run does, so that its caller finds the slot free the moment it returns."""
     lease_keeper().forget(lease)
-    app = task.app
     try:
+        publish = functools.partial(handoff.publish, task.app)
         if request.is_eager:
-            lease.release()
-            if lease.handoffs:
-                handoff.publish(app, lease.handoffs)
-                lease.handoffs.clear()
+            lease.release_handing_over(publish)
         else:
-            lease.release_soon(functools.partial(handoff.publish, app))
+            lease.release_soon(publish)
     except RedisError as exc:
         logger.warning(
             "celery-redislock: task %s[%s] could not release its slot of %r (%r); the slot "

@@ -131,16 +131,15 @@ def requeue(
     wait = {"since": since, "attempts": attempts + 1, "promises": promises}
     if ticket:
         wait["ticket"] = ticket
-        wait["copy"] = handoff.new_copy_id()
-        if refusal is None and state.get("copy"):
-            # The lock store went away during the admission, which may have gone through
-            # before the answer was lost: then the line remembers this copy as the one
-            # admitted. The copy sent back is, to the line, this same copy, so that it
-            # still runs (once the slot the lost answer took comes back) instead of
-            # being turned away as served by another.
-            wait["copy"] = state["copy"]
-            if state.get("express"):
-                wait["express"] = True
+        # The lock store went away during the admission, which may have gone through
+        # before the answer was lost: then the line remembers this copy as the one
+        # admitted. The copy sent back is, to the line, this same copy, so that it still
+        # runs (once the slot the lost answer took comes back) instead of being turned
+        # away as served by another.
+        same_copy = refusal is None and bool(state.get("copy"))
+        wait["copy"] = state["copy"] if same_copy else handoff.new_copy_id()
+        if same_copy and state.get("express"):
+            wait["express"] = True
     headers[WAIT_HEADER] = wait
     if joins_line:
         assert isinstance(refusal, Busy) and since is not None
