@@ -151,18 +151,23 @@ class Lease:
         self.handoffs.extend(reply[1:])
         return bool(int(reply[0]))
 
-    def release_soon(self, on_handoffs: Callable[[List[Any]], None]) -> None:
+    def release_soon(self, on_handoffs: Callable[[List[Any]], None], *,
+                     with_next_request: bool = False) -> None:
         """Give the slots back without waiting for Redis's answer where the answer is
         seldom needed, else as :meth:`release` does.
 
         Nobody waited for the semaphore when this lease was taken, and it left free
         slots (the usual case): the release is sent, and this thread goes on; Redis
-        applies it before anything the thread asks next. The answer, read at the
-        thread's next call to the lock store (or by the lease keeper's thread within
-        about 50 ms), says whether a waiting line formed meanwhile; only then is the
-        slot handed over, and the messages to re-publish go to ``on_handoffs``, maybe
-        from the keeper's thread. Otherwise (a line, or the last free slot taken: the
-        next run to ask waits for this release) the release waits for its answer and
+        applies it before anything the thread asks next. With ``with_next_request`` it
+        is not even written yet: it goes out in the same write as the thread's next
+        request to the lock store (usually its next run's admission), which saves a
+        network exchange, or is written by the lease keeper's thread within about
+        10 ms. Use that only where nobody is told that the run ended (no result stored,
+        nothing chained to it). The answer, read at the thread's next call (or by the
+        keeper), says whether a waiting line formed meanwhile; only then is the slot
+        handed over, and the messages to re-publish go to ``on_handoffs``, maybe from
+        the keeper's thread. Otherwise (a line, or the last free slot taken: the next
+        run to ask waits for this release) the release waits for its answer and
         ``on_handoffs`` gets the messages at once. A release that fails after it was
         sent is logged; its slot comes back when its lease ends. Raises ``RedisError``
         if it could not be sent::
@@ -176,7 +181,8 @@ class Lease:
             return
         key = self._keys[0]
         channel.send(("ZREM", key, self._member), ("EXISTS", companion_key(key, LINE)),
-                     then=functools.partial(self._released_soon, on_handoffs))
+                     then=functools.partial(self._released_soon, on_handoffs),
+                     now=not with_next_request)
 
     def release_handing_over(self, on_handoffs: Callable[[List[Any]], None]) -> bool:
         """:meth:`release`, then pass the messages of waiters handed the freed slots to

@@ -9,10 +9,12 @@ next call opens a new one.
 
 A request may also be sent without waiting for its replies (:meth:`Channel.send`): they
 are read at the channel's next call, which then finds them already there, or by
-:func:`settle_all` (the lease keeper's thread, and a process that exits). A task's
-release is sent that way: the worker process does not sit idle for a round trip, and
-Redis, which handles one connection's commands in order, applies the release before
-anything this process asks next.
+:func:`settle_all` (the lease keeper's thread, and a process that exits). Such a request
+may even wait to be written until the channel's next request, and go in the same write
+(``now=False``): Redis then reads both at once and answers both at once, which saves it
+and this process a network exchange. Redis handles one connection's commands in order,
+so a request sent either way is applied before anything this thread asks next. A task's
+release is sent so.
 
 Only plain ``redis.Redis`` clients over a ``ConnectionPool`` get a channel; any other
 client (Cluster, custom pools) is called the ordinary way.
@@ -52,6 +54,7 @@ class Channel:
         reply = channel.call("EVALSHA", sha, 1, key, token)
         removed, exists = channel.call_many(("ZREM", key, member), ("EXISTS", line))
         channel.send(("ZREM", key, member), then=lambda replies: print(replies))
+        channel.send(("ZREM", key, member), then=print, now=False)  # with the next request
     """
 
     def __init__(self, client: Any) -> None:
@@ -65,6 +68,8 @@ class Channel:
         self._unread: List[Tuple[int, ReplyHandler]] = []
         #: When the oldest of them was sent (``time.monotonic()``).
         self.unread_since = 0.0
+        #: Requests of :meth:`send` not written yet: they go out with the next write.
+        self._outbox = b""
 
     def call(self, *command: Any) -> Any:
         """Send ``command`` and return its reply."""
@@ -75,22 +80,29 @@ class Channel:
         return self._exchange(b"".join(self._pack(command) for command in commands),
                               len(commands))
 
-    def send(self, *commands: Any, then: ReplyHandler) -> None:
-        """Send ``commands`` in one write now, and read their replies later: at this
+    def send(self, *commands: Any, then: ReplyHandler, now: bool = True) -> None:
+        """Send ``commands`` in one write, and read their replies later: at this
         channel's next call, or when it is settled. ``then`` gets the replies.
-        Raises a ``RedisError`` if the request could not be sent."""
+
+        ``now=False`` leaves the request to be written with the channel's next request,
+        or when it is settled. Raises a ``RedisError`` if the request (with any left
+        before it) could not be written."""
         global _last_unsettled
         request = b"".join(self._pack(command) for command in commands)
         error: Optional[RedisError] = None
         first = False
         with self._lock:
-            try:
-                self._socket().sendall(request)
-            except (ConnectionError, TimeoutError, OSError) as exc:
-                error = self._fail(exc)
-                pending, self._unread = self._unread, []
-                _unsettled.discard(self)
+            if now:
+                request, self._outbox = self._outbox + request, b""
+                try:
+                    self._socket().sendall(request)
+                except (ConnectionError, TimeoutError, OSError) as exc:
+                    error = self._fail(exc)
+                    pending, self._unread = self._unread, []
+                    _unsettled.discard(self)
             else:
+                self._outbox += request
+            if error is None:
                 first = not self._unread
                 if first:
                     self.unread_since = _last_unsettled = time.monotonic()
@@ -109,13 +121,15 @@ class Channel:
         return bool(self._unread)
 
     def settle(self) -> None:
-        """Read the replies of earlier :meth:`send` calls now and pass them on."""
+        """Write what earlier :meth:`send` calls left unwritten, read their replies now
+        and pass them on."""
         if self._unread:
             self._exchange(b"", 0)
 
     def _exchange(self, request: bytes, replies: int) -> List[Any]:
-        """Write ``request``, read the replies still owed to earlier :meth:`send` calls and
-        then ``replies`` replies. The connection is redis-py's (it connects,
+        """Write the requests that earlier :meth:`send` calls left unwritten and
+        ``request`` in one write, read the replies still owed to earlier sends and then
+        ``replies`` replies. The connection is redis-py's (it connects,
         authenticates, sets up TLS); the replies are read here, directly from its socket,
         which costs a fraction of redis-py's general reply parser. Handlers of earlier
         sends run once the lock is let go: they may call the lock store themselves."""
@@ -123,6 +137,7 @@ class Channel:
             pending, self._unread = self._unread, []
             _unsettled.discard(self)
             done: List[Tuple[ReplyHandler, List[Any]]] = []
+            request, self._outbox = self._outbox + request, b""
             try:
                 sock = self._socket()
                 if request:
@@ -153,7 +168,9 @@ class Channel:
         return self._replies.read(sock, self.decode)
 
     def _fail(self, exc: BaseException) -> RedisError:
-        """Drop the connection after ``exc``; the error to raise for it."""
+        """Drop the connection (and anything left to write on it) after ``exc``; the
+        error to raise for it."""
+        self._outbox = b""
         self.connection.disconnect()
         self._replies = ReplyReader()
         if isinstance(exc, socket.timeout):
@@ -312,9 +329,16 @@ def unsettled(within: float = 0.0) -> bool:
     return bool(_unsettled) or time.monotonic() - _last_unsettled < within
 
 
+def oldest_unsettled() -> Optional[float]:
+    """When the oldest request whose replies are still to read was sent (or left to be
+    written) by a channel of this process (``time.monotonic()``); None if there is none."""
+    return min((channel.unread_since for channel in list(_unsettled)), default=None)
+
+
 def settle_all(older_than: float = 0.0) -> None:
-    """Read the replies that this process's channels still owe for requests sent at
-    least ``older_than`` seconds ago, and pass them on (see :meth:`Channel.send`)."""
+    """Write what this process's channels left unwritten and read the replies they
+    still owe, for those whose oldest such request is at least ``older_than`` seconds
+    old, and pass the replies on (see :meth:`Channel.send`)."""
     now = time.monotonic()
     for channel in list(_unsettled):
         if now - channel.unread_since >= older_than:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Sequence, TypeVar
 
 from celery.exceptions import Ignore
-from celery.signals import worker_process_shutdown
+from celery.signals import worker_process_shutdown, worker_shutdown
 from redis.exceptions import RedisError
 
 from . import handoff, signals
@@ -40,6 +40,14 @@ from .keeper import lease_keeper
 from .limit import TaskLimits
 from .settings import Settings, read_settings, redis_client
 from .waiting import SHORT_WAIT, WAIT_HEADER, describe, requeue, wait_state
+
+try:
+    from celery.app.task import get_actual_ignore_result as _ignores_result
+except ImportError:  # Celery < 5.5: the task's setting decides (the request may add to it)
+
+    def _ignores_result(task: Any, request: Any) -> bool:
+        return bool(task.ignore_result)
+
 
 logger = logging.getLogger(__name__)
 
@@ -200,11 +208,15 @@ def run_limited(
             sender=task, task_id=request.id, lease=lease,
             waited=(lease.acquired_at_ms - since) / 1000.0 if since else 0.0,
         )
+    succeeded = False
     try:
-        return body()
+        result = body()
+        succeeded = True
+        return result
     finally:
         if lease.holds_slots:
-            give_back(task, lease, request)
+            give_back(task, lease, request,
+                      unnoticed=succeeded and _nobody_told_of_success(task, request))
             if signals.lock_released.receivers:
                 signals.lock_released.send(
                     sender=task, task_id=request.id, lease=lease,
@@ -304,18 +316,28 @@ def _names(limiters: Sequence[Any]) -> str:
     return ", ".join(repr(limiter.name) for limiter in limiters)
 
 
-def give_back(task: Any, lease: Lease, request: Any) -> None:
+def _nobody_told_of_success(task: Any, request: Any) -> bool:
+    """True when Celery tells nobody that this run succeeded: it stores no result, and
+    no callback, chain step or chord waits for it. Nothing can then see that the run
+    ended before its release reaches Redis."""
+    return (_ignores_result(task, request) and not request.callbacks
+            and not request.chain and not request.chord)
+
+
+def give_back(task: Any, lease: Lease, request: Any, unnoticed: bool = False) -> None:
     """Release ``lease``; if Redis cannot be reached, its lease runs out by itself.
 
-    A worker's run does not wait for the answer (see :meth:`Lease.release_soon`); an
-    eager run does, so that its caller finds the slot free the moment it returns."""
+    A worker's run does not wait for the answer (see :meth:`Lease.release_soon`); if
+    the run's end goes ``unnoticed`` (see :func:`_nobody_told_of_success`), its release
+    goes out with the process's next request to the lock store. An eager run waits for
+    the answer, so that its caller finds the slot free the moment it returns."""
     lease_keeper().forget(lease)
     try:
         publish = functools.partial(handoff.publish, task.app)
         if request.is_eager:
             lease.release_handing_over(publish)
         else:
-            lease.release_soon(publish)
+            lease.release_soon(publish, with_next_request=unnoticed)
     except RedisError as exc:
         logger.warning(
             "celery-redislock: task %s[%s] could not release its slot of %r (%r); the slot "
@@ -328,7 +350,9 @@ def give_back(task: Any, lease: Lease, request: Any) -> None:
 
 
 @worker_process_shutdown.connect
+@worker_shutdown.connect
 def _settle_releases(**_: Any) -> None:
-    """A pool child that exits reads the answers to its last releases first, so that a
-    slot one of them freed for a waiting line is still handed over."""
+    """A pool child (or a solo or threads worker) that exits first writes the releases
+    left for its next request and reads the answers to its last releases, so that every
+    slot comes back and one freed for a waiting line is still handed over."""
     settle_all()

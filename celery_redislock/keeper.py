@@ -10,15 +10,16 @@ retries sooner; once a lease's time is certainly up without a successful renewal
 a renewal finds the lease gone, the lease is marked ``lost``, an error is logged, and
 the ``on_lost`` callbacks run.
 
-The same thread reads the answers to releases sent without waiting
-(:meth:`~celery_redislock.admission.Lease.release_soon`) that their own thread has not
-read within :data:`SETTLE_AFTER` seconds (it reads them at its next call to the lock
-store, usually much sooner). A process whose run just sent one may get no next run for
-a while, and the answer may hand the slot to a waiting line: so the keeper, which looks
-at least every :data:`IDLE_WAKE` seconds, is asked to look within :data:`SETTLE_EVERY`
-seconds, and keeps that pace while answers were unread within the last
-:data:`IDLE_WAKE` seconds (a busy process reads them itself long before, and the keeper
-then finds nothing to do; it is woken only when a process starts sending again).
+The same thread finishes the releases of runs
+(:meth:`~celery_redislock.admission.Lease.release_soon`) that their own thread has left
+for :data:`SETTLE_AFTER` seconds: a release waits to be written with its thread's next
+request to the lock store, or is written but its answer is unread. A busy process does
+it itself long before (its next run's admission carries the release); a process that
+got no next run may not, and the release frees a slot, which the answer may hand to a
+waiting line. So the keeper, which looks at least every :data:`IDLE_WAKE` seconds, looks
+:data:`SETTLE_AFTER` seconds after the oldest such request, and while its process sent
+some within the last :data:`IDLE_WAKE` seconds it looks at least that often; it is woken
+only when a process starts sending them after a quiet spell.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from .admission import Lease
-from .channel import settle_all, unsettled, when_unsettled
+from .channel import oldest_unsettled, settle_all, unsettled, when_unsettled
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +41,9 @@ LostCallback = Callable[[Lease], None]
 #: Seconds between two looks of an idle keeper.
 IDLE_WAKE = 1.0
 
-#: Answers to releases younger than this (seconds) are left to their own thread.
-SETTLE_AFTER = 0.02
-
-#: Seconds between two looks while answers to releases are unread.
-SETTLE_EVERY = 0.05
+#: Releases left by their own thread for this long (seconds) are finished by the keeper:
+#: the longest a slot stays taken, and a waiting line unserved, after its run ended.
+SETTLE_AFTER = 0.01
 
 
 @dataclass
@@ -91,9 +90,9 @@ class LeaseKeeper:
                 self._wakeup.notify()
 
     def look_soon(self) -> None:
-        """Look at unread answers to releases within :data:`SETTLE_EVERY` seconds (a
+        """Look at releases left unfinished within :data:`SETTLE_AFTER` seconds (a
         wake-up only if the thread sleeps longer than that)."""
-        soon = time.monotonic() + SETTLE_EVERY
+        soon = time.monotonic() + SETTLE_AFTER
         if self._thread is None or self._next_due <= soon:
             return  # no thread yet (nothing to settle for it), or it looks soon anyway
         with self._wakeup:
@@ -135,9 +134,14 @@ class LeaseKeeper:
     def _seconds_to_next(self) -> float:
         # It looks up at least every second, so that keeping a new lease (first due a
         # third of a lease from now) seldom needs to wake it: a wake-up costs a context
-        # switch on every task. While answers to releases are unread, more often.
+        # switch on every task. While releases flow, by the oldest one left unfinished.
         now = time.monotonic()
-        look = now + (SETTLE_EVERY if unsettled(within=IDLE_WAKE) else IDLE_WAKE)
+        look = now + IDLE_WAKE
+        oldest = oldest_unsettled()
+        if oldest is not None:
+            look = min(look, oldest + SETTLE_AFTER)
+        elif unsettled(within=IDLE_WAKE):
+            look = min(look, now + SETTLE_AFTER)
         self._next_due = min([entry.due for entry in self._kept.values()] + [look])
         return max(0.0, self._next_due - now)
 

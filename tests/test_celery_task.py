@@ -94,6 +94,23 @@ def test_own_retry_after_a_wait_starts_a_fresh_wait(celery_app, celery_worker, l
     assert waits == [None, None]
 
 
+def test_a_run_nobody_hears_of_frees_its_slot_soon_after(celery_app, celery_worker,
+                                                         lock_client):
+    """No result and nothing chained: the release may go with the worker's next request
+    to the lock store; with none coming, it still goes out within moments."""
+    ran = threading.Event()
+
+    @celery_app.task(base=LimitedTask, lock_slots=2, ignore_result=True, shared=False)
+    def quiet():
+        ran.set()
+
+    celery_worker.reload()
+    quiet.delay()
+    assert ran.wait(10)
+    wait_until(lambda: holders(lock_client, quiet.name) == 0, timeout=2,
+               what="the slot to come back")
+
+
 def test_released_when_the_body_fails(celery_app, celery_worker, lock_client):
     @celery_app.task(base=SingletonTask, shared=False)
     def broken():

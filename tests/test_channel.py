@@ -11,11 +11,24 @@ import redis.exceptions
 from celery import Signature
 
 from celery_redislock import handoff
+from celery_redislock import keeper as keeper_module
 from celery_redislock.admission import Lease, SlotLimit, admit
 from celery_redislock.channel import channel_for, settle_all, unsettled
 from celery_redislock.keeper import lease_keeper
 
 from support import wait_until
+
+
+@pytest.fixture(autouse=True)
+def keeper_stays_out(monkeypatch):
+    """The lease keeper's thread (running since an earlier test kept a lease) finishes
+    what a thread left for 10 ms: here it waits, so that what these tests look at
+    between two steps is what the steps left. The keeper's own tests set it back."""
+    monkeypatch.setattr(keeper_module, "SETTLE_AFTER", 3600.0)
+
+
+def keeper_takes_part(monkeypatch):
+    monkeypatch.setattr(keeper_module, "SETTLE_AFTER", 0.01)
 
 
 def test_replies_of_a_send_are_read_by_the_next_call_in_order(redis_client):
@@ -66,6 +79,55 @@ def test_a_lost_connection_is_told_to_every_unread_handler(own_redis_server):
         channel.call("PING")
     assert len(seen) == 1 and len(seen[0]) == 2
     assert all(isinstance(reply, redis.exceptions.ConnectionError) for reply in seen[0])
+    assert not channel.unsettled
+    own_redis_server.restart()
+    wait_until(lambda: _answers(channel), what="the channel to reconnect")
+
+
+def test_a_request_left_unwritten_goes_out_in_the_next_write(redis_client, redis_server):
+    channel = channel_for(redis_client)
+    seen: List[List[Any]] = []
+    channel.call("PING")  # connected
+    other = redis_server.client()
+    writes_before = _reads_processed(other)
+    channel.send(("SET", "later", "1"), then=seen.append, now=False)
+    assert other.get("later") is None, "not written yet"
+    assert channel.unsettled
+    assert channel.call("INCR", "later") == 2  # the SET went first, in the same write
+    assert seen == [[b"OK"]] and not channel.unsettled
+    # Redis read the SET and the INCR at once (the GET above and INFO are the others').
+    assert _reads_processed(other) - writes_before <= 3
+    other.close()
+
+
+def _reads_processed(client: Any) -> int:
+    return int(client.info("stats")["total_reads_processed"])
+
+
+def test_a_settler_writes_what_was_left_unwritten(redis_client, redis_server):
+    channel = channel_for(redis_client)
+    seen: List[List[Any]] = []
+    channel.send(("SET", "settled", "1"), then=seen.append, now=False)
+    settler = threading.Thread(target=settle_all)
+    settler.start()
+    settler.join()
+    assert seen == [[b"OK"]] and not channel.unsettled
+    other = redis_server.client()
+    assert other.get("settled") == b"1"
+    other.close()
+
+
+def test_a_request_left_unwritten_on_a_lost_connection_is_told_to_its_handler(
+        own_redis_server):
+    client = own_redis_server.client()
+    channel = channel_for(client)
+    seen: List[List[Any]] = []
+    channel.call("PING")
+    own_redis_server.stop()
+    channel.send(("PING",), then=seen.append, now=False)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        channel.call("PING")
+    assert len(seen) == 1 and isinstance(seen[0][0], redis.exceptions.ConnectionError)
     assert not channel.unsettled
     own_redis_server.restart()
     wait_until(lambda: _answers(channel), what="the channel to reconnect")
@@ -140,7 +202,9 @@ def test_release_soon_hands_the_slot_to_a_line_formed_meanwhile(redis_client):
     assert _task_ids(handed) == ["waiter-1"]
 
 
-def test_the_keeper_thread_hands_over_when_the_releasing_thread_goes_quiet(redis_client):
+def test_the_keeper_thread_hands_over_when_the_releasing_thread_goes_quiet(redis_client,
+                                                                          monkeypatch):
+    keeper_takes_part(monkeypatch)
     keeper = lease_keeper()
     lease = _uncontended_lease(redis_client, "quiet")
     keeper.keep(lease)  # the keeper's thread runs, as it does in every worker process
@@ -151,6 +215,36 @@ def test_the_keeper_thread_hands_over_when_the_releasing_thread_goes_quiet(redis
     # No further call from this thread: the keeper reads the answer.
     wait_until(lambda: handed, timeout=5, what="the keeper to hand the slot over")
     assert handed == ["waiter-2"]
+
+
+def test_a_release_left_for_the_next_request_frees_the_slot_with_it(redis_client):
+    lease = _uncontended_lease(redis_client, "next")
+    lease.release_soon(lambda messages: None, with_next_request=True)
+    assert len(_live_holders(redis_client, lease)) == 1, "not written yet"
+    again = admit(redis_client, [SlotLimit("next", 1, "redislock:")], lease=30)
+    assert isinstance(again, Lease), "the release went first, in the same write"
+    again.release()
+
+
+def _live_holders(client: Any, lease: Lease) -> List[Any]:
+    return client.zrangebyscore(lease._keys[0], 0, "+inf")
+
+
+def test_the_keeper_writes_a_release_left_when_no_next_request_comes(redis_client,
+                                                                     monkeypatch):
+    keeper_takes_part(monkeypatch)
+    keeper = lease_keeper()
+    lease = _uncontended_lease(redis_client, "left")
+    keeper.keep(lease)
+    keeper.forget(lease)
+    _fill_and_join_line(redis_client, lease, "waiter-4")
+    handed: List[str] = []
+    lease.release_soon(lambda messages: handed.extend(_task_ids(messages)),
+                       with_next_request=True)
+    wait_until(lambda: handed, timeout=5, what="the keeper to write the release")
+    assert handed == ["waiter-4"]
+    holders = [member.split(b" ", 1)[0] for member in _live_holders(redis_client, lease)]
+    assert lease.token.encode() not in holders
 
 
 @pytest.mark.parametrize("why", ["contended", "took the last slot"])

@@ -21,8 +21,9 @@ a renewal. Two rules move lease ends that way:
   holder stalled (a paused process) until its lease ran out.
 
 Releases that do not wait for their reply (``Lease.release_soon``, as a worker's runs
-release) are followed by one call on the same per-thread connection, which reads that
-reply: Redis has applied them before the state is compared.
+release; also those left to be written with the next request) are followed by one call
+on the same per-thread connection, which writes them if need be and reads that reply:
+Redis has applied them before the state is compared.
 
 The rate limiter
 ----------------
@@ -190,7 +191,7 @@ class EngineModel(RuleBasedStateMachine):
         self.refused = True
         return multiple()
 
-    @rule(held=leases, how=st.sampled_from(["semaphore", "lease", "soon"]))
+    @rule(held=leases, how=st.sampled_from(["semaphore", "lease", "soon", "with next"]))
     def release(self, held, how):
         lease = held.lease
         if how == "semaphore":
@@ -201,7 +202,7 @@ class EngineModel(RuleBasedStateMachine):
             released = lease.release()
         else:
             handed = []
-            lease.release_soon(handed.extend)
+            lease.release_soon(handed.extend, with_next_request=how == "with next")
             self.settle(lease)
             assert handed == [], "these semaphores never have a waiting line"
             released = None  # not told: a worker's run does not ask
