@@ -69,7 +69,7 @@ class Channel:
         #: When the oldest of them was sent (``time.monotonic()``).
         self.unread_since = 0.0
         #: Requests of :meth:`send` not written yet: they go out with the next write.
-        self._outbox = b""
+        self._outbox: List[bytes] = []
 
     def call(self, *command: Any) -> Any:
         """Send ``command`` and return its reply."""
@@ -93,7 +93,7 @@ class Channel:
         first = False
         with self._lock:
             if now:
-                request, self._outbox = self._outbox + request, b""
+                request = self._take_outbox(request)
                 try:
                     self._socket().sendall(request)
                 except (ConnectionError, TimeoutError, OSError) as exc:
@@ -101,7 +101,7 @@ class Channel:
                     pending, self._unread = self._unread, []
                     _unsettled.discard(self)
             else:
-                self._outbox += request
+                self._outbox.append(request)
             if error is None:
                 first = not self._unread
                 if first:
@@ -137,7 +137,7 @@ class Channel:
             pending, self._unread = self._unread, []
             _unsettled.discard(self)
             done: List[Tuple[ReplyHandler, List[Any]]] = []
-            request, self._outbox = self._outbox + request, b""
+            request = self._take_outbox(request)
             try:
                 sock = self._socket()
                 if request:
@@ -158,6 +158,14 @@ class Channel:
                 raise answer
         return answers
 
+    def _take_outbox(self, request: bytes) -> bytes:
+        """``request`` after the requests left unwritten, which it takes with it."""
+        if not self._outbox:
+            return request
+        self._outbox.append(request)
+        request, self._outbox = b"".join(self._outbox), []
+        return request
+
     def _socket(self) -> Any:
         if self.connection._sock is None:
             self.connection.connect()
@@ -170,7 +178,7 @@ class Channel:
     def _fail(self, exc: BaseException) -> RedisError:
         """Drop the connection (and anything left to write on it) after ``exc``; the
         error to raise for it."""
-        self._outbox = b""
+        self._outbox = []
         self.connection.disconnect()
         self._replies = ReplyReader()
         if isinstance(exc, socket.timeout):

@@ -66,6 +66,9 @@ local keep_ticket = tonumber(ARGV[6])
 local reserve = tonumber(ARGV[7])
 local STATISTICS_TTL = 60000
 local now, now_us = server_now()
+-- Numbers go to Redis and into the reply as text made here with '%d': Lua's own number
+-- to text conversion (and '%.0f') takes the C library's slow floating-point path.
+local now_text = string.format('%d', now)
 local handed = {}
 
 local function number(value)
@@ -91,12 +94,13 @@ for i = 1, #KEYS do
   local spec = ARGV[7 + i]
   local limiter = {kind = string.sub(spec, 1, 1), key = key}
   if limiter.kind == 's' then
+    limiter.minus_slots = '-' .. string.sub(spec, 3)
     limiter.slots = tonumber(string.sub(spec, 3))
     local slots, paused = semaphore_limit(key, limiter.slots, now)
     if paused then return reply(3, i, paused, 0, 0, 0) end
     -- Leases and reservations that ran out are dropped first: an admission always
     -- replaces them, so a late release of one of them says it no longer held its slot.
-    redis.call('ZREMRANGEBYSCORE', key, 0, now)
+    redis.call('ZREMRANGEBYSCORE', key, '0', now_text)
     local has_line = redis.call('EXISTS', companion(key, 'q')) == 1
     limiter.has_line = has_line
     if ticket ~= '' and has_line then prune_tickets(key, now) end
@@ -110,7 +114,7 @@ for i = 1, #KEYS do
         return reply(4, i, 0, 0, 0, 0)  -- served: another copy of the message ran
       end
       limiter.waiting = waiting and true or false
-      local used = redis.call('ZCOUNT', key, '(' .. now, '+inf')
+      local used = redis.call('ZCOUNT', key, '(' .. now_text, '+inf')
       local free = slots - used
       local blocked = free <= 0
       if not blocked and has_line then
@@ -122,7 +126,7 @@ for i = 1, #KEYS do
       end
       limiter.last = free <= 1
       if blocked then
-        local first = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES',
+        local first = redis.call('ZRANGEBYSCORE', key, '(' .. now_text, '+inf', 'WITHSCORES',
                                  'LIMIT', 0, 1)
         local until_first_end = 0
         if first[2] then until_first_end = tonumber(first[2]) - now end
@@ -211,10 +215,10 @@ for i = 1, #KEYS do
   end
 end
 if has_semaphore then fence = math.max(fence, now_us) end
-local fence_text = string.format('%.0f', fence)
+local fence_text = string.format('%d', fence)
 local lease_end = now + lease
-local member = token .. ' ' .. string.format('%.0f', now) .. ' ' .. fence_text .. ' '
-  .. description
+local lease_end_text = string.format('%d', lease_end)
+local member = token .. ' ' .. now_text .. ' ' .. fence_text .. ' ' .. description
 
 for i = 1, #KEYS do
   local limiter = limiters[i]
@@ -229,8 +233,8 @@ for i = 1, #KEYS do
       redis.call('ZADD', xkey, now + keep_ticket, ticket)
       keep_line(limiter.key, keep_ticket + STATISTICS_TTL, {'w', 'x'})
     end
-    redis.call('ZADD', limiter.key, lease_end, member, -fence, '#fence',
-               -limiter.slots, '#slots')
+    redis.call('ZADD', limiter.key, lease_end_text, member, '-' .. fence_text, '#fence',
+               limiter.minus_slots, '#slots')
     if redis.call('PTTL', limiter.key) < lease then
       redis.call('PEXPIRE', limiter.key, math.max(lease, STATISTICS_TTL))
     end
@@ -241,4 +245,4 @@ for i = 1, #KEYS do
   end
 end
 if #handed > 0 then return reply(1, 0, lease_end, fence_text, contended, last) end
-return string.format('%.0f %.0f %.0f %d %d', now, lease_end, fence, contended, last)
+return string.format('%s %s %s %d %d', now_text, lease_end_text, fence_text, contended, last)

@@ -28,8 +28,8 @@ end
 
 local function server_now()
   local clock = redis.call('TIME')
-  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000),
-         tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  local seconds, micros = tonumber(clock[1]), tonumber(clock[2])
+  return seconds * 1000 + math.floor(micros / 1000), seconds * 1000000 + micros
 end
 
 -- 'paused_until' of a control hash: the end of the pause (ms, -1 = forever), or nil.
