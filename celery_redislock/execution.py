@@ -95,6 +95,8 @@ class _Setup:
     reserve_ms: int
     #: The place in a waiting line of a run that has not waited yet: none.
     no_ticket: Ticket
+    #: Re-publishes the messages of waiters handed a slot (see :mod:`.handoff`).
+    publish: Callable[[Any], Any]
 
     @classmethod
     def of(cls, task: Any, limits: TaskLimits) -> _Setup:
@@ -107,6 +109,7 @@ class _Setup:
                 client=redis_client(task._get_app(), settings) if settings.enabled else None,
                 reserve_ms=handoff.reservation_ms(limits.lease),
                 no_ticket=Ticket("", False, limits.retry.keep_ticket_ms(None), ""),
+                publish=functools.partial(handoff.publish, task.app),
             )
         return setup
 
@@ -193,17 +196,17 @@ def run_limited(
                     reserve_ms if joins else 0)
         outcome = _wait_in_place(task, limits, client, limiters, description, owner, outcome)
     lease: Lease = outcome
-    since = waited.get("since")
     _forget_wait(request)
-    if lease.holds_slots:
+    holds_slots = lease.holds_slots
+    if holds_slots:
         lease_keeper().keep(lease, on_lost=lambda lost: signals.lease_lost.send(
             sender=task, task_id=request.id, lease=lost))
-    request.redislock_lease = lease
-    lease_started = time.monotonic()
-    if lease.holds_slots:
         logger.debug("celery-redislock: task %s[%s] admitted to %r (fence %d)",
                      task.name, request.id, lease.name, lease.fence)
+    request.redislock_lease = lease
+    lease_started = time.monotonic()
     if signals.lock_acquired.receivers:
+        since = waited.get("since")
         signals.lock_acquired.send(
             sender=task, task_id=request.id, lease=lease,
             waited=(lease.acquired_at_ms - since) / 1000.0 if since else 0.0,
@@ -214,8 +217,8 @@ def run_limited(
         succeeded = True
         return result
     finally:
-        if lease.holds_slots:
-            give_back(task, lease, request,
+        if holds_slots:
+            give_back(task, lease, request, setup.publish,
                       unnoticed=succeeded and _nobody_told_of_success(task, request))
             if signals.lock_released.receivers:
                 signals.lock_released.send(
@@ -324,16 +327,17 @@ def _nobody_told_of_success(task: Any, request: Any) -> bool:
             and not request.chain and not request.chord)
 
 
-def give_back(task: Any, lease: Lease, request: Any, unnoticed: bool = False) -> None:
+def give_back(task: Any, lease: Lease, request: Any,
+              publish: Callable[[Any], Any], unnoticed: bool = False) -> None:
     """Release ``lease``; if Redis cannot be reached, its lease runs out by itself.
 
     A worker's run does not wait for the answer (see :meth:`Lease.release_soon`); if
     the run's end goes ``unnoticed`` (see :func:`_nobody_told_of_success`), its release
     goes out with the process's next request to the lock store. An eager run waits for
-    the answer, so that its caller finds the slot free the moment it returns."""
+    the answer, so that its caller finds the slot free the moment it returns. ``publish``
+    re-publishes the messages of waiters handed the freed slot."""
     lease_keeper().forget(lease)
     try:
-        publish = functools.partial(handoff.publish, task.app)
         if request.is_eager:
             lease.release_handing_over(publish)
         else:

@@ -70,7 +70,7 @@ class LeaseKeeper:
 
     def __init__(self) -> None:
         self._kept: Dict[str, _Kept] = {}
-        self._wakeup = threading.Condition()
+        self._wakeup = threading.Condition(threading.Lock())  # never taken twice
         self._thread: Optional[threading.Thread] = None
         self._next_due = 0.0
 
