@@ -7,9 +7,16 @@ from the first send until the worker has finished them all (every finished run
 increments a counter, which is polled). Batches alternate plain, limited, plain, limited
 in the same worker; the median of each kind and the ratio limited/plain are reported.
 
+With ``--floors``, each round also times two more no-op tasks (see
+``benchmarks/worker_app.py``): one that makes a single round trip to the lock store, and
+one that makes exactly a limited run's Redis calls with none of the package's code around
+them. Their ratios to the plain task are the floors that the design (one admission round
+trip per run) and the package's code stand on.
+
 Run from the repository root::
 
     python -m benchmarks.bench_task_overhead --tasks 2000 --rounds 5
+    python -m benchmarks.bench_task_overhead --tasks 2000 --rounds 10 --floors
 """
 
 from __future__ import annotations
@@ -203,14 +210,31 @@ def run_batch(bench: ModuleType, client: redis.Redis, worker: Worker, cpu: CpuMe
     )
 
 
+LABELS = {"bench.plain": "plain", "bench.limited": "limited",
+          "bench.round_trip": "one round trip", "bench.bare_admission": "bare admission"}
+
+
+def label(kind: str) -> str:
+    """How the report names the task kind ``kind``."""
+    return LABELS.get(kind, kind)
+
+
+def kinds_of(bench: ModuleType, args: argparse.Namespace) -> List[str]:
+    """The task kinds each round times, in order: plain and limited, then the floors."""
+    floors = [bench.ROUND_TRIP, bench.BARE_ADMISSION] if args.floors else []
+    return [bench.PLAIN, bench.LIMITED, *floors]
+
+
 def run_rounds(bench: ModuleType, client: redis.Redis, worker: Worker, cpu: CpuMeter,
                args: argparse.Namespace) -> List[Batch]:
-    """Warm up both kinds, then alternate timed batches: plain, limited, plain, limited..."""
-    for kind in (bench.PLAIN, bench.LIMITED):
+    """Warm up every kind, then alternate timed batches: plain, limited (and the floors),
+    plain, limited..."""
+    kinds = kinds_of(bench, args)
+    for kind in kinds:
         run_batch(bench, client, worker, cpu, kind, args.warmup, args.timeout)
     batches = []
     for _ in range(args.rounds):
-        for kind in (bench.PLAIN, bench.LIMITED):
+        for kind in kinds:
             batches.append(
                 run_batch(bench, client, worker, cpu, kind, args.tasks, args.timeout)
             )
@@ -303,7 +327,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 def build_report(bench: ModuleType, batches: List[Batch], args: argparse.Namespace,
                  machine: Dict[str, Any], profile: Optional[str]) -> Dict[str, Any]:
     """The machine-readable report, with the ratio against the target."""
-    plain, limited = summarize(batches, bench.PLAIN), summarize(batches, bench.LIMITED)
+    results = {kind: summarize(batches, kind) for kind in kinds_of(bench, args)}
+    plain, limited = results[bench.PLAIN], results[bench.LIMITED]
     ratio = limited["tasks_per_second_median"] / plain["tasks_per_second_median"]
     # Each limited batch against the plain batch just before it: the machine's drift
     # over the run (other load, CPU frequency) cancels out of these.
@@ -319,7 +344,16 @@ def build_report(bench: ModuleType, batches: List[Batch], args: argparse.Namespa
         "concurrency": args.concurrency,
         "store_results": args.store_results,
         "environment": machine,
-        "results": {"plain": plain, "limited": limited},
+        "results": {label(kind): result for kind, result in results.items()},
+        "ratio_over_plain_per_kind": {
+            label(kind): result["tasks_per_second_median"]
+            / plain["tasks_per_second_median"]
+            for kind, result in results.items() if kind != bench.PLAIN
+        },
+        "ratio_over_plain_per_round": {
+            label(kind): _paired_ratios(batches, bench.PLAIN, kind)
+            for kind in results if kind != bench.PLAIN
+        },
         "batches": [asdict(batch) | {"throughput": batch.throughput} for batch in batches],
         "ratio_limited_over_plain": ratio,
         "ratio_per_round": pairs,
@@ -333,6 +367,18 @@ def build_report(bench: ModuleType, batches: List[Batch], args: argparse.Namespa
     if profile is not None:
         data["worker_profile"] = profile
     return data
+
+
+def _paired_ratios(batches: List[Batch], base: str, kind: str) -> List[float]:
+    """Each batch of ``kind`` over the ``base`` batch of the same round (rounds start
+    with ``base``)."""
+    ratios, last_base = [], None
+    for batch in batches:
+        if batch.kind == base:
+            last_base = batch
+        elif batch.kind == kind and last_base is not None:
+            ratios.append(batch.throughput / last_base.throughput)
+    return ratios
 
 
 def markdown_report(data: Dict[str, Any]) -> str:
@@ -360,6 +406,15 @@ def markdown_report(data: Dict[str, Any]) -> str:
         ],
     )
     ratio = data["ratio_limited_over_plain"]
+    floors = ""
+    if len(data["ratio_over_plain_per_kind"]) > 1:
+        lines = [
+            f"- {name}: {value:.3f} (per-round median "
+            f"{median(data['ratio_over_plain_per_round'][name]):.3f})"
+            for name, value in data["ratio_over_plain_per_kind"].items()
+        ]
+        floors = ("Throughput over plain, same run, with the floors (see --floors):\n\n"
+                  + "\n".join(lines) + "\n\n")
     return (
         f"## LimitedTask vs plain task ({data['tasks_per_batch']} tasks x "
         f"{data['rounds']} rounds, prefork -c {data['concurrency']}, "
@@ -369,6 +424,7 @@ def markdown_report(data: Dict[str, Any]) -> str:
         f"{data['ratio_per_round_median']:.3f}) "
         f"(target >= 0.9: {'met' if data['target_met'] else 'NOT met'}); "
         f"overhead {data['overhead_microseconds_per_task']:.0f} µs per task\n\n"
+        f"{floors}"
         f"CPU time per task (medians; all processes share the machine's "
         f"{data['environment']['cpus']} CPUs):\n\n{cpu_table}\n"
     )
@@ -384,6 +440,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per batch")
     parser.add_argument("--store-results", action="store_true",
                         help="store task results in the backend (default: ignore them)")
+    parser.add_argument("--floors", action="store_true",
+                        help="also time a one-round-trip task and the bare admission")
     parser.add_argument("--profile", action="store_true",
                         help="profile the worker children with cProfile and print it")
     parser.add_argument("--profile-clock", choices=("wall", "process", "thread"),

@@ -16,6 +16,12 @@ redis-server:
 Both tasks do nothing. A finished task is counted by a ``task_postrun`` handler (so a
 limited task's count comes after its slot is given back) with one ``INCR`` of
 ``bench:done:<task name>`` in the lock store.
+
+Two more no-op tasks measure floors (``--floors``): ``bench.round_trip`` makes one
+round trip to the lock store, over the same kind of connection a limited run uses, and
+``bench.bare_admission`` makes exactly the Redis calls of a limited run (the admission
+script, then the release sent with the next request) with none of the package's code
+around them. What a limited run costs beyond the bare admission is the package's own.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ from celery import Celery, Task
 from celery.signals import task_postrun, worker_process_init, worker_process_shutdown
 
 from celery_redislock import LimitedTask
+from celery_redislock.admission import SlotLimit, new_token
+from celery_redislock.channel import channel_for
+from celery_redislock.holder import holder_member
+from celery_redislock.keys import LINE, companion_key
+from celery_redislock.scripts import ADMIT
 
 BROKER_ENV = "REDISLOCK_BENCH_BROKER_URL"
 BACKEND_ENV = "REDISLOCK_BENCH_BACKEND_URL"
@@ -47,8 +58,11 @@ PROFILE_CLOCKS: Dict[str, Callable[[], float]] = {
 QUEUE = "redislock-bench"
 PLAIN = "bench.plain"
 LIMITED = "bench.limited"
+ROUND_TRIP = "bench.round_trip"
+BARE_ADMISSION = "bench.bare_admission"
 #: Far more slots than the worker has processes: the limited task is never contended.
 LIMITED_SLOTS = 1000
+COUNTED = (PLAIN, LIMITED, ROUND_TRIP, BARE_ADMISSION)
 
 
 def counter_key(task_name: str) -> str:
@@ -87,6 +101,39 @@ def limited() -> None:
     """A task that does nothing, inside a slot of a never-full semaphore."""
 
 
+@app.task(name=ROUND_TRIP)
+def round_trip() -> None:
+    """One ``PING`` to the lock store over this process's channel, as runs use."""
+    channel_for(_counter()).call("PING")
+
+
+_BARE_LIMIT = SlotLimit(BARE_ADMISSION, LIMITED_SLOTS, "redislock:")
+_BARE_LINE = companion_key(_BARE_LIMIT.key, LINE)
+_BARE_DESCRIPTION = (
+    '{"task": "bench.bare_admission", "worker": "bench@host", "pid": 12345, '
+    '"id": "00000000-0000-0000-0000-000000000000"}'
+)
+
+
+@app.task(name=BARE_ADMISSION)
+def bare_admission() -> None:
+    """The admission script and the release a limited run sends, with no package code
+    around them: the Redis work of a limited run on its own."""
+    client = _counter()
+    token = new_token()
+    reply = ADMIT.run(client, [_BARE_LIMIT.key], [
+        token, 30_000, _BARE_DESCRIPTION, "", "", 3_600_000, 5_000, _BARE_LIMIT.spec({}),
+    ])
+    now_ms, _, fence, _, _ = reply.split()
+    member = holder_member(token, int(now_ms), int(fence), _BARE_DESCRIPTION)
+    channel_for(client).send(("ZREM", _BARE_LIMIT.key, member), ("EXISTS", _BARE_LINE),
+                             then=_ignore, now=False)
+
+
+def _ignore(replies: Any) -> None:
+    """The release's answer is not needed here: nobody waits for this semaphore."""
+
+
 _counter_client: Optional[redis.Redis] = None
 _profiler: Optional[cProfile.Profile] = None
 
@@ -102,7 +149,7 @@ def _counter() -> redis.Redis:
 @task_postrun.connect
 def count_finished(sender: Optional[Task] = None, **_: Any) -> None:
     """Count one finished run of the task that just ran."""
-    if sender is not None and sender.name in (PLAIN, LIMITED):
+    if sender is not None and sender.name in COUNTED:
         _counter().incr(counter_key(sender.name))
 
 
