@@ -320,9 +320,10 @@ def _names(limiters: Sequence[Any]) -> str:
 
 
 def _nobody_told_of_success(task: Any, request: Any) -> bool:
-    """True when Celery tells nobody that this run succeeded: it stores no result, and
-    no callback, chain step or chord waits for it. Nothing can then see that the run
-    ended before its release reaches Redis."""
+    """True when nothing comes out of this run's success: it stores no result, and no
+    callback, chain step or chord waits for it. No result or follow-up task can then
+    appear before its release reaches Redis (the task's own hooks in this process,
+    ``on_success`` and ``task_postrun``, may run first)."""
     return (_ignores_result(task, request) and not request.callbacks
             and not request.chain and not request.chord)
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import redis.exceptions
-from celery import Celery
+from celery import Celery, chain
 from celery.exceptions import Ignore, Reject
 
 from celery_redislock import (
@@ -109,6 +109,23 @@ def test_a_run_nobody_hears_of_frees_its_slot_soon_after(celery_app, celery_work
     assert ran.wait(10)
     wait_until(lambda: holders(lock_client, quiet.name) == 0, timeout=2,
                what="the slot to come back")
+
+
+def test_a_run_with_a_next_step_frees_its_slot_before_that_step_starts(
+        celery_app, celery_worker, lock_client):
+    """A chained run that stores no result still writes its release at once: the next
+    step (here in the same worker thread, which asks the lock store nothing more) finds
+    the slot free."""
+    @celery_app.task(base=LimitedTask, lock_slots=2, ignore_result=True, shared=False)
+    def first():
+        return 1
+
+    @celery_app.task(shared=False)
+    def second(_):
+        return holders(lock_client, first.name)
+
+    celery_worker.reload()
+    assert chain(first.s(), second.s()).delay().get(timeout=10) == 0
 
 
 def test_released_when_the_body_fails(celery_app, celery_worker, lock_client):
