@@ -47,7 +47,8 @@ def benchmark_arguments(quick: bool) -> Dict[str, List[str]]:
             "contention": ["--scenarios", "short,overload", "--rounds", "1"],
             "scale": ["--samples", "300", "--ttl-wait", "0"],
         }
-    return {"semaphore": [], "task_overhead": [], "rate": [], "contention": [], "scale": []}
+    return {"semaphore": [], "task_overhead": ["--rounds", "10", "--floors"], "rate": [],
+            "contention": [], "scale": []}
 
 
 def status(met: Optional[bool]) -> str:
