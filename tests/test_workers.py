@@ -28,6 +28,8 @@ from worker_app import (
     CUSTOMERS_KEY,
     LIMITED_KEY,
     LIMITED_SLEEP,
+    QUIET_KEY,
+    QUIET_SLEEP,
     SHORT_LEASE_KEY,
     SHORT_LEASE_SLEEP,
     SYNC_CUSTOMER,
@@ -62,6 +64,29 @@ def test_slots_bound_concurrency_across_all_workers(cluster: WorkerCluster) -> N
     assert max(seen) == 2, f"concurrency per start: {seen}"
     assert record.get(f"running:{LIMITED_KEY}") == "0"
     assert_slots_all_given_back(cluster, [LIMITED_SLEEP])
+    assert_no_lease_lost(cluster)
+
+
+def test_releases_left_for_the_next_request_all_reach_the_lock_store(
+        cluster: WorkerCluster) -> None:
+    """40 runs that store no result on a never-full semaphore: each release goes with
+    its process's next request to the lock store, and the last one of each process,
+    with no next request, within moments; every run runs once, every slot comes back."""
+    task = cluster.app.tasks[QUIET_SLEEP]
+    sent = [task.delay(0.05) for _ in range(40)]
+    record = record_store(cluster)
+
+    wait_until(lambda: all(record.get(f"runs:{result.id}") for result in sent), timeout=60,
+               what="every run to start")
+    wait_until(lambda: record.get(f"running:{QUIET_KEY}") == "0", timeout=10,
+               what="every run to end")
+    wait_until(lambda: holders(cluster, QUIET_KEY) == 0, timeout=5,
+               what="every slot to come back")
+
+    assert_each_ran_once(record, sent)
+    seen = peaks(record, QUIET_KEY)
+    assert len(seen) == 40
+    assert max(seen) <= 9, f"concurrency per start: {seen}"
     assert_no_lease_lost(cluster)
 
 

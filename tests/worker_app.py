@@ -49,6 +49,8 @@ HANDOFF_SLEEP = "worker_app.handoff_sleep"
 HANDOFF_KEY = "handoff"
 HANDOFF_CRASH_ONCE = "worker_app.handoff_crash_once"
 PLAIN_ECHO = "worker_app.plain_echo"
+QUIET_SLEEP = "worker_app.quiet_sleep"
+QUIET_KEY = "quiet"
 
 #: Small countdowns when every slot is taken, so that the tests run fast.
 FAST_RETRY: Mapping[str, float] = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
@@ -206,6 +208,13 @@ def create_app(urls: AppUrls) -> Celery:
             os.kill(os.getpid(), 9)
         record.end(self.request.id, ["crash-once"])
         return self.request.id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=QUIET_SLEEP, lock_slots=20,
+              lock_key=QUIET_KEY, ignore_result=True)
+    def quiet_sleep(self: Any, seconds: float = 0.05) -> None:
+        """More slots than the cluster has processes, and no result stored: every run
+        leaves its release to go with its process's next request to the lock store."""
+        recorder(urls.record).run(self.request.id, [QUIET_KEY], seconds)
 
     @app.task(shared=False, name=PLAIN_ECHO)
     def plain_echo(value: Any) -> Any:
