@@ -210,13 +210,10 @@ def run_batch(bench: ModuleType, client: redis.Redis, worker: Worker, cpu: CpuMe
     )
 
 
-LABELS = {"bench.plain": "plain", "bench.limited": "limited",
-          "bench.round_trip": "one round trip", "bench.bare_admission": "bare admission"}
-
-
-def label(kind: str) -> str:
-    """How the report names the task kind ``kind``."""
-    return LABELS.get(kind, kind)
+def labels(bench: ModuleType) -> Dict[str, str]:
+    """How the report names each task kind of the app module ``bench``."""
+    return {bench.PLAIN: "plain", bench.LIMITED: "limited",
+            bench.ROUND_TRIP: "one round trip", bench.BARE_ADMISSION: "bare admission"}
 
 
 def kinds_of(bench: ModuleType, args: argparse.Namespace) -> List[str]:
@@ -330,13 +327,10 @@ def build_report(bench: ModuleType, batches: List[Batch], args: argparse.Namespa
     results = {kind: summarize(batches, kind) for kind in kinds_of(bench, args)}
     plain, limited = results[bench.PLAIN], results[bench.LIMITED]
     ratio = limited["tasks_per_second_median"] / plain["tasks_per_second_median"]
-    # Each limited batch against the plain batch just before it: the machine's drift
-    # over the run (other load, CPU frequency) cancels out of these.
-    pairs = [
-        later.throughput / earlier.throughput
-        for earlier, later in zip(batches, batches[1:])
-        if earlier.kind == bench.PLAIN and later.kind == bench.LIMITED
-    ]
+    # Each limited batch against the plain batch of its round: the machine's drift over
+    # the run (other load, CPU frequency) cancels out of these.
+    pairs = _paired_ratios(batches, bench.PLAIN, bench.LIMITED)
+    label = labels(bench)
     data: Dict[str, Any] = {
         "benchmark": "task_overhead",
         "tasks_per_batch": args.tasks,
@@ -344,14 +338,14 @@ def build_report(bench: ModuleType, batches: List[Batch], args: argparse.Namespa
         "concurrency": args.concurrency,
         "store_results": args.store_results,
         "environment": machine,
-        "results": {label(kind): result for kind, result in results.items()},
+        "results": {label[kind]: result for kind, result in results.items()},
         "ratio_over_plain_per_kind": {
-            label(kind): result["tasks_per_second_median"]
+            label[kind]: result["tasks_per_second_median"]
             / plain["tasks_per_second_median"]
             for kind, result in results.items() if kind != bench.PLAIN
         },
         "ratio_over_plain_per_round": {
-            label(kind): _paired_ratios(batches, bench.PLAIN, kind)
+            label[kind]: _paired_ratios(batches, bench.PLAIN, kind)
             for kind in results if kind != bench.PLAIN
         },
         "batches": [asdict(batch) | {"throughput": batch.throughput} for batch in batches],

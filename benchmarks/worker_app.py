@@ -30,14 +30,14 @@ import cProfile
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import redis
 from celery import Celery, Task
 from celery.signals import task_postrun, worker_process_init, worker_process_shutdown
 
-from celery_redislock import LimitedTask
-from celery_redislock.admission import SlotLimit, new_token
+from celery_redislock import LimitedTask, handoff
+from celery_redislock.admission import SlotLimit, milliseconds, new_token
 from celery_redislock.channel import channel_for
 from celery_redislock.holder import holder_member
 from celery_redislock.keys import LINE, companion_key
@@ -113,6 +113,20 @@ _BARE_DESCRIPTION = (
     '{"task": "bench.bare_admission", "worker": "bench@host", "pid": 12345, '
     '"id": "00000000-0000-0000-0000-000000000000"}'
 )
+_bare_arguments: Optional[Tuple[int, List[Any]]] = None
+
+
+def _admission_arguments() -> Tuple[int, List[Any]]:
+    """The lease (ms), and the admission script's arguments after the description, as
+    the limited task's runs pass them (worked out on the first run)."""
+    global _bare_arguments
+    if _bare_arguments is None:
+        limits = app.tasks[LIMITED].task_limits()
+        _bare_arguments = (milliseconds(limits.lease), [
+            "", "", limits.retry.keep_ticket_ms(None), handoff.reservation_ms(limits.lease),
+            _BARE_LIMIT.spec({}),
+        ])
+    return _bare_arguments
 
 
 @app.task(name=BARE_ADMISSION)
@@ -121,9 +135,9 @@ def bare_admission() -> None:
     around them: the Redis work of a limited run on its own."""
     client = _counter()
     token = new_token()
-    reply = ADMIT.run(client, [_BARE_LIMIT.key], [
-        token, 30_000, _BARE_DESCRIPTION, "", "", 3_600_000, 5_000, _BARE_LIMIT.spec({}),
-    ])
+    lease_ms, rest = _admission_arguments()
+    reply = ADMIT.run(client, [_BARE_LIMIT.key],
+                      [token, lease_ms, _BARE_DESCRIPTION, *rest])
     now_ms, _, fence, _, _ = reply.split()
     member = holder_member(token, int(now_ms), int(fence), _BARE_DESCRIPTION)
     channel_for(client).send(("ZREM", _BARE_LIMIT.key, member), ("EXISTS", _BARE_LINE),

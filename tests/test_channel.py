@@ -18,6 +18,9 @@ from celery_redislock.keeper import lease_keeper
 
 from support import wait_until
 
+#: How long the keeper leaves a thread's releases to it, as the package sets it.
+SETTLE_AFTER = keeper_module.SETTLE_AFTER
+
 
 @pytest.fixture(autouse=True)
 def keeper_stays_out(monkeypatch):
@@ -28,7 +31,7 @@ def keeper_stays_out(monkeypatch):
 
 
 def keeper_takes_part(monkeypatch):
-    monkeypatch.setattr(keeper_module, "SETTLE_AFTER", 0.01)
+    monkeypatch.setattr(keeper_module, "SETTLE_AFTER", SETTLE_AFTER)
 
 
 def test_replies_of_a_send_are_read_by_the_next_call_in_order(redis_client):

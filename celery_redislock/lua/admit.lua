@@ -94,8 +94,9 @@ for i = 1, #KEYS do
   local spec = ARGV[7 + i]
   local limiter = {kind = string.sub(spec, 1, 1), key = key}
   if limiter.kind == 's' then
-    limiter.minus_slots = '-' .. string.sub(spec, 3)
-    limiter.slots = tonumber(string.sub(spec, 3))
+    local slots_text = string.sub(spec, 3)
+    limiter.slots = tonumber(slots_text)
+    limiter.minus_slots = '-' .. slots_text
     local slots, paused = semaphore_limit(key, limiter.slots, now)
     if paused then return reply(3, i, paused, 0, 0, 0) end
     -- Leases and reservations that ran out are dropped first: an admission always
