@@ -7,11 +7,12 @@ from the first send until the worker has finished them all (every finished run
 increments a counter, which is polled). Batches alternate plain, limited, plain, limited
 in the same worker; the median of each kind and the ratio limited/plain are reported.
 
-With ``--floors``, each round also times two more no-op tasks (see
-``benchmarks/worker_app.py``): one that makes a single round trip to the lock store, and
-one that makes exactly a limited run's Redis calls with none of the package's code around
-them. Their ratios to the plain task are the floors that the design (one admission round
-trip per run) and the package's code stand on.
+With ``--floors``, each round also times three more no-op tasks (see
+``benchmarks/worker_app.py``): one that makes a single round trip to the lock store, one
+that makes a limited run's Redis calls with the same arguments to a script that only
+reads the clock, and one that makes exactly a limited run's Redis calls with none of the
+package's code around them. Their ratios to the plain task are the floors that the design
+(one admission script call per run) and the package's code stand on.
 
 Run from the repository root::
 
@@ -213,12 +214,13 @@ def run_batch(bench: ModuleType, client: redis.Redis, worker: Worker, cpu: CpuMe
 def labels(bench: ModuleType) -> Dict[str, str]:
     """How the report names each task kind of the app module ``bench``."""
     return {bench.PLAIN: "plain", bench.LIMITED: "limited",
-            bench.ROUND_TRIP: "one round trip", bench.BARE_ADMISSION: "bare admission"}
+            bench.ROUND_TRIP: "one round trip", bench.SCRIPT_CALL: "script call",
+            bench.BARE_ADMISSION: "bare admission"}
 
 
 def kinds_of(bench: ModuleType, args: argparse.Namespace) -> List[str]:
     """The task kinds each round times, in order: plain and limited, then the floors."""
-    floors = [bench.ROUND_TRIP, bench.BARE_ADMISSION] if args.floors else []
+    floors = [bench.ROUND_TRIP, bench.SCRIPT_CALL, bench.BARE_ADMISSION] if args.floors else []
     return [bench.PLAIN, bench.LIMITED, *floors]
 
 
@@ -435,7 +437,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--store-results", action="store_true",
                         help="store task results in the backend (default: ignore them)")
     parser.add_argument("--floors", action="store_true",
-                        help="also time a one-round-trip task and the bare admission")
+                        help="also time a one-round-trip task, a clock-only script call "
+                             "and the bare admission")
     parser.add_argument("--profile", action="store_true",
                         help="profile the worker children with cProfile and print it")
     parser.add_argument("--profile-clock", choices=("wall", "process", "thread"),

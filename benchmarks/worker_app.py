@@ -17,8 +17,11 @@ Both tasks do nothing. A finished task is counted by a ``task_postrun`` handler 
 limited task's count comes after its slot is given back) with one ``INCR`` of
 ``bench:done:<task name>`` in the lock store.
 
-Two more no-op tasks measure floors (``--floors``): ``bench.round_trip`` makes one
-round trip to the lock store, over the same kind of connection a limited run uses, and
+Three more no-op tasks measure floors (``--floors``): ``bench.round_trip`` makes one
+round trip to the lock store, over the same kind of connection a limited run uses;
+``bench.script_call`` makes the Redis calls of a limited run with the same arguments and
+replies, but its script only reads the server's clock (what sending a script call and
+its release costs, apart from the admission's own work in Redis); and
 ``bench.bare_admission`` makes exactly the Redis calls of a limited run (the admission
 script, then the release sent with the next request) with none of the package's code
 around them. What a limited run costs beyond the bare admission is the package's own.
@@ -41,7 +44,7 @@ from celery_redislock.admission import SlotLimit, milliseconds, new_token
 from celery_redislock.channel import channel_for
 from celery_redislock.holder import holder_member
 from celery_redislock.keys import LINE, companion_key
-from celery_redislock.scripts import ADMIT
+from celery_redislock.scripts import ADMIT, LuaScript
 
 BROKER_ENV = "REDISLOCK_BENCH_BROKER_URL"
 BACKEND_ENV = "REDISLOCK_BENCH_BACKEND_URL"
@@ -59,10 +62,11 @@ QUEUE = "redislock-bench"
 PLAIN = "bench.plain"
 LIMITED = "bench.limited"
 ROUND_TRIP = "bench.round_trip"
+SCRIPT_CALL = "bench.script_call"
 BARE_ADMISSION = "bench.bare_admission"
 #: Far more slots than the worker has processes: the limited task is never contended.
 LIMITED_SLOTS = 1000
-COUNTED = (PLAIN, LIMITED, ROUND_TRIP, BARE_ADMISSION)
+COUNTED = (PLAIN, LIMITED, ROUND_TRIP, SCRIPT_CALL, BARE_ADMISSION)
 
 
 def counter_key(task_name: str) -> str:
@@ -129,15 +133,39 @@ def _admission_arguments() -> Tuple[int, List[Any]]:
     return _bare_arguments
 
 
+#: A script with the admission's arguments and the shape of its reply that only reads
+#: the server's clock: the reply's fence is the clock in microseconds, as an uncontended
+#: admission's usually is.
+_CLOCK_ONLY = LuaScript("clock_only.lua", """
+local clock = redis.call('TIME')
+local ms = clock[1] .. string.format('%03d', math.floor(clock[2] / 1000))
+return ms .. ' ' .. ms .. ' ' .. clock[1] .. string.format('%06d', clock[2]) .. ' 0 0'
+""")
+
+
+@app.task(name=SCRIPT_CALL)
+def script_call() -> None:
+    """The script call and the release a limited run sends, with the same arguments
+    and reply, to a script that only reads the clock: the cost of the calls apart from
+    the admission's own work in Redis."""
+    _admit_and_release(_CLOCK_ONLY)
+
+
 @app.task(name=BARE_ADMISSION)
 def bare_admission() -> None:
     """The admission script and the release a limited run sends, with no package code
     around them: the Redis work of a limited run on its own."""
+    _admit_and_release(ADMIT)
+
+
+def _admit_and_release(script: LuaScript) -> None:
+    """Call ``script`` as a limited run calls the admission script, then send the
+    release it would send, to go with the next request."""
     client = _counter()
     token = new_token()
     lease_ms, rest = _admission_arguments()
-    reply = ADMIT.run(client, [_BARE_LIMIT.key],
-                      [token, lease_ms, _BARE_DESCRIPTION, *rest])
+    reply = script.run(client, [_BARE_LIMIT.key],
+                       [token, lease_ms, _BARE_DESCRIPTION, *rest])
     now_ms, _, fence, _, _ = reply.split()
     member = holder_member(token, int(now_ms), int(fence), _BARE_DESCRIPTION)
     channel_for(client).send(("ZREM", _BARE_LIMIT.key, member), ("EXISTS", _BARE_LINE),

@@ -70,7 +70,10 @@ class LeaseKeeper:
 
     def __init__(self) -> None:
         self._kept: Dict[str, _Kept] = {}
-        self._wakeup = threading.Condition(threading.Lock())  # never taken twice
+        #: Guards the leases kept and the thread's next look; taken directly on the
+        #: task path (a C call), and through the condition by the thread.
+        self._lock = threading.Lock()  # never taken twice
+        self._wakeup = threading.Condition(self._lock)
         self._thread: Optional[threading.Thread] = None
         self._next_due = 0.0
 
@@ -78,14 +81,12 @@ class LeaseKeeper:
         """Renew ``lease`` in the background from now on."""
         now = time.monotonic()
         due = now + lease.lease_seconds / 3
-        with self._wakeup:
+        entry = _Kept(lease, due, now, [on_lost] if on_lost else [])
+        with self._lock:
+            self._kept[lease.token] = entry
             # Wake the thread only if it sleeps past this lease's first renewal.
-            wake = self._thread is None or due < self._next_due
-            self._kept[lease.token] = _Kept(
-                lease=lease, due=due, last_renewed=now, on_lost=[on_lost] if on_lost else [],
-            )
-            self._ensure_thread()
-            if wake:
+            if self._thread is None or due < self._next_due:
+                self._ensure_thread()
                 self._next_due = due
                 self._wakeup.notify()
 
@@ -102,7 +103,7 @@ class LeaseKeeper:
 
     def forget(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (it is about to be released, or was lost)."""
-        with self._wakeup:
+        with self._lock:
             self._kept.pop(lease.token, None)
 
     def kept(self) -> List[Lease]:
@@ -119,13 +120,21 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         while True:
-            with self._wakeup:
-                due = self._due_now()
-                if not due:
-                    self._wakeup.wait(timeout=self._seconds_to_next())
-            for entry in due:
-                self._renew(entry)
-            settle_all(older_than=SETTLE_AFTER)
+            try:
+                self._look()
+            except Exception:  # never let renewals stop: log, pause, go on
+                logger.exception("celery-redislock: the lease keeper failed; retrying")
+                time.sleep(min(1.0, IDLE_WAKE))
+
+    def _look(self) -> None:
+        """Wait until something is due, then renew what is due and settle releases."""
+        with self._wakeup:
+            due = self._due_now()
+            if not due:
+                self._wakeup.wait(timeout=self._seconds_to_next())
+        for entry in due:
+            self._renew(entry)
+        settle_all(older_than=SETTLE_AFTER)
 
     def _due_now(self) -> List[_Kept]:
         now = time.monotonic()

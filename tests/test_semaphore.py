@@ -238,3 +238,27 @@ def test_error_replies_are_raised_as_redis_py_exceptions(redis_client):
     with pytest.raises(redis.exceptions.NoScriptError):
         channel.call("EVALSHA", "0" * 40, 0)
     assert channel.call_many(("PING",), ("ECHO", "x")) == [b"PONG", b"x"]
+
+
+def test_renewal_goes_on_after_the_keeper_meets_an_unexpected_error(redis_client,
+                                                                     monkeypatch, caplog):
+    from celery_redislock import keeper as keeper_module
+
+    failures = []
+    real_settle_all = keeper_module.settle_all
+
+    def settle_all_failing_once(**kwargs):
+        if not failures:
+            failures.append(True)
+            raise RuntimeError("a bug the keeper did not expect")
+        real_settle_all(**kwargs)
+
+    monkeypatch.setattr(keeper_module, "settle_all", settle_all_failing_once)
+    monkeypatch.setattr(keeper_module, "IDLE_WAKE", 0.05)  # its pause after a failure
+    sem = Semaphore(redis_client, "keeps-going", slots=1, lease=0.5)
+    with sem.hold() as lease:
+        wait_until(lambda: failures, timeout=5, what="the keeper to meet the error")
+        time.sleep(1.6)  # more than 3 leases: only renewal explains still holding it
+        assert not lease.lost
+        assert sem.holders() == 1
+    assert "the lease keeper failed" in caplog.text
