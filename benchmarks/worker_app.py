@@ -134,13 +134,9 @@ def _admission_arguments() -> Tuple[int, List[Any]]:
 
 
 #: A script with the admission's arguments and the shape of its reply that only reads
-#: the server's clock: the reply's fence is the clock in microseconds, as an uncontended
-#: admission's usually is.
-_CLOCK_ONLY = LuaScript("clock_only.lua", """
-local clock = redis.call('TIME')
-local ms = clock[1] .. string.format('%03d', math.floor(clock[2] / 1000))
-return ms .. ' ' .. ms .. ' ' .. clock[1] .. string.format('%06d', clock[2]) .. ' 0 0'
-""")
+#: the server's clock (``clock_only.lua``, beside this file).
+_CLOCK_ONLY = LuaScript(
+    "clock_only.lua", (Path(__file__).parent / "clock_only.lua").read_text("utf-8"))
 
 
 @app.task(name=SCRIPT_CALL)
