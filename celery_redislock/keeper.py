@@ -8,7 +8,8 @@ code serves the prefork, threads and solo pools and plain Python programs.
 A lease is renewed every third of its length. When Redis cannot be reached the keeper
 retries sooner; once a lease's time is certainly up without a successful renewal, or
 a renewal finds the lease gone, the lease is marked ``lost``, an error is logged, and
-the ``on_lost`` callbacks run.
+the ``on_lost`` callbacks run. An unexpected error in the thread is logged and the
+thread goes on after :data:`PAUSE_AFTER_FAILURE` seconds: renewals never stop silently.
 
 The same thread finishes the releases of runs
 (:meth:`~celery_redislock.admission.Lease.release_soon`) that their own thread has left
@@ -44,6 +45,9 @@ IDLE_WAKE = 1.0
 #: Releases left by their own thread for this long (seconds) are finished by the keeper:
 #: the longest a slot stays taken, and a waiting line unserved, after its run ended.
 SETTLE_AFTER = 0.01
+
+#: Seconds the thread waits after an unexpected error before it looks again.
+PAUSE_AFTER_FAILURE = 1.0
 
 
 @dataclass
@@ -124,7 +128,7 @@ class LeaseKeeper:
                 self._look()
             except Exception:  # never let renewals stop: log, pause, go on
                 logger.exception("celery-redislock: the lease keeper failed; retrying")
-                time.sleep(min(1.0, IDLE_WAKE))
+                time.sleep(PAUSE_AFTER_FAILURE)
 
     def _look(self) -> None:
         """Wait until something is due, then renew what is due and settle releases."""

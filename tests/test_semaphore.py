@@ -254,7 +254,7 @@ def test_renewal_goes_on_after_the_keeper_meets_an_unexpected_error(redis_client
         real_settle_all(**kwargs)
 
     monkeypatch.setattr(keeper_module, "settle_all", settle_all_failing_once)
-    monkeypatch.setattr(keeper_module, "IDLE_WAKE", 0.05)  # its pause after a failure
+    monkeypatch.setattr(keeper_module, "PAUSE_AFTER_FAILURE", 0.05)
     sem = Semaphore(redis_client, "keeps-going", slots=1, lease=0.5)
     with sem.hold() as lease:
         wait_until(lambda: failures, timeout=5, what="the keeper to meet the error")
