@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import redis
 
 from celery_redislock import Semaphore
-from celery_redislock.admission import Lease
+from celery_redislock.engine.admission import Lease
 from celery_redislock.testing import RedisServer
 
 from .common import environment, markdown_table, write_json

@@ -29,7 +29,8 @@ import redis
 from celery import Celery
 
 import celery_redislock
-from celery_redislock import Rate, signals
+from celery_redislock import Rate
+from celery_redislock.integration import signals
 
 BROKER_ENV = "REDISLOCK_BENCH_BROKER_URL"
 BACKEND_ENV = "REDISLOCK_BENCH_BACKEND_URL"

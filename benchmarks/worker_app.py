@@ -39,12 +39,13 @@ import redis
 from celery import Celery, Task
 from celery.signals import task_postrun, worker_process_init, worker_process_shutdown
 
-from celery_redislock import LimitedTask, handoff
-from celery_redislock.admission import SlotLimit, milliseconds, new_token
-from celery_redislock.channel import channel_for
-from celery_redislock.holder import holder_member
-from celery_redislock.keys import LINE, companion_key
-from celery_redislock.scripts import ADMIT, LuaScript
+from celery_redislock import LimitedTask
+from celery_redislock.engine.admission import SlotLimit, milliseconds, new_token
+from celery_redislock.engine.channel import channel_for
+from celery_redislock.engine.holder import holder_member
+from celery_redislock.engine.keys import LINE, companion_key
+from celery_redislock.engine.scripts import ADMIT, LuaScript
+from celery_redislock.integration import handoff
 
 BROKER_ENV = "REDISLOCK_BENCH_BROKER_URL"
 BACKEND_ENV = "REDISLOCK_BENCH_BACKEND_URL"

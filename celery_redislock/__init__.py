@@ -12,11 +12,33 @@ Example::
 
     @app.task(base=SingletonTask)
     def rebuild_index(): ...
+
+The package is built in layers, each a subpackage that imports only from the layers
+below it (``tests/test_layers.py`` checks this):
+
+=================  ===================================================================
+``errors``         the exceptions every layer raises
+``engine``         semaphores, rate limits and waiting lines in Redis; no Celery
+``config``         options, settings and limit definitions, checked; runs nothing
+``integration``    Celery: task classes, the run of a limited task, waiting, recovery
+``admin``          operators' tools: state reads, the control API, the CLI
+``metrics``        metrics fed by the signals, and the Prometheus exporter
+``testing``        throw-away Redis servers and the pytest plugin
+=================  ===================================================================
+
+The names below are the public API. Those that need Celery are imported on first use, so
+that ``import celery_redislock.engine`` does not import Celery.
 """
 
-from . import recovery  # noqa: F401 - connects the worker's crash-recovery receivers
-from .admission import Busy, Lease, RateLimited
-from .config import check_limits
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from .engine.admission import Busy, Lease, Paused, RateLimited
+from .engine.rate import Rate
+from .engine.rate_limiter import RateLimiter
+from .engine.semaphore import Semaphore
 from .errors import (
     LockConfigurationError,
     LockKeyError,
@@ -25,11 +47,19 @@ from .errors import (
     LockWaitTimeout,
     RedisLockError,
 )
-from .install import install
-from .rate import Rate
-from .rate_limiter import RateLimiter
-from .semaphore import Semaphore
-from .task import LimitedTask, SingletonTask
+
+if TYPE_CHECKING:
+    from .config.limits_setting import check_limits
+    from .integration.install import install
+    from .integration.task import LimitedTask, SingletonTask
+
+#: Public names that need Celery, and the module each is imported from on first use.
+_LAZY = {
+    "LimitedTask": "celery_redislock.integration.task",
+    "SingletonTask": "celery_redislock.integration.task",
+    "install": "celery_redislock.integration.install",
+    "check_limits": "celery_redislock.config.limits_setting",
+}
 
 __all__ = [
     "Busy",
@@ -40,6 +70,7 @@ __all__ = [
     "LockStoreUnavailable",
     "LockTimeout",
     "LockWaitTimeout",
+    "Paused",
     "Rate",
     "RateLimited",
     "RateLimiter",
@@ -51,3 +82,16 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'celery_redislock' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY))

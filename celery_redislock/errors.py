@@ -1,4 +1,5 @@
-"""Exceptions raised by celery-redislock."""
+"""Exceptions raised by celery-redislock: the lowest layer, which every other layer may
+import and which imports nothing of the package."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ import redis
 from celery import Celery
 
 from celery_redislock import LimitedTask
-from celery_redislock.control import pause_key_of
-from celery_redislock.signals import lock_contended
+from celery_redislock.admin.control import pause_key_of
+from celery_redislock.integration.signals import lock_contended
 
 from worker_app import BROKER_URL_ENV, FAST_RETRY, AppUrls
 

@@ -42,7 +42,7 @@ from celery import Celery
 from celery.signals import task_failure
 
 from celery_redislock import SingletonTask
-from celery_redislock.signals import lease_lost, lock_contended
+from celery_redislock.integration.signals import lease_lost, lock_contended
 
 from worker_app import BROKER_URL_ENV, FAST_RETRY, AppUrls, Recorder
 

@@ -23,9 +23,10 @@ from typing import Any, Dict, Optional
 import redis
 from celery import Celery
 
-from celery_redislock import LimitedTask, signals
+from celery_redislock import LimitedTask
+from celery_redislock.integration import signals
 from celery_redislock.metrics import default_limit_label
-from celery_redislock.prometheus import enable_prometheus
+from celery_redislock.metrics.prometheus import enable_prometheus
 
 from worker_app import BROKER_URL_ENV, AppUrls
 

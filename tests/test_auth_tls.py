@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 
 from celery_redislock import LimitedTask, Semaphore
-from celery_redislock.settings import redis_client
+from celery_redislock.config.settings import redis_client
 from celery_redislock.testing import RedisServer, free_port
 
 

@@ -214,8 +214,8 @@ def test_a_waiter_whose_admission_answer_was_lost_still_runs_once(
     reads the answer: the run goes back to the broker as if refused, and its admission
     (which went through) marked its ticket served. It must still run, exactly once, once
     the slot that lost admission took comes back (its lease is never renewed)."""
-    from celery_redislock import execution
-    from celery_redislock.admission import Lease
+    from celery_redislock.engine.admission import Lease
+    from celery_redislock.integration import execution
 
     runs = []
 
@@ -249,7 +249,7 @@ def test_a_waiter_whose_admission_answer_was_lost_still_runs_once(
 
 
 def _line_key(lock_client):
-    from celery_redislock.keys import LINE, companion_key, semaphore_key
+    from celery_redislock.engine.keys import LINE, companion_key, semaphore_key
 
     return companion_key(semaphore_key("lost-answer", "redislock:"), LINE)
 
@@ -324,7 +324,7 @@ def test_singleton_refuses_more_slots():
 
 
 def test_signals_report_contention_acquire_and_release(celery_app, celery_worker, lock_client):
-    from celery_redislock import signals
+    from celery_redislock.integration import signals
 
     seen = []
 
@@ -369,7 +369,7 @@ def test_signals_report_contention_acquire_and_release(celery_app, celery_worker
 def test_countdowns_stay_below_the_visibility_timeout(celery_app, celery_worker, lock_client):
     """A countdown longer than the broker's visibility_timeout would be redelivered (so run
     twice) by the Redis and SQS transports: it is capped at half of it."""
-    from celery_redislock import signals
+    from celery_redislock.integration import signals
 
     celery_app.conf.broker_transport_options = {"visibility_timeout": 0.4}
     countdowns = []

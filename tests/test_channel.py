@@ -10,11 +10,11 @@ import pytest
 import redis.exceptions
 from celery import Signature
 
-from celery_redislock import handoff
-from celery_redislock import keeper as keeper_module
-from celery_redislock.admission import Lease, SlotLimit, admit
-from celery_redislock.channel import channel_for, settle_all, unsettled
-from celery_redislock.keeper import lease_keeper
+from celery_redislock.engine import keeper as keeper_module
+from celery_redislock.engine.admission import Lease, SlotLimit, admit
+from celery_redislock.engine.channel import channel_for, settle_all, unsettled
+from celery_redislock.engine.keeper import lease_keeper
+from celery_redislock.integration import handoff
 
 from support import wait_until
 
@@ -64,7 +64,7 @@ def test_a_failing_handler_is_logged_and_the_call_goes_on(redis_client, caplog):
         raise RuntimeError("handler bug")
 
     channel.send(("PING",), then=broken)
-    with caplog.at_level("ERROR", logger="celery_redislock.channel"):
+    with caplog.at_level("ERROR", logger="celery_redislock.engine.channel"):
         assert channel.call("ECHO", "still") == b"still"
     assert "handling a lock store reply failed" in caplog.text
 

@@ -15,11 +15,11 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
 from celery_redislock import Semaphore
-from celery_redislock.admission import Busy, Lease, Paused, SlotLimit, admit
-from celery_redislock.cli import redislock
-from celery_redislock.control import limit_state
-from celery_redislock.keys import semaphore_key
-from celery_redislock.scripts import HOLDERS
+from celery_redislock.admin.cli import redislock
+from celery_redislock.admin.control import limit_state
+from celery_redislock.engine.admission import Busy, Lease, Paused, SlotLimit, admit
+from celery_redislock.engine.keys import semaphore_key
+from celery_redislock.engine.scripts import HOLDERS
 from celery_redislock.testing import free_port
 
 from cli_app import CALL_API_PATIENT, CRAWL, URL_ENV, api_name, create_app, create_worker_app
@@ -495,7 +495,7 @@ def test_watch_once_shows_keys_and_holders(app, holders, lock_client):
 
 def test_watch_repeats_until_interrupted(app, holders):
     """Without --once it refreshes every --interval until Ctrl-C (here: the 3rd view)."""
-    import celery_redislock.watch as watch_module
+    import celery_redislock.admin.watch as watch_module
 
     views = []
     real_render = watch_module.render
@@ -519,8 +519,8 @@ def test_watch_repeats_until_interrupted(app, holders):
 def test_watch_on_a_terminal_redraws_in_place(app, holders):
     from io import StringIO
 
-    from celery_redislock.cli import LockStore
-    from celery_redislock.watch import CLEAR, run_watch
+    from celery_redislock.admin.cli import LockStore
+    from celery_redislock.admin.watch import CLEAR, run_watch
 
     store = LockStore(app)
     screen = StringIO()

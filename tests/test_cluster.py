@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from celery_redislock import LimitedTask, RateLimiter, Semaphore
-from celery_redislock.admission import Busy, Lease, RateLimit, SlotLimit, admit
-from celery_redislock.rate import Rate
-from celery_redislock.recovery import free_worker_slots
-from celery_redislock.scripts import by_hash_slot
+from celery_redislock.engine.admission import Busy, Lease, RateLimit, SlotLimit, admit
+from celery_redislock.engine.rate import Rate
+from celery_redislock.engine.scripts import by_hash_slot
+from celery_redislock.integration.recovery import free_worker_slots
 
 from redis_process import RedisClusterServers
 

@@ -7,7 +7,7 @@ from celery import Celery
 
 import celery_redislock
 from celery_redislock import LimitedTask, LockConfigurationError, Semaphore, check_limits
-from celery_redislock.config import matching_entry
+from celery_redislock.config.limits_setting import matching_entry
 
 from support import LOCK_DB, wait_until
 

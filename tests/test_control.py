@@ -1,4 +1,4 @@
-"""The control API (``celery_redislock.control``): slot overrides, pauses, resume, state.
+"""The control API (``celery_redislock.admin.control``): slot overrides, pauses, resume, state.
 
 Against a real redis-server, with real ``Semaphore`` / ``RateLimiter`` admissions, and
 a real prefork worker for the paths that run inside tasks.
@@ -12,8 +12,7 @@ import uuid
 import pytest
 
 from celery_redislock import Rate, Semaphore
-from celery_redislock.admission import Busy, Lease, Paused, RateLimit, admit
-from celery_redislock.control import (
+from celery_redislock.admin.control import (
     LimitControlError,
     clear_slots,
     limit_keys,
@@ -23,7 +22,8 @@ from celery_redislock.control import (
     resume,
     set_slots,
 )
-from celery_redislock.keys import DEFAULT_PREFIX, rate_key, semaphore_key
+from celery_redislock.engine.admission import Busy, Lease, Paused, RateLimit, admit
+from celery_redislock.engine.keys import DEFAULT_PREFIX, rate_key, semaphore_key
 
 from cli_app import CALL_API, CALL_API_PATIENT, CRAWL, api_name, create_app, create_worker_app
 from support import wait_until

@@ -23,7 +23,7 @@ from proj.burst import Limit  # noqa: E402
 from proj.live import Row, SlotState, bar, read_semaphores, waiting_line_key  # noqa: E402
 from proj.summary import most_in_window, peak_overlap  # noqa: E402
 
-from celery_redislock.keys import semaphore_key  # noqa: E402
+from celery_redislock.engine.keys import semaphore_key  # noqa: E402
 
 
 def test_peak_overlap_counts_an_end_before_a_start_at_a_tie() -> None:

@@ -54,8 +54,8 @@ from hypothesis.stateful import (
 )
 
 from celery_redislock import Busy, Lease, Rate, RateLimited, RateLimiter, Semaphore
-from celery_redislock.admission import RateLimit, admit
-from celery_redislock.channel import channel_for
+from celery_redislock.engine.admission import RateLimit, admit
+from celery_redislock.engine.channel import channel_for
 
 LEASE = 30.0
 LEASE_MS = 30_000

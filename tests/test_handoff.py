@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Dict, List
 
 import pytest
 
-from celery_redislock.admission import Lease, SlotLimit, admit
-from celery_redislock.handoff import publish, reservation_ms
-from celery_redislock.keys import companion_key, semaphore_key
+from celery_redislock.engine.admission import Lease, SlotLimit, admit
+from celery_redislock.engine.keys import companion_key, semaphore_key
+from celery_redislock.integration.handoff import publish, reservation_ms
 
 from cluster_checks import (
     assert_each_ran_once,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_redislock import LockConfigurationError, LockKeyError
-from celery_redislock.keys import KeyTemplate, check_prefix, rate_key, semaphore_key
+from celery_redislock.engine.keys import KeyTemplate, check_prefix, rate_key, semaphore_key
 
 
 def sync_customer(customer_id, full=False, *, region="eu"):

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Set, Tuple
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_redislock import LimitedTask, signals
-from celery_redislock.keys import semaphore_key
+from celery_redislock import LimitedTask
+from celery_redislock.engine.keys import semaphore_key
+from celery_redislock.integration import signals
 from celery_redislock.metrics import (
     OVERFLOW,
     LabelBudget,

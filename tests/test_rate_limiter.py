@@ -7,7 +7,7 @@ import time
 import pytest
 
 from celery_redislock import LockConfigurationError, Rate, RateLimiter
-from celery_redislock.admission import RateLimit, SlotLimit, admit
+from celery_redislock.engine.admission import RateLimit, SlotLimit, admit
 
 
 def server_us(client):
@@ -128,7 +128,7 @@ def test_slots_and_rate_are_all_or_nothing(redis_client):
 
 
 def test_a_paused_name_admits_nobody_until_resumed(redis_client):
-    from celery_redislock.control import pause, resume
+    from celery_redislock.admin.control import pause, resume
 
     limiter = RateLimiter(redis_client, "paused-api", "100/s", burst=5)
     pause(redis_client, "paused-api", seconds=30)

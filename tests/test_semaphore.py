@@ -8,7 +8,7 @@ import time
 import pytest
 
 from celery_redislock import Lease, LockConfigurationError, LockTimeout, Semaphore
-from celery_redislock.keys import rate_key, semaphore_key
+from celery_redislock.engine.keys import rate_key, semaphore_key
 
 from support import wait_until
 
@@ -206,19 +206,19 @@ def test_bad_lease_is_refused(redis_client, lease):
 def test_a_redelivered_run_is_told_an_earlier_run_still_holds(redis_client, caplog):
     from types import SimpleNamespace
 
-    from celery_redislock.admission import SlotLimit, admit
-    from celery_redislock.execution import _warn_if_an_earlier_run_holds
+    from celery_redislock.engine.admission import SlotLimit, admit
+    from celery_redislock.integration.execution import _warn_if_an_earlier_run_holds
 
     limit = SlotLimit("redelivered", 1, "redislock:")
     earlier = admit(redis_client, [limit], lease=10, owner="w1@host|task-7|")
     again = admit(redis_client, [limit], lease=10, owner="w2@host|task-7|")
     task = SimpleNamespace(name="proj.sync")
-    with caplog.at_level("WARNING", logger="celery_redislock.execution"):
+    with caplog.at_level("WARNING", logger="celery_redislock.integration.execution"):
         _warn_if_an_earlier_run_holds(task, redis_client, [limit], "task-7", again)
     assert "redelivered while an earlier run of it still holds a slot of 'redelivered'" \
         in caplog.text and "waits for it" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="celery_redislock.execution"):
+    with caplog.at_level("WARNING", logger="celery_redislock.integration.execution"):
         _warn_if_an_earlier_run_holds(task, redis_client, [limit], "task-8", again)
     assert caplog.text == ""
     earlier.release()
@@ -230,7 +230,7 @@ def test_error_replies_are_raised_as_redis_py_exceptions(redis_client):
     falling back to EVAL), and the connection stays usable."""
     import redis.exceptions
 
-    from celery_redislock.channel import channel_for
+    from celery_redislock.engine.channel import channel_for
 
     channel = channel_for(redis_client)
     with pytest.raises(redis.exceptions.ResponseError):
@@ -242,7 +242,7 @@ def test_error_replies_are_raised_as_redis_py_exceptions(redis_client):
 
 def test_renewal_goes_on_after_the_keeper_meets_an_unexpected_error(redis_client,
                                                                      monkeypatch, caplog):
-    from celery_redislock import keeper as keeper_module
+    from celery_redislock.engine import keeper as keeper_module
 
     failures = []
     real_settle_all = keeper_module.settle_all

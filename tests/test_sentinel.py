@@ -6,7 +6,7 @@ import pytest
 from celery import Celery
 
 from celery_redislock import LimitedTask, LockConfigurationError, Semaphore
-from celery_redislock.settings import read_settings, redis_client
+from celery_redislock.config.settings import read_settings, redis_client
 
 from redis_process import RedisServer, SentinelServer
 

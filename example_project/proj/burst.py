@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from celery_redislock.admission import RateLimit, SlotLimit
-from celery_redislock.rate import Rate
-from celery_redislock.settings import read_settings
+from celery_redislock.config.settings import read_settings
+from celery_redislock.engine.admission import RateLimit, SlotLimit
+from celery_redislock.engine.rate import Rate
 
 CRAWLS = 16
 CUSTOMERS = 4

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
-from celery_redislock.keys import LINE, companion_key
+from celery_redislock.engine.keys import LINE, companion_key
 from proj.burst import Limit
 from proj.records import Progress, Recorder
 

@@ -1,0 +1,613 @@
+"""``celery redislock``: look at, repair and steer an app's limits from the shell.
+
+Registered as a Celery subcommand (entry point group ``celery.commands``), so it runs
+against the app given with ``-A`` and the lock store its ``redislock_*`` settings name::
+
+    celery -A proj redislock status            # every key: used/limit, waiting, paused
+    celery -A proj redislock status --json     # the same, machine-readable
+    celery -A proj redislock inspect crawler   # holders and waiting line of "crawler"
+    celery -A proj redislock release crawler w1@host|task-1|  # free one holder
+    celery -A proj redislock reap              # drop holder entries whose lease ran out
+    celery -A proj redislock set-slots crawler 5   # override the slot count
+    celery -A proj redislock clear-slots crawler   # back to the configured count
+    celery -A proj redislock pause api:t1 --for 30 # refuse every run for 30 s
+    celery -A proj redislock resume api:t1
+    celery -A proj redislock watch             # live view
+
+Every age, lease and pause is measured on the Redis server's clock (``TIME``), the clock
+the leases themselves are written in.
+
+Errors (unknown key, bad number or time, unknown or ambiguous holder, Redis
+unreachable, broken settings) print one line on stderr and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import re
+from dataclasses import asdict, replace
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+import click
+from redis.exceptions import RedisError
+
+from ..config.limits_setting import config_limits, task_function
+from ..config.settings import read_settings, redis_client
+from ..engine.holder import Holder
+from ..engine.keys import semaphore_key
+from ..engine.scan import (
+    LINE,
+    RATE,
+    RATE_CONTROL,
+    SEMAPHORE_CONTROL,
+    batches,
+    companion_key,
+    limit_semaphore_keys,
+    split_key,
+)
+from ..errors import RedisLockError
+from ..integration.recovery import limits_of
+from . import control
+from .state import LimitState, Waiter, read_states
+
+STATUS_SCHEMA = """\
+JSON schema of `status --json`: a list with one object per key:
+{"key": str, "name": str, "holders": int, "reserved": int, "used": int,
+ "limit": int or null, "configured_limit": int or null,
+ "slots_override": int or null, "waiting": int, "paused": bool,
+ "paused_until": float or null, "pause_left_seconds": float or null,
+ "contended": bool, "oldest_age_seconds": float or null}.
+"used" = live "holders" + "reserved" (slots kept for waiters); "limit" is the
+count admission applies now: "slots_override" if set, else "configured_limit"
+(null when unknown); "paused_until" is Unix seconds on the Redis server's clock,
+null when not paused or paused until resumed."""
+
+
+def semaphore_name(key: str, prefix: str) -> str:
+    """The readable name in a semaphore's key (cut names end with ``~``).
+
+        >>> semaphore_name("redislock:{85280b862f4ca735}:s:customer:42", "redislock:")
+        'customer:42'
+    """
+    split = split_key(key, prefix)
+    return split[1] if split else key
+
+
+def _constant_rules(app: Any) -> Iterable[Tuple[str, Any]]:
+    """(name, rule) of every limit rule of the app's tasks whose key does not depend on
+    the task's arguments."""
+    for name, task in list(app.tasks.items()):
+        try:
+            limits = limits_of(task) or config_limits(app, name, task_function(task))
+        except Exception:  # a broken limit: `celery check_limits`'s business, not ours
+            continue
+        if limits is None:
+            continue
+        for rule in limits.rules:
+            if rule.key.is_constant:
+                yield rule.key.render((), {}), rule
+
+
+def known_limits(app: Any, prefix: str) -> Dict[str, int]:
+    """Slot counts of the semaphore keys that registered tasks use whatever their
+    arguments: ``{key: slots}``. A key two tasks give different counts is left out.
+
+        >>> from celery import Celery
+        >>> from celery_redislock import LimitedTask
+        >>> app = Celery("proj", set_as_current=False)
+        >>> @app.task(base=LimitedTask, lock_slots=2, name="proj.crawl")
+        ... def crawl(): ...
+        >>> known_limits(app, "redislock:") == {semaphore_key("proj.crawl"): 2}
+        True
+    """
+    found: Dict[str, set] = {}
+    for name, rule in _constant_rules(app):
+        if rule.slots is not None:
+            found.setdefault(semaphore_key(name, prefix), set()).add(rule.slots)
+    return {key: next(iter(slots)) for key, slots in found.items() if len(slots) == 1}
+
+
+def registered_keys(app: Any, prefix: str) -> Set[str]:
+    """Semaphore keys of the names that registered tasks use whatever their arguments
+    (with a slot limit, a rate, or both)."""
+    return {semaphore_key(name, prefix) for name, _ in _constant_rules(app)}
+
+
+class LockStore:
+    """The lock store of a Celery app: its settings, client and server clock.
+
+        store = LockStore(app)
+        for state in store.states(store.limit_keys(), store.now_ms()):
+            print(state.name, state.used, state.limit)
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.settings = read_settings(app)
+        self.prefix = self.settings.prefix
+        self.client = redis_client(app, self.settings)
+
+    def now_ms(self) -> int:
+        """The Redis server's time, in ms."""
+        seconds, microseconds = self.client.time()
+        return int(seconds) * 1000 + int(microseconds) // 1000
+
+    def limit_keys(self) -> List[str]:
+        """The semaphore key of every name with a semaphore, a waiting line or a control
+        hash under the app's prefix, sorted."""
+        return limit_semaphore_keys(self.client, self.prefix)
+
+    def states(self, keys: List[str], now: int, waiters: Optional[int] = 0,
+               limits: Optional[Dict[str, int]] = None) -> List[LimitState]:
+        """The state of each key, in batches; ``limits`` (``{key: slots}``) fills in the
+        configured count of keys no admission recorded one for."""
+        found: List[LimitState] = []
+        for batch in batches(keys, 200):
+            found.extend(read_states(self.client, batch, now, prefix=self.prefix,
+                                     waiters=waiters))
+        if limits:
+            found = [replace(s, configured_slots=limits[s.key])
+                     if s.configured_slots is None and s.key in limits else s for s in found]
+        return found
+
+    def key_of(self, name: str, *, force: bool = False) -> str:
+        """The semaphore key of limit ``name`` (a name, or one of its full keys).
+
+        Raises :class:`click.ClickException` when Redis has nothing of that name (no
+        semaphore, waiting line, rate limiter or control hash) and no registered task
+        uses it, unless ``force``.
+        """
+        key, _ = control.limit_keys(name, self.prefix)
+        if force or key in registered_keys(self.app, self.prefix):
+            return key
+        pipe = self.client.pipeline(transaction=False)
+        for mark in ("s", LINE, SEMAPHORE_CONTROL, RATE, RATE_CONTROL):
+            pipe.exists(companion_key(key, mark))
+        if not any(pipe.execute()):
+            raise click.ClickException(
+                f"no limit named {name!r} in the lock store (no key {key} or its companions) "
+                "and no registered task uses it"
+            )
+        return key
+
+    def holders(self, key: str, minimum_ms: float = 0) -> List[Holder]:
+        """Holder entries of ``key`` whose lease ends after ``minimum_ms``, oldest first."""
+        state = read_states(self.client, [key], self.now_ms(), prefix=self.prefix)[0]
+        return [h for h in state.holders if h.lease_end_ms > minimum_ms]
+
+
+def _cli_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn Redis and configuration errors into a one-line message and exit status 1."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except RedisError as exc:
+            raise click.ClickException(
+                f"lock store Redis failed: {type(exc).__name__}: {_one_line(exc)}"
+            ) from exc
+        except RedisLockError as exc:
+            raise click.ClickException(_one_line(exc)) from exc
+
+    return run
+
+
+def _store(ctx: click.Context) -> LockStore:
+    from celery.bin.base import CLIContext
+
+    obj = ctx.find_object(CLIContext)
+    if obj is None or obj.app is None:
+        raise click.ClickException("no Celery app: run as `celery -A proj redislock ...`")
+    return LockStore(obj.app)
+
+
+@click.group(name="redislock")
+def redislock() -> None:
+    """Look at, repair and steer the celery-redislock limits of the app (-A).
+
+    Ages, leases and pauses are timed by the Redis server's clock.
+    """
+
+
+def status_rows(store: LockStore) -> List[Dict[str, Any]]:
+    """One ``status --json`` row per key of the lock store (see :data:`STATUS_SCHEMA`)."""
+    now = store.now_ms()
+    limits = known_limits(store.app, store.prefix)
+    states = store.states(store.limit_keys(), now, limits=limits)
+    return [status_row(state) for state in states if state.exists or state.active]
+
+
+def status_row(state: LimitState) -> Dict[str, Any]:
+    """The ``status --json`` row of one key."""
+    now = state.server_time_ms
+    live = state.live_holders
+    return {
+        "key": state.key,
+        "name": state.name,
+        "holders": len(live),
+        "reserved": len(state.reservations),
+        "used": state.used,
+        "limit": state.limit,
+        "configured_limit": state.configured_slots,
+        "slots_override": state.slots_override,
+        "waiting": state.waiting,
+        "paused": state.paused,
+        "paused_until": None if state.paused_until_ms is None else state.paused_until_ms / 1000,
+        "pause_left_seconds": (None if state.pause_left is None
+                               else round(state.pause_left, 3)),
+        "contended": state.contended,
+        "oldest_age_seconds": round(max(h.age(now) for h in live), 3) if live else None,
+    }
+
+
+def pause_text(state: LimitState) -> str:
+    """``no``, ``forever``, or the time left of the pause (``12.5s``)."""
+    if not state.paused:
+        return "no"
+    return "forever" if state.pause_left is None else f"{state.pause_left:.1f}s"
+
+
+@redislock.command(help="List every key: slots used/limit, configured limit and override, "
+                        "waiting runs, pause, oldest holder age.\n\n\b\n" + STATUS_SCHEMA)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema below).")
+@click.pass_context
+@_cli_errors
+def status(ctx: click.Context, as_json: bool) -> None:
+    rows = status_rows(_store(ctx))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no semaphores")
+        return
+    _table(["NAME", "USED", "CONFIGURED", "OVERRIDE", "WAITING", "PAUSED", "CONTENDED",
+            "OLDEST"], [
+        [row["name"], f"{row['used']}/{_or(row['limit'], '?')}",
+         _or(row["configured_limit"], "?"), _or(row["slots_override"], "-"),
+         str(row["waiting"]),
+         "no" if not row["paused"] else (
+             "forever" if row["pause_left_seconds"] is None
+             else f"{row['pause_left_seconds']:.1f}s"),
+         "yes" if row["contended"] else "no",
+         "-" if row["oldest_age_seconds"] is None else f"{row['oldest_age_seconds']:.1f}s"]
+        for row in rows
+    ])
+
+
+@redislock.command()
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+@_cli_errors
+def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Show the holders and waiting line of limit NAME (its name, or its full key).
+
+    Entries whose lease ran out but are not yet removed are shown as expired. Waiters
+    are listed in line order: position 0 gets the next free slot.
+
+    \b
+    With --json: {"key": str, "name": str, "used": int, "limit": int|null,
+    "configured_limit": int|null, "slots_override": int|null, "paused": bool,
+    "paused_until": float|null, "pause_left_seconds": float|null,
+    "holders": [{"token": str, "task_id": str|null, "task": str|null,
+      "worker": str|null, "pid": int|null, "age_seconds": float,
+      "lease_left_seconds": float, "fence": int, "expired": bool}],
+    "reservations": [{"ticket": str, "left_seconds": float}],
+    "waiting": int,
+    "waiters": [{"position": int, "ticket": str, "task": str|null,
+      "task_id": str|null, "worker": str|null, "age_seconds": float,
+      "reserved": bool}]}.
+    """
+    store = _store(ctx)
+    key = store.key_of(name)
+    now = store.now_ms()
+    state = store.states([key], now, waiters=None, limits=known_limits(store.app,
+                                                                        store.prefix))[0]
+    if as_json:
+        click.echo(json.dumps(inspect_json(state), indent=2))
+        return
+    live = len(state.live_holders)
+    click.echo(f"{state.name} ({key}): {live} live holder(s), "
+               f"{state.used}/{_or(state.limit, '?')} slots used, {state.waiting} waiting")
+    limit_line = [f"configured {_or(state.configured_slots, '?')}"]
+    if state.slots_override is not None:
+        limit_line.append(f"override {state.slots_override}")
+    if state.paused:
+        limit_line.append("paused until resumed" if state.paused_until_ms is None else
+                          f"paused until {_iso(state.paused_until_ms)} "
+                          f"({state.pause_left:.1f}s left)")
+    click.echo("slots: " + ", ".join(limit_line))
+    if state.holders:
+        _table(["HOLDER", "TASK ID", "TASK", "WORKER", "PID", "AGE", "LEASE LEFT", "FENCE"], [
+            [h.token, h.task_id or "-", h.task or "-", h.worker or "-",
+             "-" if h.pid is None else str(h.pid), f"{h.age(now):.1f}s",
+             f"{h.lease_left(now):.1f}s" if h.lease_end_ms > now else "expired",
+             str(h.fence)]
+            for h in state.holders
+        ])
+    for reservation in state.reservations:
+        click.echo(f"reserved for waiter {reservation.ticket}: "
+                   f"{(reservation.until_ms - now) / 1000:.1f}s left")
+    if state.waiters:
+        click.echo("waiting line:")
+        _table(["POS", "TASK", "TASK ID", "WORKER", "AGE", "RESERVED"], [
+            [str(w.position), w.task or "-", w.task_id or "-", w.worker or "-",
+             f"{w.age(now):.1f}s", "yes" if w.reserved_until_ms is not None else "no"]
+            for w in state.waiters
+        ])
+
+
+def inspect_json(state: LimitState) -> Dict[str, Any]:
+    """What ``inspect --json`` prints for one key."""
+    now = state.server_time_ms
+    row = status_row(state)
+    return {
+        **{field: row[field] for field in ("key", "name", "used", "limit",
+                                           "configured_limit", "slots_override", "paused",
+                                           "paused_until", "pause_left_seconds")},
+        "holders": [_holder_json(holder, now) for holder in state.holders],
+        "reservations": [{"ticket": r.ticket, "left_seconds": round((r.until_ms - now) / 1000, 3)}
+                         for r in state.reservations],
+        "waiting": state.waiting,
+        "waiters": [_waiter_json(waiter, now) for waiter in state.waiters],
+    }
+
+
+@redislock.command()
+@click.argument("name")
+@click.argument("holder")
+@click.pass_context
+@_cli_errors
+def release(ctx: click.Context, name: str, holder: str) -> None:
+    """Free one holder of semaphore NAME: HOLDER is its token or a unique start of it.
+
+    The entry is removed at once; the run that held it is not stopped, so only free a
+    holder you know is dead.
+    """
+    store = _store(ctx)
+    key = store.key_of(name)
+    holders = store.holders(key)
+    chosen = [h for h in holders if h.token == holder] or [
+        h for h in holders if h.token.startswith(holder)
+    ]
+    if not chosen:
+        raise click.ClickException(f"semaphore {name!r} has no holder {holder!r}")
+    if len(chosen) > 1:
+        tokens = ", ".join(h.token for h in chosen)
+        raise click.ClickException(
+            f"holder {holder!r} is ambiguous in semaphore {name!r}: it starts {tokens}"
+        )
+    found = chosen[0]
+    if not store.client.zrem(key, found.member):
+        raise click.ClickException(f"holder {found.token!r} of {name!r} was already gone")
+    what = ", ".join(f"{label} {value}" for label, value in (
+        ("task", found.task), ("task id", found.task_id), ("worker", found.worker),
+        ("pid", found.pid)) if value is not None)
+    click.echo(f"freed holder {found.token} of {semaphore_name(key, store.prefix)}"
+               + (f" ({what})" if what else ""))
+
+
+@redislock.command()
+@click.pass_context
+@_cli_errors
+def reap(ctx: click.Context) -> None:
+    """Remove holder entries whose lease has run out, from every semaphore.
+
+    Live holders, live reservations for waiters and the statistics entries are never
+    touched (reservations whose time ran out go too). Prints how many entries were
+    removed.
+    """
+    store = _store(ctx)
+    now = store.now_ms()
+    removed = 0
+    keys = limit_semaphore_keys(store.client, store.prefix, marks=("s",))
+    for batch in batches(keys, 200):
+        pipe = store.client.pipeline(transaction=False)
+        for key in batch:
+            pipe.zremrangebyscore(key, "(0", now)
+        removed += sum(int(count) for count in pipe.execute())
+    click.echo(f"reaped {removed} expired holder entr{'y' if removed == 1 else 'ies'}")
+
+
+@redislock.command(name="set-slots", context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("slots", metavar="N")
+@click.option("--force", is_flag=True,
+              help="Also for a name no run has used yet and no registered task uses.")
+@click.pass_context
+@_cli_errors
+def set_slots(ctx: click.Context, name: str, slots: str, force: bool) -> None:
+    """Override the number of slots of semaphore NAME with N (>= 1), until clear-slots.
+
+    A higher N hands the new slots to waiting runs at once; a lower N never evicts
+    running holders: they finish, and runs are admitted again once fewer than N hold a
+    slot.
+    """
+    count = control.check_slots_value(_whole(slots), name)
+    store = _store(ctx)
+    key = store.key_of(name, force=force)
+    woken = control.set_slots(store.app, key, count)
+    state = store.states([key], store.now_ms())[0]
+    click.echo(f"{state.name}: slots set to {count} (configured "
+               f"{_or(state.configured_slots, '?')}), {state.used} in use"
+               + (f", {woken} waiting run(s) woken" if woken else ""))
+
+
+@redislock.command(name="clear-slots")
+@click.argument("name")
+@click.pass_context
+@_cli_errors
+def clear_slots(ctx: click.Context, name: str) -> None:
+    """Drop the slot override of semaphore NAME: the configured count applies again."""
+    store = _store(ctx)
+    key = store.key_of(name)
+    removed = control.clear_slots(store.app, key)
+    name = semaphore_name(key, store.prefix)
+    click.echo(f"{name}: slot override cleared" if removed else f"{name}: had no slot override")
+
+
+@redislock.command()
+@click.argument("name")
+@click.option("--until", "until", metavar="T",
+              help="End of the pause: ISO-8601 (2030-01-31T12:00:00Z; without an offset, "
+                   "local time) or Unix seconds.")
+@click.option("--for", "for_", metavar="S",
+              help="Length of the pause: seconds, or with a unit (90s, 5m, 2h).")
+@click.option("--keep-longer", is_flag=True,
+              help="Leave a pause in force that ends later (or never) as it is.")
+@click.option("--force", is_flag=True,
+              help="Also for a name no run has used yet and no registered task uses.")
+@click.pass_context
+@_cli_errors
+def pause(ctx: click.Context, name: str, until: Optional[str], for_: Optional[str],
+          keep_longer: bool, force: bool) -> None:
+    """Refuse every run of limit NAME (its semaphore and rate limiter) until resume,
+    until T, or for S.
+
+    Refused runs go back to the queue and come back when the pause ends; runs that hold
+    a slot are not touched. Times are on the Redis server's clock.
+    """
+    if until is not None and for_ is not None:
+        raise click.ClickException("give --until or --for, not both")
+    when = None if until is None else parse_time(until)
+    seconds = None if for_ is None else parse_duration(for_)
+    store = _store(ctx)
+    key = store.key_of(name, force=force)
+    end = control.pause(store.app, key, until=when, seconds=seconds, keep_longer=keep_longer)
+    label = semaphore_name(key, store.prefix)
+    if end is None:
+        click.echo(f"{label}: paused until resumed")
+    else:
+        left = end - store.now_ms() / 1000
+        click.echo(f"{label}: paused until {_iso(round(end * 1000))} ({left:.1f}s from now)")
+
+
+@redislock.command()
+@click.argument("name")
+@click.pass_context
+@_cli_errors
+def resume(ctx: click.Context, name: str) -> None:
+    """End the pause of limit NAME now, and hand its free slots to waiting runs."""
+    store = _store(ctx)
+    key = store.key_of(name)
+    was_paused = control.resume(store.app, key)
+    label = semaphore_name(key, store.prefix)
+    click.echo(f"{label}: resumed" if was_paused else f"{label}: was not paused")
+
+
+@redislock.command()
+@click.option("--interval", default="1", metavar="S", show_default=True,
+              help="Seconds between refreshes.")
+@click.option("--once", is_flag=True, help="Print one view and exit.")
+@click.option("--rows", default="5", metavar="N", show_default=True,
+              help="Holders and waiters shown per key.")
+@click.pass_context
+@_cli_errors
+def watch(ctx: click.Context, interval: str, once: bool, rows: str) -> None:
+    """A live view of every key: slots used/limit, waiting, pause, holders, waiters.
+
+    On a terminal the view is redrawn in place; otherwise (a pipe, a file) each refresh
+    is printed after the last. Ctrl-C ends it.
+    """
+    from .watch import run_watch
+
+    every = parse_duration(interval, what="--interval")
+    shown = _whole(rows)
+    if shown < 0:
+        raise click.ClickException(f"--rows must be a whole number >= 0, not {rows!r}")
+    store = _store(ctx)
+    limits = known_limits(store.app, store.prefix)
+
+    def snapshot() -> List[LimitState]:
+        now = store.now_ms()
+        return [s for s in store.states(store.limit_keys(), now, waiters=shown or 0,
+                                        limits=limits) if s.exists or s.active]
+
+    run_watch(snapshot, interval=every, once=once, rows=shown)
+
+
+_DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*\Z")
+_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: str, what: str = "--for") -> float:
+    """Seconds from ``"30"``, ``"1.5"``, ``"90s"``, ``"5m"``, ``"2h"``; > 0.
+
+        >>> parse_duration("5m"), parse_duration("2.5")
+        (300.0, 2.5)
+    """
+    found = _DURATION.match(value)
+    seconds = float(found.group(1)) * _UNITS[found.group(2)] if found else 0.0
+    if not seconds > 0:
+        raise click.ClickException(
+            f"{what} must be a number of seconds > 0 (or 90s, 5m, 2h), not {value!r}")
+    return seconds
+
+
+def parse_time(value: str) -> float:
+    """Unix seconds from Unix seconds or ISO-8601 text (no offset: local time).
+
+        >>> parse_time("1700000000"), parse_time("2023-11-14T22:13:20Z")
+        (1700000000.0, 1700000000.0)
+    """
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    text_value = value.strip()
+    if text_value.endswith(("Z", "z")):
+        text_value = text_value[:-1] + "+00:00"
+    try:
+        return datetime.datetime.fromisoformat(text_value).timestamp()
+    except ValueError:
+        raise click.ClickException(
+            f"--until must be ISO-8601 (2030-01-31T12:00:00Z) or Unix seconds, "
+            f"not {value!r}") from None
+
+
+def _whole(value: str) -> int:
+    """An int from CLI text; a :class:`click.ClickException` naming it otherwise."""
+    try:
+        return int(value)
+    except ValueError:
+        raise click.ClickException(f"expected a whole number, not {value!r}") from None
+
+
+def _iso(ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _or(value: Any, missing: str) -> str:
+    return missing if value is None else str(value)
+
+
+def _holder_json(holder: Holder, now: int) -> Dict[str, Any]:
+    data = asdict(holder)
+    for field in ("member", "acquired_ms", "lease_end_ms"):
+        del data[field]
+    data["age_seconds"] = round(holder.age(now), 3)
+    data["lease_left_seconds"] = round(holder.lease_left(now), 3)
+    data["expired"] = holder.lease_end_ms <= now
+    return data
+
+
+def _waiter_json(waiter: Waiter, now: int) -> Dict[str, Any]:
+    return {"position": waiter.position, "ticket": waiter.ticket, "task": waiter.task,
+            "task_id": waiter.task_id, "worker": waiter.worker,
+            "age_seconds": round(waiter.age(now), 3),
+            "reserved": waiter.reserved_until_ms is not None}
+
+
+def _table(header: List[str], rows: Iterable[List[str]]) -> None:
+    lines: List[Tuple[str, ...]] = [tuple(header), *(tuple(row) for row in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,253 @@
+"""What one limit name looks like in Redis right now: holders, reservations, waiters,
+its number of slots, and whether an operator paused it. Read only, in batches.
+
+Every time is on the Redis server's clock (``TIME``), the clock the leases are written in.
+
+    >>> from celery_redislock.engine.keys import semaphore_key
+    >>> states = read_states(client, [semaphore_key("crawl")], now_ms)  # doctest: +SKIP
+    >>> states[0].used, states[0].limit, states[0].waiting, states[0].paused  # doctest: +SKIP
+    (2, 2, 5, False)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..engine.holder import Holder, parse_holder, text
+from ..engine.scan import LINE, RATE_CONTROL, SEMAPHORE_CONTROL, WAITERS, companion_key, split_key
+
+#: A member of a semaphore that is a reservation for a waiter: ``"~<ticket>"``.
+RESERVED = "~"
+
+#: The text of ``paused_until`` for a pause without an end.
+FOREVER = "forever"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A slot kept for waiter ``ticket`` while its message travels to a worker."""
+
+    ticket: str
+    until_ms: int
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """One run in a semaphore's waiting line; ``position`` 0 is the next to get a slot.
+
+        >>> Waiter(0, "t-1.ab", "proj.crawl", "t-1", None, 1000).age(3500)
+        2.5
+    """
+
+    position: int
+    ticket: str
+    task: Optional[str]
+    task_id: Optional[str]
+    worker: Optional[str]
+    since_ms: int
+    #: End (ms) of the slot reserved for it while its message travels, or None.
+    reserved_until_ms: Optional[int] = None
+
+    def age(self, now_ms: int) -> float:
+        """Seconds since the run first asked for a slot."""
+        return (now_ms - self.since_ms) / 1000
+
+
+@dataclass(frozen=True)
+class LimitState:
+    """The state of limit ``name`` (semaphore ``key``) at ``server_time_ms``.
+
+    ``holders`` are every holder entry, oldest first, with leases that ran out but are
+    still stored (see :meth:`live_holders`); ``waiters`` are in line order (only the
+    first ones, when fewer were asked for: ``waiting`` is the full count).
+    """
+
+    name: str
+    key: str
+    server_time_ms: int
+    exists: bool = False
+    holders: List[Holder] = field(default_factory=list)
+    reservations: List[Reservation] = field(default_factory=list)
+    waiters: List[Waiter] = field(default_factory=list)
+    waiting: int = 0
+    #: The slot count the last admission was configured with ('#slots'), if recorded.
+    configured_slots: Optional[int] = None
+    #: The operator's override ('slots' of the control hash), if any.
+    slots_override: Optional[int] = None
+    contended: bool = False
+    paused: bool = False
+    #: End of the pause (ms, server clock); None while not paused or paused for ever.
+    paused_until_ms: Optional[int] = None
+
+    @property
+    def live_holders(self) -> List[Holder]:
+        """Holders whose lease has not ended."""
+        return [h for h in self.holders if h.lease_end_ms > self.server_time_ms]
+
+    @property
+    def used(self) -> int:
+        """Slots taken: live holders and live reservations."""
+        return len(self.live_holders) + len(self.reservations)
+
+    @property
+    def limit(self) -> Optional[int]:
+        """The slots admission allows now: the override, else the configured count."""
+        return self.slots_override if self.slots_override is not None else self.configured_slots
+
+    @property
+    def pause_left(self) -> Optional[float]:
+        """Seconds until the pause ends; None while not paused or paused for ever."""
+        if self.paused_until_ms is None:
+            return None
+        return (self.paused_until_ms - self.server_time_ms) / 1000
+
+    @property
+    def active(self) -> bool:
+        """True if anything is going on: holders, waiters, an override or a pause."""
+        return bool(self.used or self.waiting or self.slots_override is not None
+                    or self.paused)
+
+
+def pause_of(value: Any, now_ms: int) -> Tuple[bool, Optional[int]]:
+    """Read a ``paused_until`` field: ``(paused, end_ms)``; end None for ever.
+
+        >>> pause_of(b"forever", 5), pause_of("9000", 5000), pause_of("4000", 5000)
+        ((True, None), (True, 9000), (False, None))
+    """
+    if value is None:
+        return False, None
+    value = text(value)
+    if value == FOREVER:
+        return True, None
+    try:
+        end = int(float(value))
+    except ValueError:
+        return False, None
+    return (True, end) if end > now_ms else (False, None)
+
+
+def _merge_pauses(*pauses: Tuple[bool, Optional[int]]) -> Tuple[bool, Optional[int]]:
+    """One pause from several: paused if any is; the latest end, for ever beating all."""
+    active = [end for paused, end in pauses if paused]
+    if not active:
+        return False, None
+    if any(end is None for end in active):
+        return True, None
+    return True, max(end for end in active if end is not None)
+
+
+def _int(value: Any) -> Optional[int]:
+    try:
+        return int(text(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def read_states(client: Any, keys: Sequence[str], now_ms: int, *, prefix: str = "",
+                waiters: Optional[int] = 0) -> List[LimitState]:
+    """The state of each semaphore key of ``keys``, in two round trips at most.
+
+    ``waiters`` is how many waiters to list per key, from the front of the line (None:
+    all, 0: only count them).
+    """
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.zrange(key, 0, -1, withscores=True)
+        pipe.hmget(companion_key(key, SEMAPHORE_CONTROL), ["slots", "paused_until"])
+        pipe.hget(companion_key(key, RATE_CONTROL), "paused_until")
+        pipe.zcard(companion_key(key, LINE))
+        if waiters != 0:
+            pipe.zrange(companion_key(key, LINE), 0, -1 if waiters is None else waiters - 1,
+                        withscores=True)
+    replies = pipe.execute()
+    step = 4 if waiters == 0 else 5
+    states: List[LimitState] = []
+    lines: Dict[str, List[Tuple[str, int]]] = {}
+    for index, key in enumerate(keys):
+        entries, control, rate_pause, waiting = replies[step * index: step * index + 4]
+        if waiters != 0:
+            lines[key] = [(text(t), int(s)) for t, s in replies[step * index + 4]]
+        states.append(_state(key, prefix, now_ms, entries, control, rate_pause, int(waiting)))
+    if not lines or not any(lines.values()):
+        return states
+    return _with_waiters(client, states, lines)
+
+
+def _state(key: str, prefix: str, now_ms: int, entries: List[Tuple[Any, float]],
+           control: List[Any], rate_pause: Any, waiting: int) -> LimitState:
+    holders: List[Holder] = []
+    reservations: List[Reservation] = []
+    statistics: Dict[str, float] = {}
+    for member, score in entries:
+        member = text(member)
+        if score < 0:
+            statistics[member] = score
+        elif member.startswith(RESERVED):
+            if score > now_ms:
+                reservations.append(Reservation(member[len(RESERVED):], int(score)))
+        elif not member.startswith("#"):
+            holders.append(parse_holder(member, score))
+    holders.sort(key=lambda holder: (holder.acquired_ms, holder.token))
+    slots = statistics.get("#slots")
+    paused, until = _merge_pauses(pause_of(control[1], now_ms), pause_of(rate_pause, now_ms))
+    split = split_key(key, prefix)
+    return LimitState(
+        name=split[1] if split else key,
+        key=key,
+        server_time_ms=now_ms,
+        exists=bool(entries),
+        holders=holders,
+        reservations=reservations,
+        waiting=waiting,
+        configured_slots=None if slots is None else int(-slots),
+        slots_override=_int(control[0]) if control[0] is not None else None,
+        contended="#hold" in statistics or waiting > 0,
+        paused=paused,
+        paused_until_ms=until,
+    )
+
+
+def _with_waiters(client: Any, states: List[LimitState],
+                  lines: Dict[str, List[Tuple[str, int]]]) -> List[LimitState]:
+    pipe = client.pipeline(transaction=False)
+    asked = [state for state in states if lines.get(state.key)]
+    for state in asked:
+        pipe.hmget(companion_key(state.key, WAITERS), [t for t, _ in lines[state.key]])
+    records = dict(zip((state.key for state in asked), pipe.execute()))
+    result = []
+    for state in states:
+        if state.key not in records:
+            result.append(state)
+            continue
+        reserved = {r.ticket: r.until_ms for r in state.reservations}
+        listed = [
+            _waiter(position, ticket, since, record, reserved.get(ticket))
+            for position, ((ticket, since), record)
+            in enumerate(zip(lines[state.key], records[state.key]))
+        ]
+        result.append(replace(state, waiters=listed))
+    return result
+
+
+def _waiter(position: int, ticket: str, since_ms: int, record: Any,
+            reserved_until_ms: Optional[int]) -> Waiter:
+    data: Dict[str, Any] = {}
+    if record is not None:
+        try:
+            loaded = json.loads(text(record))
+        except ValueError:
+            loaded = None
+        if isinstance(loaded, dict):
+            data = loaded
+    task_id = data.get("id")
+    return Waiter(
+        position=position,
+        ticket=ticket,
+        task=None if data.get("task") is None else str(data["task"]),
+        task_id=str(task_id) if task_id is not None else ticket.rsplit(".", 1)[0] or None,
+        worker=None if data.get("worker") is None else str(data["worker"]),
+        since_ms=since_ms,
+        reserved_until_ms=reserved_until_ms,
+    )

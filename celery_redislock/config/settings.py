@@ -1,0 +1,141 @@
+"""The app-level settings of celery-redislock, and the Redis client they describe.
+
+=========================  ==============================================================
+``redislock_url``          Redis URL of the lock store: ``redis://``, ``rediss://``,
+                           ``unix://`` or ``sentinel://`` (see :mod:`.sentinel`). Unset:
+                           the broker URL if it is a Redis URL, else the result
+                           backend's if it is one, else ``redis://localhost:6379/0``.
+``redislock_transport_options``
+                           For ``sentinel://``: ``{"master_name": ...}`` and optionally
+                           ``"sentinel_kwargs"``, as in kombu's transport options.
+``redislock_client``       A ready redis-py client (or a callable returning one), used
+                           instead of ``redislock_url``.
+``redislock_key_prefix``   Start of every Redis key the package writes
+                           (default ``"redislock:"``).
+``redislock_enabled``      ``False`` switches every limit off: task bodies run with no
+                           Redis call at all (for unit tests). Default ``True``.
+``redislock_fail_open``    ``True`` runs a task *without a slot* when the lock store
+                           cannot be reached, instead of re-queueing it (the default,
+                           ``False``, fails closed). The limit is then not enforced.
+=========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import redis
+
+from ..engine.keys import DEFAULT_PREFIX, check_prefix
+from ..errors import LockConfigurationError
+from .sentinel import SCHEME, sentinel_master
+
+DEFAULT_URL = "redis://localhost:6379/0"
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", SCHEME)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The package's settings as read from one Celery app's configuration."""
+
+    url: str
+    prefix: str
+    enabled: bool
+    client: Any = None
+    transport_options: Mapping[str, Any] = field(default_factory=dict)
+    fail_open: bool = False
+
+
+def read_settings(app: Any) -> Settings:
+    """Read and check the ``redislock_*`` settings of ``app``.
+
+    Raises :class:`LockConfigurationError` naming the setting that is wrong.
+    """
+    conf = app.conf
+    enabled = conf.get("redislock_enabled", True)
+    if not isinstance(enabled, bool):
+        raise LockConfigurationError(
+            f"setting redislock_enabled must be True or False, not {enabled!r}"
+        )
+    url, options = _lock_store_of(conf)
+    if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
+        raise LockConfigurationError(
+            "setting redislock_url must be a redis://, rediss://, unix:// or sentinel:// "
+            f"URL, not {url!r}"
+        )
+    if not isinstance(options, Mapping):
+        raise LockConfigurationError(
+            f"setting redislock_transport_options must be a dict, not {options!r}"
+        )
+    prefix = check_prefix(conf.get("redislock_key_prefix", DEFAULT_PREFIX))
+    fail_open = conf.get("redislock_fail_open", False)
+    if not isinstance(fail_open, bool):
+        raise LockConfigurationError(
+            f"setting redislock_fail_open must be True or False, not {fail_open!r}"
+        )
+    return Settings(url=url, prefix=prefix, enabled=enabled,
+                    client=conf.get("redislock_client"), transport_options=options,
+                    fail_open=fail_open)
+
+
+def _lock_store_of(conf: Any) -> Tuple[Any, Any]:
+    """The lock store's URL and transport options: its own, else the broker's, else the
+    result backend's (when they are Redis), else the default."""
+    own = conf.get("redislock_url")
+    if own:
+        return own, conf.get("redislock_transport_options") or {}
+    for url_setting, options_setting in (("broker_url", "broker_transport_options"),
+                                         ("result_backend", "result_backend_transport_options")):
+        url = _redis_url_of(conf.get(url_setting))
+        if url:
+            return url, conf.get(options_setting) or {}
+    return DEFAULT_URL, {}
+
+
+def _redis_url_of(url: Any) -> Optional[str]:
+    if isinstance(url, (list, tuple)):
+        url = url[0] if url else None
+    if isinstance(url, str):
+        if url.startswith(SCHEME):
+            return url  # every sentinel of the list
+        first = url.split(";")[0].strip()
+        if first.startswith(REDIS_SCHEMES):
+            return first
+    return None
+
+
+_clients: Dict[Tuple[int, str], Any] = {}
+_clients_guard = threading.Lock()
+
+
+def redis_client(app: Any, settings: Optional[Settings] = None) -> Any:
+    """The Redis client that holds ``app``'s semaphores, made once per app and URL.
+
+    redis-py's connection pool notices a fork and opens new connections in the child,
+    so one client serves every process of a prefork worker.
+    """
+    settings = settings or read_settings(app)
+    if settings.client is not None and not callable(settings.client):
+        return settings.client
+    cache_key = (id(app), settings.url if settings.client is None else repr(settings.client))
+    client = _clients.get(cache_key)
+    if client is None:
+        with _clients_guard:
+            client = _clients.get(cache_key)
+            if client is None:
+                if settings.client is not None:
+                    client = settings.client()
+                elif settings.url.startswith(SCHEME):
+                    client = sentinel_master(
+                        settings.url, settings.transport_options, socket_timeout=10,
+                        socket_connect_timeout=5,
+                    )
+                else:
+                    client = redis.Redis.from_url(
+                        settings.url, socket_timeout=10, socket_connect_timeout=5,
+                        health_check_interval=30,
+                    )
+                _clients[cache_key] = client
+    return client

@@ -1,0 +1,510 @@
+"""One round trip that admits a run past every limit on it, or says why not.
+
+A run may be held back by concurrency limits (:class:`SlotLimit`, a leased semaphore)
+and rate limits (:class:`RateLimit`, GCRA), over any number of keys. ``admit.lua`` checks
+them all and then takes all of them, or none: a run never holds one slot while it waits
+for another.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from redis.exceptions import RedisError
+
+from .channel import channel_for
+from .holder import holder_member
+from .keys import LINE, companion_key, rate_key, semaphore_key
+from .rate import Rate
+from .scripts import ADMIT, REFUND, RELEASE, RENEW, WAKE, by_hash_slot, is_cluster
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SlotLimit:
+    """At most ``slots`` holders of the semaphore ``name`` at once."""
+
+    name: str
+    slots: int
+    prefix: str
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", semaphore_key(self.name, self.prefix))
+        object.__setattr__(self, "_spec", f"s:{self.slots}")
+
+    def spec(self, promises: Mapping[str, int]) -> str:
+        return self._spec
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """Starts of ``name`` spaced to ``rate``, across every process."""
+
+    name: str
+    rate: Rate
+    prefix: str
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", rate_key(self.name, self.prefix))
+
+    def spec(self, promises: Mapping[str, int]) -> str:
+        interval = self.rate.interval * 1_000_000
+        tolerance = interval * self.rate.burst
+        return f"r:{interval!r}:{tolerance!r}:{int(promises.get(self.key, 0))}"
+
+
+Limiter = Union[SlotLimit, RateLimit]
+
+
+@dataclass
+class Lease:
+    """One holder's slots: what an admission hands out.
+
+    ``fence`` is the fencing number of this acquisition: it is higher than every earlier
+    acquisition's of the same semaphores, so a downstream system that remembers the
+    highest number it has seen can refuse writes from an older holder whose lease ran out
+    while it was paused. ``lost`` turns true when a renewal found that the lease had
+    already ended.
+    """
+
+    name: str
+    fence: int
+    lease_seconds: float
+    acquired_at_ms: int
+    expires_at_ms: int
+    lost: bool = False
+    _client: Any = field(default=None, repr=False, compare=False)
+    _keys: List[str] = field(default_factory=list, repr=False, compare=False)
+    _member: str = field(default="", repr=False, compare=False)
+    _taken_at: float = field(default_factory=time.monotonic, repr=False, compare=False)
+    _contended: bool = field(default=True, repr=False, compare=False)
+    #: The admission took the last free slot: whoever asked next was refused and waits
+    #: for this release, so it waits for its answer, which hands the slot over.
+    _took_last_slot: bool = field(default=True, repr=False, compare=False)
+    #: How long a slot this lease frees is reserved for a waiter (ms); 0: no hand-off.
+    _reserve_ms: int = field(default=0, repr=False, compare=False)
+    #: Messages of waiters handed a slot by this lease's admission or release: the
+    #: caller re-publishes them (see :mod:`celery_redislock.integration.handoff`).
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+    #: On Redis Cluster, one lease per hash slot that the run's limits span.
+    _parts: List[Lease] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def token(self) -> str:
+        """The holder token: unique to this acquisition."""
+        return self._member.split(" ", 1)[0]
+
+    @property
+    def holds_slots(self) -> bool:
+        """False for a run admitted by rate limits only: nothing to renew or release."""
+        return bool(self._keys) or any(part.holds_slots for part in self._parts)
+
+    def renew(self) -> bool:
+        """Extend the lease by ``lease_seconds`` from now; False (and ``lost``) if it had ended."""
+        if self._parts:
+            renewed = [part.renew() for part in self._parts]
+            self.lost = self.lost or not all(renewed)
+            return all(renewed)
+        if not self._keys:
+            return True
+        lease_end, lost = RENEW.run(
+            self._client, self._keys, [self._member, milliseconds(self.lease_seconds)]
+        )
+        if lost:
+            self.lost = True
+            return False
+        self.expires_at_ms = int(lease_end)
+        return True
+
+    def release(self, wait: bool = True) -> bool:
+        """Give the slots back; False if they were no longer held (released already, or
+        the lease ran out and someone was admitted since). Safe to call twice.
+
+        A freed slot goes to the oldest waiter of the semaphore's line, if it has one and
+        this lease was taken by a caller that can re-publish messages: the messages to
+        re-publish are added to :attr:`handoffs`. ``wait`` is kept for compatibility:
+        this always waits for the answer (see :meth:`release_soon` for a release that
+        does not). One round trip; two for the first holders of a key that became
+        contended while they ran.
+        """
+        if self._parts:
+            results = [part.release(wait) for part in self._parts]
+            for part in self._parts:
+                self.handoffs.extend(part.handoffs)
+                part.handoffs.clear()
+            return all(results)
+        if not self._keys:
+            return False
+        if len(self._keys) == 1 and not self._contended:
+            return self._release_uncontended()
+        held_ms = round((time.monotonic() - self._taken_at) * 1000)
+        reply = RELEASE.run(self._client, self._keys, [self._member, held_ms, self._reserve_ms])
+        self.handoffs.extend(reply[1:])
+        return bool(int(reply[0]))
+
+    def release_soon(self, on_handoffs: Callable[[List[Any]], None], *,
+                     with_next_request: bool = False) -> None:
+        """Give the slots back without waiting for Redis's answer where the answer is
+        seldom needed, else as :meth:`release` does.
+
+        Nobody waited for the semaphore when this lease was taken, and it left free
+        slots (the usual case): the release is sent, and this thread goes on; Redis
+        applies it before anything the thread asks next. With ``with_next_request`` it
+        is not even written yet: it goes out in the same write as the thread's next
+        request to the lock store (usually its next run's admission), which saves a
+        network exchange, or is written by the lease keeper's thread within about
+        10 ms. Use that only where nobody is told that the run ended (no result stored,
+        nothing chained to it). The answer, read at the thread's next call (or by the
+        keeper), says whether a waiting line formed meanwhile; only then is the slot
+        handed over, and the messages to re-publish go to ``on_handoffs``, maybe from
+        the keeper's thread. Otherwise (a line, or the last free slot taken: the next
+        run to ask waits for this release) the release waits for its answer and
+        ``on_handoffs`` gets the messages at once. A release that fails after it was
+        sent is logged; its slot comes back when its lease ends. Raises ``RedisError``
+        if it could not be sent::
+
+            lease.release_soon(lambda messages: handoff.publish(app, messages))
+        """
+        channel = channel_for(self._client) if self._keys else None
+        if (channel is None or len(self._keys) != 1 or self._contended
+                or self._took_last_slot):
+            self.release_handing_over(on_handoffs)
+            return
+        key = self._keys[0]
+        channel.send(("ZREM", key, self._member), ("EXISTS", companion_key(key, LINE)),
+                     then=functools.partial(self._released_soon, on_handoffs),
+                     now=not with_next_request)
+
+    def release_handing_over(self, on_handoffs: Callable[[List[Any]], None]) -> bool:
+        """:meth:`release`, then pass the messages of waiters handed the freed slots to
+        ``on_handoffs`` (if any) rather than keeping them in :attr:`handoffs`."""
+        released = self.release()
+        handed, self.handoffs[:] = list(self.handoffs), []
+        if handed:
+            on_handoffs(handed)
+        return released
+
+    def _released_soon(self, on_handoffs: Callable[[List[Any]], None],
+                       replies: List[Any]) -> None:
+        """The answer to :meth:`release_soon`'s request: hand the slot over if a line
+        formed while this lease was held."""
+        failure = next((reply for reply in replies if isinstance(reply, RedisError)), None)
+        try:
+            if failure is not None:
+                raise failure
+            messages = self._wake_line_formed_meanwhile(*replies)
+            if messages:
+                on_handoffs(messages)
+        except RedisError as exc:
+            logger.warning(
+                "celery-redislock: the release of %r by holder %s failed (%r); its slot "
+                "comes back when its lease ends, within %.0f s",
+                self.name, self.token, exc, self.lease_seconds,
+            )
+
+    def _release_uncontended(self) -> bool:
+        """Nobody waited when the slot was taken: remove the entry with a plain ``ZREM``,
+        and look, in the same round trip, whether a waiting line formed since. Only then
+        (the first holders of a busy spell) does a second call hand the slot over. A run
+        that joins the line after the look finds the slot free itself (``enqueue.lua``
+        hands free slots to the line)."""
+        key = self._keys[0]
+        commands = (("ZREM", key, self._member), ("EXISTS", companion_key(key, LINE)))
+        channel = channel_for(self._client)
+        if channel is not None:
+            removed, has_line = channel.call_many(*commands)
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            removed, has_line = pipe.execute()
+        self.handoffs.extend(self._wake_line_formed_meanwhile(removed, has_line))
+        return bool(removed)
+
+    def _wake_line_formed_meanwhile(self, removed: Any, has_line: Any) -> List[Any]:
+        """After an uncontended release (``ZREM`` and ``EXISTS`` of the line): if it freed
+        the slot and a line formed while the lease was held, hand the free slots to the
+        line; the messages to re-publish."""
+        if removed and has_line and self._reserve_ms > 0:
+            return list(WAKE.run(self._client, [self._keys[0]], [self._reserve_ms]))
+        return []
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Refused by a concurrency limit: every slot of ``name`` was taken.
+
+    ``retry_hint`` is the time (seconds) until the earliest current lease ends, which is
+    when a crashed holder's slot would come back; ``average_hold`` is the recent average
+    time holders kept a slot, or None before anyone released one.
+    """
+
+    name: str
+    holders: int
+    slots: int
+    retry_hint: float
+    average_hold: Optional[float]
+    server_time_ms: int
+    #: The run's place in the semaphore's waiting line (0 = next), or None if not in it.
+    position: Optional[int] = None
+    #: The key of the semaphore that refused the run.
+    key: str = ""
+    #: True when this was the express copy of a waiter that lost its reservation.
+    express: bool = False
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Paused:
+    """Refused because an operator paused limit ``name``
+    (see :mod:`celery_redislock.admin.control`).
+
+    ``retry_hint`` is the time (seconds) until the pause ends, or None for a pause
+    without an end.
+    """
+
+    name: str
+    key: str
+    retry_hint: Optional[float]
+    server_time_ms: int
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Served:
+    """This message's ticket was served already: the other copy of the message ran (or
+    runs) the task, so this one must not. See :mod:`celery_redislock.integration.handoff`."""
+
+    name: str
+    server_time_ms: int
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class RateLimited:
+    """Refused by a rate limit: the run is promised a start ``wait`` seconds from now.
+
+    Coming back with ``promise`` (pass it in ``promises``) keeps its place in the line.
+    """
+
+    name: str
+    key: str
+    promise: int
+    wait: float
+    server_time_ms: int
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+
+
+Outcome = Union[Lease, Busy, RateLimited, Paused, Served]
+
+
+def admit(
+    client: Any,
+    limiters: Sequence[Limiter],
+    *,
+    lease: float,
+    description: str = "",
+    promises: Optional[Mapping[str, int]] = None,
+    owner: str = "",
+    ticket: Optional[Ticket] = None,
+    reserve_ms: int = 0,
+) -> Outcome:
+    """Try once to pass every limiter: a :class:`Lease`, or why not (:class:`Busy`,
+    :class:`RateLimited`, :class:`Paused`, :class:`Served`).
+
+    ``promises`` maps a rate limiter's Redis key to the start time (µs) it promised this
+    run earlier. ``owner`` starts the holder token (see :func:`owner_prefix`).
+    ``ticket`` is the run's place in a waiting line, if it has one; ``reserve_ms`` > 0
+    says the caller re-publishes the messages of waiters handed a slot on the way (they
+    come back in the outcome's ``handoffs``). On Redis Cluster, limiters in different
+    hash slots are admitted slot by slot, and a refusal gives back what the earlier
+    slots took.
+    """
+    promises = promises or {}
+    token = owner + new_token()
+    ticket = ticket or NO_TICKET
+    if len(limiters) > 1 and is_cluster(client):
+        groups = _groups(client, limiters)
+        if len(groups) > 1:
+            return _admit_across_slots(client, groups, token, lease, description, promises,
+                                       ticket, reserve_ms)
+    return _admit_group(client, limiters, token, lease, description, promises, ticket,
+                        reserve_ms)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A run's place in a waiting line: ``id`` (the task id, a dot, a random part),
+    ``express`` for the copy of its message sent when it was handed a slot, ``copy`` the
+    identity of this copy of the message, and how long (ms) the line remembers the ticket
+    once served (longer than the other copy's countdown; unused without an ``id``)."""
+
+    id: str = ""
+    express: bool = False
+    keep_ms: int = 0
+    copy: str = ""
+
+    @property
+    def mode(self) -> str:
+        if not self.id:
+            return ""
+        return f"{'e' if self.express else 'o'}:{self.copy}"
+
+
+NO_TICKET = Ticket()
+
+
+def _groups(client: Any, limiters: Sequence[Limiter]) -> List[List[Limiter]]:
+    """The limiters in groups of one Cluster hash slot each: those without a rate limit
+    first, so that a rate is spent only once the slots are taken."""
+    by_key = {limiter.key: limiter for limiter in limiters}
+    groups = [[by_key[key] for key in keys]
+              for keys in by_hash_slot(client, [limiter.key for limiter in limiters])]
+    return sorted(groups, key=lambda group: any(isinstance(x, RateLimit) for x in group))
+
+
+def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, lease: float,
+                        description: str, promises: Mapping[str, int], ticket: Ticket,
+                        reserve_ms: int) -> Outcome:
+    """Admit group by group; on a refusal, give back what the earlier groups took."""
+    taken: List[Tuple[List[Limiter], Lease]] = []
+    for group in groups:
+        outcome = _admit_group(client, group, token, lease, description, promises, ticket,
+                               reserve_ms)
+        if not isinstance(outcome, Lease):
+            for earlier_group, earlier in taken:
+                earlier.release()
+                outcome.handoffs.extend(earlier.handoffs)
+                for limiter in earlier_group:
+                    if isinstance(limiter, RateLimit):
+                        REFUND.run(client, [limiter.key],
+                                   [repr(limiter.rate.interval * 1_000_000)])
+            return outcome
+        taken.append((group, outcome))
+    parts = [part for _, part in taken]
+    return Lease(
+        name=", ".join(part.name for part in parts if part.name),
+        fence=max(part.fence for part in parts),
+        lease_seconds=lease,
+        acquired_at_ms=min(part.acquired_at_ms for part in parts),
+        expires_at_ms=min(part.expires_at_ms for part in parts),
+        _client=client,
+        _parts=parts,
+        handoffs=[message for part in parts for message in part.handoffs],
+    )
+
+
+def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
+                 description: str, promises: Mapping[str, int], ticket: Ticket,
+                 reserve_ms: int) -> Outcome:
+    """One admit.lua call for limiters that share a Redis node and hash slot."""
+    reply = ADMIT.run(
+        client,
+        [limiter.key for limiter in limiters],
+        [token, milliseconds(lease), description, ticket.id, ticket.mode, ticket.keep_ms,
+         reserve_ms, *(limiter.spec(promises) for limiter in limiters)],
+    )
+    if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended last"
+        now_ms, lease_end, fence, contended, last = map(int, reply.split())
+        return _lease(client, limiters, token, lease, description, reserve_ms,
+                      now_ms, lease_end, fence, contended, last, [])
+    status, now_ms, index = int(reply[0]), int(reply[1]), int(reply[2])
+    a, b, c, d = reply[3:7]
+    handoffs = list(reply[7:])
+    if status == 1:
+        return _lease(client, limiters, token, lease, description, reserve_ms,
+                      now_ms, int(a), int(b), int(c), int(d), handoffs)
+    limiter = limiters[index - 1]
+    if status == 0:
+        assert isinstance(limiter, SlotLimit)
+        return Busy(
+            name=limiter.name,
+            holders=int(a),
+            slots=limiter.slots,
+            retry_hint=max(0, int(b)) / 1000.0,
+            average_hold=None if int(c) < 0 else int(c) / 1000.0,
+            server_time_ms=now_ms,
+            position=None if int(d) < 0 else int(d),
+            key=limiter.key,
+            express=ticket.express,
+            handoffs=handoffs,
+        )
+    if status == 3:
+        return Paused(name=limiter.name, key=limiter.key,
+                      retry_hint=None if int(a) < 0 else max(0, int(a) - now_ms) / 1000.0,
+                      server_time_ms=now_ms, handoffs=handoffs)
+    if status == 4:
+        return Served(name=limiter.name, server_time_ms=now_ms, handoffs=handoffs)
+    return RateLimited(
+        name=limiter.name,
+        key=limiter.key,
+        promise=int(a),
+        wait=max(0, int(b)) / 1000.0,
+        server_time_ms=now_ms,
+        handoffs=handoffs,
+    )
+
+
+def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
+           description: str, reserve_ms: int, now_ms: int, lease_end: int, fence: int,
+           contended: int, last: int, handoffs: List[Any]) -> Lease:
+    semaphores = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
+    return Lease(
+        name=", ".join(limiter.name for limiter in semaphores),
+        fence=fence,
+        lease_seconds=lease,
+        acquired_at_ms=now_ms,
+        expires_at_ms=lease_end,
+        _client=client,
+        _keys=[limiter.key for limiter in semaphores],
+        _member=holder_member(token, now_ms, fence, description),
+        _contended=bool(contended),
+        _took_last_slot=bool(last),
+        _reserve_ms=reserve_ms,
+        handoffs=handoffs,
+    )
+
+
+def new_token() -> str:
+    """A token no other acquisition anywhere has: this process's random id and a counter."""
+    return f"{_process_id}{next(_counter):x}"
+
+
+def _new_process_id() -> None:
+    global _process_id, _counter
+    _process_id = os.urandom(8).hex() + "."
+    _counter = itertools.count()
+
+
+_process_id, _counter = "", itertools.count()
+_new_process_id()
+os.register_at_fork(after_in_child=_new_process_id)
+
+
+def owner_prefix(worker: str, task_id: str = "") -> str:
+    """The start of the holder tokens of a worker's runs, or of one task's runs on it.
+
+    Tokens of task runs are ``"<worker node>|<task id>|<random>"``, so the worker's main
+    process can free what a pool child that died held, and a restarted worker what its
+    previous life held (see :mod:`celery_redislock.integration.recovery`).
+    """
+    worker = _token_safe(worker)
+    return f"{worker}|{_token_safe(task_id)}|" if task_id else f"{worker}|"
+
+
+def _token_safe(text: str) -> str:
+    return text.replace("|", "_").replace(" ", "_")
+
+
+def milliseconds(seconds: float) -> int:
+    """Seconds as whole milliseconds, at least 1."""
+    return max(1, round(seconds * 1000))

@@ -1,0 +1,114 @@
+"""A holder's entry in a semaphore: ``"<token> <acquired_ms> <fence> <description>"``.
+
+The token of a task run is ``"<worker node>|<task id>|<random>"``; the description is
+JSON with the task, its id, the worker and the process id (see
+:mod:`celery_redislock.integration.execution`). ``admit.lua`` writes the entry; this module
+is the one
+place that reads it back.
+
+    >>> holder_member("w1@host|task-1|ab.0", 1000, 42, '{"pid": 9}')
+    'w1@host|task-1|ab.0 1000 42 {"pid": 9}'
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+
+def holder_member(token: str, acquired_ms: int, fence: int, description: str) -> str:
+    """The entry ``admit.lua`` writes for a holder (it formats the numbers the same way)."""
+    return f"{token} {acquired_ms} {fence} {description}"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One holder entry of a semaphore, read from its sorted-set member and score.
+
+    ``acquired_ms`` and ``lease_end_ms`` are times on the Redis server's clock (ms).
+    """
+
+    token: str
+    task_id: Optional[str]
+    task: Optional[str]
+    worker: Optional[str]
+    pid: Optional[int]
+    acquired_ms: int
+    lease_end_ms: int
+    fence: int
+    member: str
+
+    def age(self, now_ms: int) -> float:
+        """Seconds since the holder took its slot.
+
+            >>> parse_holder("abc.1 1000 7 ", 31000).age(3500)
+            2.5
+        """
+        return (now_ms - self.acquired_ms) / 1000
+
+    def lease_left(self, now_ms: int) -> float:
+        """Seconds left on the lease (negative once it ran out).
+
+            >>> parse_holder("abc.1 1000 7 ", 31000).lease_left(30000)
+            1.0
+        """
+        return (self.lease_end_ms - now_ms) / 1000
+
+
+def parse_holder(member: Any, score: float) -> Holder:
+    """Read a holder member ``"<token> <acquired_ms> <fence> <description>"``.
+
+    The worker and task id come from the description JSON when it has them, else from a
+    task run's token ``"<worker>|<task id>|<random>"``; missing parts are None::
+
+        >>> h = parse_holder('w1@host|task-1|ab.0 1000 42 {"task": "proj.t", "pid": 9}', 5e3)
+        >>> h.token, h.worker, h.task_id, h.task, h.pid, h.fence, h.lease_end_ms
+        ('w1@host|task-1|ab.0', 'w1@host', 'task-1', 'proj.t', 9, 42, 5000)
+        >>> parse_holder("ab.1 1000 43 ", 5000).worker is None
+        True
+    """
+    entry = text(member)
+    parts = entry.split(" ", 3)
+    token = parts[0]
+    acquired_ms = _int(parts[1]) if len(parts) > 1 else None
+    fence = _int(parts[2]) if len(parts) > 2 else None
+    description: Dict[str, Any] = {}
+    if len(parts) > 3 and parts[3].strip():
+        try:
+            loaded = json.loads(parts[3])
+        except ValueError:
+            loaded = None
+        if isinstance(loaded, dict):
+            description = loaded
+    worker = task_id = None
+    if token.count("|") >= 2:
+        worker, task_id = token.split("|")[:2]
+    pid = _int(description.get("pid"))
+    return Holder(
+        token=token,
+        task_id=_str(description.get("id")) or task_id or None,
+        task=_str(description.get("task")),
+        worker=_str(description.get("worker")) or worker or None,
+        pid=pid,
+        acquired_ms=acquired_ms or 0,
+        lease_end_ms=int(score),
+        fence=fence or 0,
+        member=entry,
+    )
+
+
+def text(value: Any) -> str:
+    """A Redis reply as text."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _str(value: Any) -> Optional[str]:
+    return None if value is None else str(value)
+
+
+def _int(value: Any) -> Optional[int]:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,176 @@
+"""A counting semaphore in Redis whose every slot is a lease on the server's clock.
+
+One Lua script per operation, so each of acquire, renew and release is one round trip and
+atomic. A holder that crashes loses its slot when its lease runs out; a holder that keeps
+running renews its lease (see :mod:`celery_redislock.engine.keeper`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Iterator, Optional, Union
+
+from ..errors import LockConfigurationError, LockTimeout
+from .admission import Busy, Lease, Paused, RateLimited, SlotLimit, admit
+from .keeper import lease_keeper
+from .keys import DEFAULT_PREFIX, check_prefix
+from .scripts import HOLDERS
+
+DEFAULT_LEASE = 30.0
+
+
+class Semaphore:
+    """At most ``slots`` holders of ``name`` at once, across every process using ``client``.
+
+    Example::
+
+        import redis
+        from celery_redislock import Semaphore
+
+        crawl_slots = Semaphore(redis.Redis(), "crawler", slots=2, lease=30)
+
+        lease = crawl_slots.acquire()          # a Lease, or None when all slots are taken
+        if lease is not None:
+            try:
+                crawl()
+            finally:
+                crawl_slots.release(lease)
+
+        with crawl_slots as lease:             # waits for a slot, renews it while inside
+            crawl()
+
+        with crawl_slots.hold(timeout=5):      # raises LockTimeout after 5 s without a slot
+            crawl()
+
+    A lease that is not renewed ends ``lease`` seconds after it was taken or last renewed,
+    timed by the Redis server's clock, and its slot is free again. Inside ``with`` the
+    lease is renewed in the background; after a bare :meth:`acquire` call
+    :meth:`Lease.renew` yourself or pass ``keep_alive=True``.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        slots: int = 1,
+        lease: float = DEFAULT_LEASE,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise LockConfigurationError(f"Semaphore name must be a non-empty string, not {name!r}")
+        self.client = client
+        self.name = name
+        self.slots = check_slots(slots, f"Semaphore {name!r}")
+        self.lease = check_lease(lease, f"Semaphore {name!r}")
+        self.limit = SlotLimit(name, self.slots, check_prefix(prefix))
+        self.key = self.limit.key
+        self._held_here = threading.local()
+
+    def attempt(self, description: str = "") -> Union[Lease, Busy, Paused]:
+        """Try once to take a slot: a :class:`Lease`, or :class:`Busy` (or
+        :class:`Paused`, when an operator paused the name) saying why not.
+
+        ``description`` is stored beside the holder for operators (who holds the slot).
+        Tasks waiting in the semaphore's line (``LimitedTask``) go first: a free slot is
+        not taken while a task that asked earlier waits for it.
+        """
+        outcome = admit(self.client, [self.limit], lease=self.lease, description=description)
+        assert not isinstance(outcome, RateLimited)
+        return outcome
+
+    def acquire(
+        self,
+        blocking: bool = False,
+        timeout: Optional[float] = None,
+        *,
+        keep_alive: bool = False,
+        description: str = "",
+    ) -> Optional[Lease]:
+        """Take a slot and return its :class:`Lease`, or None if none was free.
+
+        With ``blocking=True`` it polls until a slot is free or ``timeout`` seconds have
+        passed (forever when ``timeout`` is None), sleeping between tries no longer than the
+        earliest current lease has left to run. ``keep_alive=True`` renews the lease in a
+        background thread until :meth:`release`.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.01
+        while True:
+            outcome = self.attempt(description)
+            if isinstance(outcome, Lease):
+                if keep_alive:
+                    lease_keeper().keep(outcome)
+                return outcome
+            if not blocking:
+                return None
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            hint = outcome.retry_hint if outcome.retry_hint is not None else pause
+            sleep = min(pause, max(hint, 0.001))
+            if remaining is not None:
+                sleep = min(sleep, remaining)
+            time.sleep(sleep)
+            pause = min(pause * 2, 0.5)
+
+    def release(self, lease: Lease) -> bool:
+        """Give back ``lease``'s slot: True if it was held, False if not (already released,
+        or its lease ran out and another holder has been admitted since). Never frees
+        another holder's slot, and is safe to call twice."""
+        lease_keeper().forget(lease)
+        return lease.release()
+
+    def renew(self, lease: Lease) -> bool:
+        """Extend ``lease`` by the semaphore's lease length; False if it had already ended."""
+        return lease.renew()
+
+    def holders(self) -> int:
+        """How many live leases the semaphore has now (expired ones not counted)."""
+        return int(HOLDERS.run(self.client, [self.key], []))
+
+    @contextlib.contextmanager
+    def hold(self, timeout: Optional[float] = None, *, description: str = "") -> Iterator[Lease]:
+        """Wait for a slot (at most ``timeout`` seconds, else :class:`LockTimeout`), keep
+        its lease renewed while the block runs, and release it on the way out."""
+        lease = self.acquire(blocking=True, timeout=timeout, keep_alive=True,
+                             description=description)
+        if lease is None:
+            raise LockTimeout(f"no free slot of {self.name!r} within {timeout} s")
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+    def __enter__(self) -> Lease:
+        stack = self._held_here.__dict__.setdefault("stack", [])
+        context = self.hold()
+        lease = context.__enter__()
+        stack.append(context)
+        return lease
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._held_here.stack.pop().__exit__(*exc_info)
+
+    def __repr__(self) -> str:
+        return f"Semaphore({self.name!r}, slots={self.slots}, lease={self.lease})"
+
+
+def check_slots(slots: Any, owner: str, option: str = "slots") -> int:
+    """Return ``slots`` if it is a positive integer, else raise :class:`LockConfigurationError`."""
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise LockConfigurationError(
+            f"{owner}: {option} must be a positive integer, not {slots!r}"
+        )
+    return slots
+
+
+def check_lease(lease: Any, owner: str, option: str = "lease") -> float:
+    """Return ``lease`` as seconds if it is a positive number of at least 1 ms."""
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not lease >= 0.001:
+        raise LockConfigurationError(
+            f"{owner}: {option} must be a positive number of seconds, not {lease!r}"
+        )
+    return float(lease)

@@ -1,0 +1,363 @@
+"""Running one task under its limits: admit, run the body, give the slots back.
+
+Shared by :class:`~celery_redislock.LimitedTask` and by plain tasks limited through the
+``redislock_limits`` setting (see :mod:`celery_redislock.integration.install`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Sequence, TypeVar
+
+from celery.exceptions import Ignore
+from celery.signals import worker_process_shutdown, worker_shutdown
+from redis.exceptions import RedisError
+
+from ..config.limit import TaskLimits
+from ..config.settings import Settings, read_settings, redis_client
+from ..engine.admission import (
+    Busy,
+    Lease,
+    Outcome,
+    Paused,
+    RateLimit,
+    RateLimited,
+    Served,
+    SlotLimit,
+    Ticket,
+    admit,
+    owner_prefix,
+)
+from ..engine.channel import settle_all
+from ..engine.holder import parse_holder
+from ..engine.keeper import lease_keeper
+from ..errors import LockStoreUnavailable, LockWaitTimeout
+from . import handoff, signals
+from .waiting import SHORT_WAIT, WAIT_HEADER, describe, requeue, wait_state
+
+try:
+    from celery.app.task import get_actual_ignore_result as _ignores_result
+except ImportError:  # Celery < 5.5: the task's setting decides (the request may add to it)
+
+    def _ignores_result(task: Any, request: Any) -> bool:
+        return bool(task.ignore_result)
+
+
+logger = logging.getLogger(__name__)
+
+Result = TypeVar("Result")
+
+_described: Dict[Any, str] = {}
+os.register_at_fork(after_in_child=_described.clear)
+
+#: A string as JSON text (what ``json.dumps`` does with a ``str``, without its overhead).
+_json_string = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+
+
+def _describe(task_name: str, worker: Any, task_id: Any) -> str:
+    """Who holds a slot, for operators: JSON with the task, its id, the worker, the process.
+
+    The part that only changes with the process is made once per task and process."""
+    start = _described.get((task_name, worker))
+    if start is None:
+        start = _described[(task_name, worker)] = (
+            f'{{"task": {json.dumps(task_name)}, "worker": {json.dumps(worker)}, '
+            f'"pid": {os.getpid()}, "id": '
+        )
+    task_id = _json_string(task_id) if type(task_id) is str else json.dumps(task_id)
+    return f"{start}{task_id}}}"
+
+
+def task_settings(task: Any) -> Settings:
+    """The package settings of ``task``'s app, read once per task object."""
+    settings = getattr(task, "_redislock_settings", None)
+    if settings is None:
+        settings = read_settings(task._get_app())
+        task._redislock_settings = settings
+    return settings
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every run of a task under ``limits`` takes from its app and limits: worked
+    out on its first run and kept on the task object."""
+
+    limits: TaskLimits
+    settings: Settings
+    client: Any
+    #: How long a slot handed to one of its runs stays reserved (worker runs).
+    reserve_ms: int
+    #: The place in a waiting line of a run that has not waited yet: none.
+    no_ticket: Ticket
+    #: Re-publishes the messages of waiters handed a slot (see :mod:`.handoff`).
+    publish: Callable[[Any], Any]
+
+    @classmethod
+    def of(cls, task: Any, limits: TaskLimits) -> _Setup:
+        setup = getattr(task, "_redislock_setup", None)
+        if setup is None or setup.limits is not limits:
+            settings = task_settings(task)
+            setup = task._redislock_setup = cls(
+                limits=limits,
+                settings=settings,
+                client=redis_client(task._get_app(), settings) if settings.enabled else None,
+                reserve_ms=handoff.reservation_ms(limits.lease),
+                no_ticket=Ticket("", False, limits.retry.keep_ticket_ms(None), ""),
+                publish=functools.partial(handoff.publish, task.app),
+            )
+        return setup
+
+
+def run_limited(
+    task: Any,
+    limits: TaskLimits,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    body: Callable[[], Result],
+    request: Any = None,
+) -> Result:
+    """Run ``body`` for the current request of ``task`` (``request``, if the caller has it
+    at hand) once its limits admit it.
+
+    Not admitted: the run is re-queued with a countdown (worker), or waits here (eager).
+    Admitted: the slots are kept alive while ``body`` runs and given back however it ends.
+    """
+    setup = _Setup.of(task, limits)
+    settings = setup.settings
+    if not settings.enabled:
+        return body()
+    if request is None:
+        request = task.request
+    client = setup.client
+    limiters = limits.limiters(args, kwargs, settings.prefix)
+    description = _describe(task.name, request.hostname, request.id)
+    waited = wait_state(request)
+    promises = dict(waited.get("promises") or {})
+    owner = owner_prefix(request.hostname or "", request.id or "")
+    # Eager runs have no queue to go back to, nor a broker to hand slots over through.
+    eager = request.is_eager
+    reserve_ms = 0 if eager else setup.reserve_ms
+    ticket = setup.no_ticket if not waited else Ticket(
+        waited.get("ticket") or "", bool(waited.get("express")), setup.no_ticket.keep_ms,
+        str(waited.get("copy") or ""),
+    )
+    try:
+        outcome: Any = admit(client, limiters, lease=limits.lease, description=description,
+                             promises=promises, owner=owner, ticket=ticket,
+                             reserve_ms=reserve_ms)
+    except RedisError as exc:
+        if settings.fail_open:
+            logger.warning("celery-redislock: task %s[%s] runs WITHOUT A SLOT of %s: the lock "
+                           "store is unreachable (%r) and redislock_fail_open is set",
+                           task.name, request.id, _names(limiters), exc)
+            return body()
+        if eager:
+            raise LockStoreUnavailable(
+                f"Task {task.name!r}: the lock store is unreachable: {exc}"
+            ) from exc
+        # Fail closed: never run unlimited, never drop the task; ask again later.
+        logger.warning("celery-redislock: task %s[%s]: lock store unreachable for %s (%r)",
+                       task.name, request.id, _names(limiters), exc)
+        outcome = None
+    if outcome is not None and outcome.handoffs:
+        handoff.publish(task.app, outcome.handoffs)
+    if isinstance(outcome, Served) or (isinstance(outcome, Busy) and outcome.express
+                                       and outcome.position is not None):
+        # Another copy of this run's message ran it; or this express copy lost its
+        # reservation while the run still waits in line, and its countdown copy will
+        # come back: this copy ends here, without running.
+        logger.debug("celery-redislock: task %s[%s]: %s of %r", task.name, request.id,
+                     "served already" if isinstance(outcome, Served)
+                     else "its reservation lapsed; its waiting copy carries on in the line",
+                     outcome.name)
+        raise Ignore()
+    if (request.delivery_info or {}).get("redelivered"):
+        with contextlib.suppress(RedisError):  # only a warning to give; the run goes on
+            _warn_if_an_earlier_run_holds(task, client, limiters, request.id, outcome)
+    if isinstance(outcome, RateLimited) and not eager:
+        try:
+            outcome = _wait_briefly_for_start(client, limiters, limits.lease, description,
+                                              owner, promises, outcome, ticket, reserve_ms,
+                                              task.app)
+        except RedisError:
+            outcome = None  # the lock store went away: ask again later, as above
+    if not isinstance(outcome, Lease):
+        if not eager:
+            # A run under a rate limit too waits by its promised start instead: a slot
+            # handed to it would sit reserved until that start.
+            joins = not any(isinstance(limiter, RateLimit) for limiter in limiters)
+            requeue(task, request, args, kwargs, limits.retry, outcome, client,
+                    reserve_ms if joins else 0)
+        outcome = _wait_in_place(task, limits, client, limiters, description, owner, outcome)
+    lease: Lease = outcome
+    _forget_wait(request)
+    holds_slots = lease.holds_slots
+    if holds_slots:
+        lease_keeper().keep(lease, on_lost=lambda lost: signals.lease_lost.send(
+            sender=task, task_id=request.id, lease=lost))
+        logger.debug("celery-redislock: task %s[%s] admitted to %r (fence %d)",
+                     task.name, request.id, lease.name, lease.fence)
+    request.redislock_lease = lease
+    lease_started = time.monotonic()
+    if signals.lock_acquired.receivers:
+        since = waited.get("since")
+        signals.lock_acquired.send(
+            sender=task, task_id=request.id, lease=lease,
+            waited=(lease.acquired_at_ms - since) / 1000.0 if since else 0.0,
+        )
+    succeeded = False
+    try:
+        result = body()
+        succeeded = True
+        return result
+    finally:
+        if holds_slots:
+            give_back(task, lease, request, setup.publish,
+                      unnoticed=succeeded and _nobody_told_of_success(task, request))
+            if signals.lock_released.receivers:
+                signals.lock_released.send(
+                    sender=task, task_id=request.id, lease=lease,
+                    held=time.monotonic() - lease_started,
+                )
+
+
+def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any],
+                                  task_id: str, outcome: Any) -> None:
+    """A redelivered message (acks_late, visibility timeout) may meet the earlier run of
+    the same task id still holding a live lease. The new run is a holder like any other:
+    it waits while the slots are taken (the earlier run ends, or its process died and its
+    lease runs out), and if slots are free it runs, which Celery's redelivery made a
+    duplicate. Either way, say so."""
+    if outcome is None:
+        return  # the lock store did not answer: nothing to look at
+    marker = f"|{task_id}|"
+    own = outcome.token if isinstance(outcome, Lease) else None
+    for limiter in limiters:
+        if not isinstance(limiter, SlotLimit):
+            continue
+        live = client.zrangebyscore(limiter.key, f"({outcome_time(outcome)}", "+inf",
+                                    withscores=True)
+        for member, score in live:
+            token = parse_holder(member, score).token
+            if marker in token and token != own:
+                logger.warning(
+                    "celery-redislock: task %s[%s] was redelivered while an earlier run of it "
+                    "still holds a slot of %r; this run %s", task.name, task_id, limiter.name,
+                    "runs beside it (slots were free)" if own else "waits for it",
+                )
+                return
+
+
+def _wait_briefly_for_start(client: Any, limiters: Sequence[Any], lease: float,
+                            description: str, owner: str, promises: Dict[str, int],
+                            outcome: Any, ticket: Ticket, reserve_ms: int, app: Any) -> Any:
+    """A run due to start within :data:`~celery_redislock.integration.waiting.SHORT_WAIT` waits for
+    its start here rather than going round the broker, whose delivery delay (often tens of
+    milliseconds) would make it late and lose the rate that start stood for. The only wait
+    inside a worker process: never longer than that at a time, twice at the most."""
+    for _ in range(2):
+        if not isinstance(outcome, RateLimited) or outcome.wait > SHORT_WAIT:
+            break
+        promises[outcome.key] = outcome.promise
+        time.sleep(outcome.wait)
+        outcome = admit(client, limiters, lease=lease, description=description,
+                        promises=promises, owner=owner, ticket=ticket, reserve_ms=reserve_ms)
+        if outcome.handoffs:
+            handoff.publish(app, outcome.handoffs)
+    return outcome
+
+
+def outcome_time(outcome: Any) -> int:
+    """The server time (ms) an admission attempt saw, or 0 when unknown."""
+    if isinstance(outcome, Lease):
+        return outcome.acquired_at_ms
+    return getattr(outcome, "server_time_ms", 0)
+
+
+def _forget_wait(request: Any) -> None:
+    """Admitted: the wait is over. Drop its header, which ``self.retry()`` would copy."""
+    headers = getattr(request, "headers", None)
+    if isinstance(headers, dict) and WAIT_HEADER in headers:
+        request.headers = {k: v for k, v in headers.items() if k != WAIT_HEADER}
+
+
+def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequence[Any],
+                   description: str, owner: str, outcome: Outcome) -> Lease:
+    """Eager runs (``apply()``, ``task_always_eager``) have no queue to go back to: they
+    wait here, at most ``max_wait`` seconds."""
+    max_wait = limits.retry.max_wait
+    deadline = None if max_wait is None else time.monotonic() + max_wait
+    promises: Dict[str, int] = {}
+    pause = 0.01
+    while not isinstance(outcome, Lease):
+        if isinstance(outcome, RateLimited):
+            promises[outcome.key] = outcome.promise
+            sleep = outcome.wait
+        else:
+            assert isinstance(outcome, (Busy, Paused))
+            hint = outcome.retry_hint if outcome.retry_hint is not None else pause
+            sleep = min(pause, max(hint, 0.001))
+            pause = min(pause * 2, 0.5)
+        if deadline is not None and time.monotonic() + sleep > deadline:
+            raise LockWaitTimeout(
+                f"Task {task.name!r} {describe(outcome)} and gave up after its "
+                f"max_wait of {max_wait} s"
+            )
+        time.sleep(max(sleep, 0.001))
+        outcome = admit(client, limiters, lease=limits.lease, description=description,
+                        promises=promises, owner=owner)
+    return outcome
+
+
+def _names(limiters: Sequence[Any]) -> str:
+    return ", ".join(repr(limiter.name) for limiter in limiters)
+
+
+def _nobody_told_of_success(task: Any, request: Any) -> bool:
+    """True when nothing comes out of this run's success: it stores no result, and no
+    callback, chain step or chord waits for it. No result or follow-up task can then
+    appear before its release reaches Redis (the task's own hooks in this process,
+    ``on_success`` and ``task_postrun``, may run first)."""
+    return (_ignores_result(task, request) and not request.callbacks
+            and not request.chain and not request.chord)
+
+
+def give_back(task: Any, lease: Lease, request: Any,
+              publish: Callable[[Any], Any], unnoticed: bool = False) -> None:
+    """Release ``lease``; if Redis cannot be reached, its lease runs out by itself.
+
+    A worker's run does not wait for the answer (see :meth:`Lease.release_soon`); if
+    the run's end goes ``unnoticed`` (see :func:`_nobody_told_of_success`), its release
+    goes out with the process's next request to the lock store. An eager run waits for
+    the answer, so that its caller finds the slot free the moment it returns. ``publish``
+    re-publishes the messages of waiters handed the freed slot."""
+    lease_keeper().forget(lease)
+    try:
+        if request.is_eager:
+            lease.release_handing_over(publish)
+        else:
+            lease.release_soon(publish, with_next_request=unnoticed)
+    except RedisError as exc:
+        logger.warning(
+            "celery-redislock: task %s[%s] could not release its slot of %r (%r); the slot "
+            "comes back when its lease ends, within %.0f s",
+            task.name, request.id, lease.name, exc, lease.lease_seconds,
+        )
+    else:
+        logger.debug("celery-redislock: task %s[%s] released %r", task.name, request.id,
+                     lease.name)
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _settle_releases(**_: Any) -> None:
+    """A pool child (or a solo or threads worker) that exits first writes the releases
+    left for its next request and reads the answers to its last releases, so that every
+    slot comes back and one freed for a waiting line is still handed over."""
+    settle_all()

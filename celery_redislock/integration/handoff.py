@@ -1,0 +1,172 @@
+"""Fair hand-off: a freed slot goes at once to the run that has waited longest.
+
+A run that finds a semaphore full joins the semaphore's *waiting line* in Redis, ordered
+by when it first asked, and goes back to the broker with a countdown as before (the
+*waiting copy* of its message). Its line entry holds a second copy of its message. When
+a slot frees (a release, a crashed holder's slots freed by its worker, an operator
+raising the limit) the script that frees it also *reserves* it for the oldest waiter
+and hands back that waiter's message, which the caller re-publishes at once (the
+*express copy*). Whichever copy reaches a worker first takes the reserved slot; the
+line then remembers the ticket as served, and the other copy, when it arrives, finds
+that and ends without running the task body. Newcomers never take a slot while older
+runs wait for it.
+
+Every step is safe against a crash between steps:
+
+* the waiting copy is always in the broker, so a run is never lost: if the express
+  copy is never published (the releasing worker died) or never arrives, the
+  reservation lapses after :data:`RESERVATION` seconds and the slot is offered again,
+  and the waiting copy comes back on its own countdown in any case;
+* a ticket is remembered as served for longer than the waiting copy's countdown plus
+  :data:`~celery_redislock.config.retry.SERVED_MEMORY` seconds, so the second copy does
+  not run the task again.
+  If the lock store loses its data (a restart without persistence) within that time,
+  the second copy may run: the choice is to run a task twice rather than lose it.
+
+This module builds tickets and messages and re-publishes them; the Lua scripts
+(``line.lua`` and its users) do the rest, each in one atomic step.
+
+    >>> ticket = new_ticket("5f0c")
+    >>> ticket.startswith("5f0c.")
+    True
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from celery import signature as make_signature
+from kombu.serialization import dumps, loads
+
+from ..engine.scripts import ENQUEUE, LEAVE_LINE, WAKE
+
+logger = logging.getLogger(__name__)
+
+#: The message header that carries a run's wait (see :mod:`celery_redislock.integration.waiting`).
+WAIT_HEADER = "redislock_wait"
+
+#: How long a slot handed to a waiter is kept for it (seconds, at most the lease):
+#: time for its express copy to reach a worker.
+RESERVATION = 10.0
+
+
+
+def new_ticket(task_id: str) -> str:
+    """A ticket for one wait of one run: the task id, a dot, a random part."""
+    return f"{task_id}.{os.urandom(5).hex()}"
+
+
+def new_copy_id() -> str:
+    """The identity of one copy of a waiting run's message: a served ticket remembers
+    which copy was admitted, so that the broker redelivering that same message (its
+    worker died) is not mistaken for the other copy."""
+    return os.urandom(4).hex()
+
+
+def reservation_ms(lease: float) -> int:
+    """How long (ms) a slot handed to a waiter stays reserved, for a given lease."""
+    return max(1, round(min(RESERVATION, lease) * 1000))
+
+
+
+def pack_message(signature: Any, serializer: str) -> str:
+    """A task signature as text for the line: serialized as the task's messages are.
+
+        >>> from celery import Signature
+        >>> unpack_message(pack_message(Signature("t", (1,)), "json"))["args"]
+        [1]
+    """
+    content_type, encoding, body = dumps(dict(signature), serializer=serializer)
+    if isinstance(body, bytes):
+        return f"{content_type}\n{encoding}\nb64\n{base64.b64encode(body).decode()}"
+    return f"{content_type}\n{encoding}\ntext\n{body}"
+
+
+def unpack_message(message: Any) -> Mapping[str, Any]:
+    """The signature dict of a message written by :func:`pack_message`."""
+    if isinstance(message, bytes):
+        message = message.decode()
+    content_type, encoding, form, body = message.split("\n", 3)
+    data: Any = base64.b64decode(body) if form == "b64" else body
+    return loads(data, content_type, encoding, accept={content_type})
+
+
+def waiter_record(task_name: str, task_id: str, worker: Optional[str], since_ms: int) -> str:
+    """What operators see of a waiter (``celery redislock inspect``)."""
+    return json.dumps({"task": task_name, "id": task_id, "worker": worker, "since": since_ms})
+
+
+def join_line(
+    client: Any,
+    key: str,
+    ticket: str,
+    since_ms: int,
+    record: str,
+    message: str,
+    *,
+    keep_ms: int,
+    reserve_ms: int,
+) -> Tuple[Optional[int], List[Any]]:
+    """Put ``ticket`` in the line of semaphore ``key``; its position (0 = next) and the
+    messages of waiters handed a slot meanwhile (maybe its own), to re-publish."""
+    reply = ENQUEUE.run(client, [key], [ticket, since_ms, record, message, keep_ms, reserve_ms])
+    position = int(reply[0])
+    return (None if position < 0 else position), list(reply[1:])
+
+
+def leave_line(client: Any, keys: Sequence[str], task_id: str) -> int:
+    """Take every ticket of ``task_id`` out of the lines of ``keys`` (it gave up, or it
+    was revoked): it must not be handed a slot. Returns how many were dropped."""
+    if not keys:
+        return 0
+    return int(LEAVE_LINE.run(client, list(keys), [f"{task_id}."]))
+
+
+def publish(app: Any, messages: Iterable[Any]) -> int:
+    """Re-publish the messages of waiters that were handed a slot; returns how many went.
+
+    A message that cannot be sent is logged and left: its reservation lapses and its
+    waiting copy comes back on its own countdown.
+    """
+    sent = 0
+    for message in messages:
+        fields: Dict[str, Any] = {}
+        try:
+            fields = dict(unpack_message(message))
+            _new_copy(fields)
+            make_signature(fields, app=app).apply_async()
+            sent += 1
+        except Exception as exc:
+            logger.warning("celery-redislock: could not hand a free slot to waiting task "
+                           "%s[%s] (%r); it runs when its countdown ends",
+                           fields.get("task"), (fields.get("options") or {}).get("task_id"),
+                           exc)
+    return sent
+
+
+def _new_copy(fields: Dict[str, Any]) -> None:
+    """Give the express copy about to be sent an identity of its own."""
+    options = fields.setdefault("options", {})
+    headers = options.setdefault("headers", {})
+    wait = dict(headers.get(WAIT_HEADER) or {})
+    wait["copy"] = new_copy_id()
+    headers[WAIT_HEADER] = wait
+
+
+def wake_waiters(app: Any, semaphore_key: str, lease: float = RESERVATION) -> int:
+    """Hand the free slots of ``semaphore_key`` to its oldest waiters now, re-publishing
+    their messages; returns how many were woken. For after an operator raised a limit or
+    ended a pause::
+
+        set_slots(app, "crawl", 5)
+        wake_waiters(app, semaphore_key("crawl", prefix))
+    """
+    from ..config.settings import read_settings, redis_client
+
+    client = redis_client(app, read_settings(app))
+    messages = WAKE.run(client, [semaphore_key], [reservation_ms(lease)])
+    return publish(app, messages)

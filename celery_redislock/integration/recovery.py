@@ -1,0 +1,288 @@
+"""Slots that a run could not give back itself, freed by the worker's main process.
+
+A pool child killed by SIGKILL, the OOM killer, a hard ``time_limit`` or
+``revoke(terminate=True)`` never runs its ``finally``. The worker's main process sees it
+happen (``task_failure`` with ``WorkerLostError`` or ``TimeLimitExceeded``, or
+``task_revoked`` with ``terminated=True``) and frees that run's slots at once, by the
+holder token prefix ``"<worker node>|<task id>|"``, instead of leaving them until their
+leases run out.
+
+A worker that starts frees what its previous life under the same node name still held
+(``"<worker node>|"``): node names are unique in a Celery cluster, so those holders are
+dead; and as its main process exits (after a warm or a cold shutdown) it frees what it
+still holds. Slots of other workers are never touched. The receivers are connected when the
+package is imported; they act only in apps that use ``LimitedTask`` or ``install()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from typing import Any, List, Mapping, Optional, Sequence
+
+from billiard.exceptions import WorkerLostError
+from celery import Task
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import task_failure, task_revoked, worker_init
+from celery.worker.request import Request
+
+from ..config.limit import TaskLimits
+from ..config.settings import read_settings, redis_client
+from ..engine.admission import SlotLimit, owner_prefix
+from ..engine.holder import parse_holder
+from ..engine.scan import batches, semaphore_keys
+from ..engine.scripts import RELEASE_OWNER, by_hash_slot
+from . import handoff
+
+logger = logging.getLogger(__name__)
+
+#: The node name of the worker whose main process this is, once it has started.
+_this_worker: dict = {}
+
+
+def is_limited(task: Any) -> bool:
+    """Whether the package limits ``task``: a ``LimitedTask``, or a plain task that
+    ``redislock_limits`` names (both mark their class ``_redislock_limited``)."""
+    return bool(getattr(type(task), "_redislock_limited", False))
+
+
+def limits_of(task: Any) -> Optional[TaskLimits]:
+    """The limits a task runs under, or None if the package does not limit it."""
+    return task.task_limits() if is_limited(task) else None
+
+
+def uses_limits(app: Any) -> bool:
+    """True if any task of ``app`` is a ``LimitedTask`` or limited by ``redislock_limits``."""
+    return any(is_limited(task) for task in app.tasks.values())
+
+
+def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+                   worker: str) -> int:
+    """Free the slots that run ``task_id`` of ``task`` holds through worker ``worker``,
+    once the processes holding them have exited.
+
+    Celery reports a hard time limit, and a terminating revoke, while the pool child may
+    still be running (it is killed right after): freeing its slots then would let another
+    run in beside it. So the slots are freed at once only when their holders' processes
+    are gone, and otherwise by a thread that waits for them to exit (at most a lease).
+    Returns how many slots were freed at once.
+    """
+    limits = limits_of(task)
+    if limits is None:
+        return 0
+    settings = read_settings(task._get_app())
+    slot_keys = [
+        limiter.key for limiter in limits.limiters(args or (), kwargs or {}, settings.prefix)
+        if isinstance(limiter, SlotLimit)
+    ]
+    if not slot_keys:
+        return 0
+    client = redis_client(task._get_app(), settings)
+    prefix = owner_prefix(worker, task_id)
+
+    def free() -> int:
+        return sum(free_owner_slots(task._get_app(), client, keys, prefix, limits.lease)
+                   for keys in by_hash_slot(client, slot_keys))
+
+    alive = [pid for pid in holder_pids(client, slot_keys, prefix) if process_alive(pid)]
+    if not alive:
+        return free()
+    threading.Thread(
+        target=_free_after_exit, args=(alive, limits.lease, free, f"{task.name}[{task_id}]"),
+        name="celery-redislock-recovery", daemon=True,
+    ).start()
+    return 0
+
+
+def holder_pids(client: Any, keys: Sequence[str], prefix: str) -> List[int]:
+    """The process ids written in the descriptions of the holders whose entry starts
+    with ``prefix``."""
+    holders = (parse_holder(member, score) for key in keys
+               for member, score in client.zrangebyscore(key, 0, "+inf", withscores=True))
+    return [holder.pid for holder in holders
+            if holder.token.startswith(prefix) and holder.pid is not None]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs on this machine (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _free_after_exit(pids: List[int], lease: float, free: Any, what: str) -> None:
+    deadline = time.monotonic() + lease
+    while any(process_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            logger.warning("celery-redislock: %s: process(es) %s still run after a whole "
+                           "lease; its slots come back when its lease ends", what, pids)
+            return
+        time.sleep(0.01)
+    try:
+        freed = free()
+    except Exception as exc:
+        logger.warning("celery-redislock: could not free the slots of %s: %r", what, exc)
+        return
+    if freed:
+        logger.info("celery-redislock: freed %d slot(s) of %s once its process exited",
+                    freed, what)
+
+
+def free_owner_slots(app: Any, client: Any, keys: Sequence[str], prefix: str,
+                     lease: float = handoff.RESERVATION) -> int:
+    """Free the slots of ``keys`` whose holder tokens start with ``prefix``, hand them to
+    the oldest waiters (re-publishing their messages), and return how many were freed."""
+    reply = RELEASE_OWNER.run(client, list(keys), [prefix, handoff.reservation_ms(lease)])
+    if len(reply) > 1:
+        handoff.publish(app, reply[1:])
+    return int(reply[0])
+
+
+def free_worker_slots(app: Any, worker: str) -> int:
+    """Free every slot held by runs of worker ``worker`` (a node name), on any key."""
+    settings = read_settings(app)
+    client = redis_client(app, settings)
+    freed = 0
+    for batch in batches(semaphore_keys(client, settings.prefix)):
+        for keys in by_hash_slot(client, batch):
+            freed += free_owner_slots(app, client, keys, owner_prefix(worker))
+    return freed
+
+
+@worker_init.connect
+def _forget_previous_life(sender: Any = None, **_: Any) -> None:
+    app, worker = getattr(sender, "app", None), getattr(sender, "hostname", None)
+    if app is None or not worker:
+        return
+    _this_worker["name"] = worker
+    try:
+        if not uses_limits(app):
+            return
+    except Exception as exc:  # never stop a worker from starting over this
+        logger.warning("celery-redislock: could not look at the tasks of %s: %r", worker, exc)
+        return
+    atexit.register(_free_what_is_left, app, worker, os.getpid())
+    _free_worker_slots_saying(app, worker, "still held by a previous run of")
+
+
+def _free_worker_slots_saying(app: Any, worker: str, whose: str) -> None:
+    """:func:`free_worker_slots`, logging what it did; it never raises."""
+    try:
+        freed = free_worker_slots(app, worker)
+    except Exception as exc:
+        logger.warning("celery-redislock: could not free the slots %s %s: %r",
+                       whose, worker, exc)
+        return
+    if freed:
+        logger.warning("celery-redislock: freed %d slot(s) %s %s", freed, whose, worker)
+
+
+def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str) -> None:
+    worker = _this_worker.get("name") or getattr(getattr(task, "request", None), "hostname", None)
+    if not worker or task is None:
+        return
+    try:
+        freed = free_run_slots(task, task_id, args, kwargs, worker)
+    except Exception as exc:
+        logger.warning("celery-redislock: could not free the slots of %s[%s] (%s): %r; they "
+                       "come back when their leases end", task.name, task_id, why, exc)
+        return
+    if freed:
+        logger.info("celery-redislock: freed %d slot(s) of %s[%s] (%s)",
+                    freed, task.name, task_id, why)
+
+
+#: Where :class:`LimitedRequest` is, as Celery's ``Task.Request`` names a request class.
+LIMITED_REQUEST = "celery_redislock.integration.recovery:LimitedRequest"
+
+#: Celery's own request class, as ``Task.Request`` names it by default.
+DEFAULT_REQUEST = Task.Request
+
+
+class LimitedRequest(Request):
+    """The worker-side request of limited tasks: when the pool child running it is lost
+    (SIGKILL, the OOM killer), the worker's main process frees its slots on every path.
+
+    Celery sends ``task_failure`` for a lost child only when it does not requeue the
+    message; with ``acks_late`` and ``reject_on_worker_lost`` it rejects the message
+    for redelivery and sends nothing, so the slots would wait for their lease to run
+    out. ``LimitedTask`` uses this class (``Task.Request``), and so do plain tasks that
+    ``redislock_limits`` names, unless they have a request class of their own.
+    """
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> Any:
+        exc = exc_info.exception
+        exc = getattr(exc, "exc", exc)  # billiard wraps it in an ExceptionWithTraceback
+        if isinstance(exc, WorkerLostError):
+            _free_for_dead_run(self.task, self.id, self.args, self.kwargs, "WorkerLostError")
+        return super().on_failure(exc_info, send_failed_event=send_failed_event,
+                                  return_ok=return_ok)
+
+
+def _frees_lost_runs_itself(task: Any) -> bool:
+    request_class = getattr(task, "Request", None)
+    return request_class == LIMITED_REQUEST or (
+        isinstance(request_class, type) and issubclass(request_class, LimitedRequest))
+
+
+@task_failure.connect
+def _on_task_failure(sender: Any = None, task_id: Optional[str] = None, exception: Any = None,
+                     args: Any = None, kwargs: Any = None, **_: Any) -> None:
+    if not task_id:
+        return
+    lost = isinstance(exception, WorkerLostError) and not _frees_lost_runs_itself(sender)
+    if lost or isinstance(exception, TimeLimitExceeded):
+        _free_for_dead_run(sender, task_id, args, kwargs, type(exception).__name__)
+
+
+@task_revoked.connect
+def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
+                     **_: Any) -> None:
+    if request is None:
+        return
+    if terminated:
+        _free_for_dead_run(sender, request.id, request.args, request.kwargs, "terminated")
+    else:
+        _leave_lines(sender, request.id, request.args, request.kwargs)
+
+
+def _leave_lines(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
+    """A revoked run that waited for a slot must not be handed one: take it out of the
+    waiting lines of its semaphores."""
+    limits = limits_of(task)
+    if limits is None:
+        return
+    try:
+        settings = read_settings(task._get_app())
+        client = redis_client(task._get_app(), settings)
+        keys = [limiter.key for limiter in limits.limiters(args or (), kwargs or {},
+                                                           settings.prefix)
+                if isinstance(limiter, SlotLimit)]
+        for group in by_hash_slot(client, keys):
+            handoff.leave_line(client, group, task_id)
+    except Exception as exc:  # a revoke must never fail because of this
+        logger.warning("celery-redislock: could not take revoked task %s out of its waiting "
+                       "line: %r", task_id, exc)
+
+
+def _free_what_is_left(app: Any, worker: str, main_pid: int) -> None:
+    """At the exit of the worker's main process — after a warm or a cold shutdown, whose
+    pool children were killed without their ``finally`` — free what the worker still
+    holds. (Pool children inherit this hook through ``fork``; only the main process runs
+    it.)"""
+    if os.getpid() == main_pid:
+        _free_worker_slots_saying(app, worker, "left by")

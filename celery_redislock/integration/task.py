@@ -1,0 +1,138 @@
+"""``LimitedTask`` and ``SingletonTask``: Celery task classes whose runs are admitted first."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from celery import Task
+
+from ..config.limit import LIMIT_FIELDS, OPTION_DEFAULTS, RETRY_FIELDS, TaskLimits
+from ..config.limits_setting import config_limits, task_function
+from ..engine.keys import KeySource
+from ..errors import LockConfigurationError
+from .execution import run_limited
+from .recovery import LIMITED_REQUEST
+
+
+class LimitedTask(Task):
+    """A task of which at most ``lock_slots`` runs happen at once, across every worker.
+
+    Example::
+
+        @app.task(base=LimitedTask, lock_slots=2)
+        def crawl(url): ...
+
+        @app.task(base=LimitedTask, lock_slots=1, lock_key="customer:{customer_id}")
+        def sync_customer(customer_id, full=False): ...
+
+        @app.task(base=LimitedTask, lock_rate="10/s", lock_key="partner:{partner_id}")
+        def ping_partner(partner_id): ...
+
+    The run is admitted in the worker just before the body runs, and its slot given back
+    when the body ends, however it ends. When it is not admitted the run goes back to the
+    queue with a countdown (no worker process waits, and ``max_retries`` is not used up).
+
+    ``lock_slots``             runs allowed at once per key (default 1, or no slot limit
+                               when only ``lock_rate`` is given)
+    ``lock_rate``              starts allowed per period per key, across every worker:
+                               ``"10/s"``, ``"100/m"``, ``"5/10s"`` (default None)
+    ``lock_burst``             starts allowed beyond the rate in any one period (default 1;
+                               0 spaces every start a full interval apart)
+    ``lock_key``               the key: a template over the task's argument names such as
+                               ``"customer:{customer_id}"``, or a callable taking the task's
+                               arguments; default the task's name. Tasks naming the same key
+                               share its slots.
+    ``lock_lease``             seconds a slot stays taken without renewal (default 30);
+                               a running task renews it every third of that
+    ``lock_retry_backoff``     first countdown when no slot is free, seconds (default 1)
+    ``lock_retry_backoff_max`` longest countdown, seconds (default 30)
+    ``lock_retry_jitter``      spread countdowns randomly (default True)
+    ``lock_max_wait``          give up after waiting this many seconds in all, failing the
+                               task with :class:`LockWaitTimeout` (default None: never)
+
+    An entry of the ``redislock_limits`` setting that matches the task replaces its
+    ``lock_slots``, ``lock_rate``, ``lock_burst``, ``lock_key`` and ``lock_lease``.
+    Inside the body, ``self.request.redislock_lease`` is the :class:`Lease` held.
+    """
+
+    #: Frees the slots of a run whose pool child was lost, even when Celery requeues
+    #: its message (see :class:`celery_redislock.integration.recovery.LimitedRequest`).
+    Request = LIMITED_REQUEST
+    _redislock_limited = True
+
+    lock_slots: Optional[int] = OPTION_DEFAULTS["lock_slots"]
+    lock_rate: Optional[str] = OPTION_DEFAULTS["lock_rate"]
+    lock_burst: int = OPTION_DEFAULTS["lock_burst"]
+    lock_key: KeySource = OPTION_DEFAULTS["lock_key"]
+    lock_lease: float = OPTION_DEFAULTS["lock_lease"]
+    lock_retry_backoff: float = OPTION_DEFAULTS["lock_retry_backoff"]
+    lock_retry_backoff_max: float = OPTION_DEFAULTS["lock_retry_backoff_max"]
+    lock_retry_jitter: bool = OPTION_DEFAULTS["lock_retry_jitter"]
+    lock_max_wait: Optional[float] = OPTION_DEFAULTS["lock_max_wait"]
+
+    _redislock_own_limits: Optional[TaskLimits] = None
+    _redislock_limits: Optional[TaskLimits] = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if type(self).run is not Task.run:
+            # Checked when the task is defined, so mistakes never reach a worker.
+            self._redislock_own_limits = self._own_limits()
+
+    def _task_name(self) -> str:
+        return self.name or f"{type(self).__module__}.{type(self).__qualname__}"
+
+    def _own_options(self, fields: Any) -> dict:
+        return {name: getattr(self, f"lock_{name}") for name in fields}
+
+    def _own_limits(self) -> TaskLimits:
+        options = {**self._own_options(LIMIT_FIELDS), **self._own_options(RETRY_FIELDS)}
+        return TaskLimits.compile(
+            self._task_name(), self.run, [options], default_slots=1, option_prefix="lock_",
+        )
+
+    def task_limits(self) -> TaskLimits:
+        """The limits this task runs under: a ``redislock_limits`` entry, else its options."""
+        if self._redislock_limits is None:
+            from_config = config_limits(
+                self._get_app(), self._task_name(), task_function(self),
+                retry_defaults=self._own_options(RETRY_FIELDS),
+            )
+            self._redislock_limits = (
+                from_config or self._redislock_own_limits or self._own_limits()
+            )
+        return self._redislock_limits
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:
+            # A plain function call, not an execution by Celery: no limit, like rate_limit.
+            return super().__call__(*args, **kwargs)
+        # The tracer has pushed this run's request already: call the body directly, as
+        # Celery's worker does, so that apply() and eager runs see the right request.
+        return run_limited(self, self.task_limits(), args, kwargs,
+                           lambda: self.run(*args, **kwargs), request)
+
+
+class SingletonTask(LimitedTask):
+    """A task of which at most one run happens at a time across the cluster.
+
+    Example::
+
+        @app.task(base=SingletonTask)
+        def rebuild_index(): ...
+
+        @app.task(base=SingletonTask, lock_key="report:{account_id}")
+        def build_report(account_id): ...   # one at a time per account
+
+    The same as ``LimitedTask`` with ``lock_slots=1``, which it does not let you change.
+    """
+
+    def _own_limits(self) -> TaskLimits:
+        if self.lock_slots not in (None, 1):
+            raise LockConfigurationError(
+                f"Task {self._task_name()!r}: a SingletonTask has exactly one slot; "
+                f"use LimitedTask for lock_slots={self.lock_slots!r}"
+            )
+        self.lock_slots = 1
+        return super()._own_limits()

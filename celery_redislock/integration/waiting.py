@@ -1,0 +1,206 @@
+"""What a run that was not admitted does: it goes back to the queue for later.
+
+The run is re-published with a countdown, as :meth:`celery.Task.retry` would, but with
+``retries`` unchanged, so waiting uses none of the task's ``max_retries`` budget and does
+not show in ``self.request.retries``. The run that was refused then ends with
+:class:`celery.exceptions.Ignore`: no result is stored and no callback runs; the
+re-published copy, which has the same task id, carries on.
+
+What the wait has been so far travels with the message in the ``redislock_wait`` header:
+when it started (on the Redis server's clock), how many times the run was refused, the
+start times rate limiters promised it, and its ticket in a semaphore's waiting line
+(see :mod:`celery_redislock.integration.handoff`): a freed slot is handed to the oldest waiter at
+once, so the countdown chosen here is only the fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Union
+
+from celery.exceptions import Ignore
+from redis.exceptions import RedisError
+
+from ..config.retry import RetryPolicy
+from ..engine.admission import Busy, Paused, RateLimited
+from ..errors import LockWaitTimeout
+from . import handoff, signals
+from .handoff import WAIT_HEADER
+
+logger = logging.getLogger(__name__)
+
+
+#: Countdowns stay below this share of the broker's ``visibility_timeout``, since a longer
+#: ETA is redelivered (so run twice) by the Redis and SQS transports.
+VISIBILITY_SHARE = 0.5
+
+#: What kombu's Redis and SQS transports use when ``visibility_timeout`` is not set.
+DEFAULT_VISIBILITY_TIMEOUT = 3600
+
+PUBLISH_ATTEMPTS = 3
+
+#: A run promised a start this close (seconds) waits for it in the worker process, and a
+#: run sent back for a later start is sent back to arrive this much early: the broker's
+#: delivery delay would otherwise make every promised start late.
+SHORT_WAIT = 0.1
+
+Refusal = Union[Busy, RateLimited, Paused, None]
+
+
+def wait_state(request: Any) -> Mapping[str, Any]:
+    """The ``redislock_wait`` header of a request, or {}.
+
+    ``{"since": ms, "attempts": n, "promises": {rate_key: start_us}, "ticket": str,
+    "express": bool}``
+    """
+    headers = getattr(request, "headers", None) or {}
+    state = headers.get(WAIT_HEADER)
+    return state if isinstance(state, dict) else {}
+
+
+def describe(refusal: Refusal) -> str:
+    if isinstance(refusal, Busy):
+        return f"found all {refusal.slots} slot(s) of {refusal.name!r} taken"
+    if isinstance(refusal, RateLimited):
+        return f"is over the rate limit of {refusal.name!r}"
+    if isinstance(refusal, Paused):
+        return f"found {refusal.name!r} paused"
+    return "could not reach the lock store"
+
+
+def requeue(
+    task: Any,
+    request: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    policy: RetryPolicy,
+    refusal: Refusal,
+    client: Any = None,
+    reserve_ms: int = 0,
+) -> NoReturn:
+    """Re-publish the current run of ``task`` with a countdown, then end it (``Ignore``).
+
+    ``refusal`` is why it was not admitted: :class:`Busy`, :class:`RateLimited`,
+    :class:`Paused`, or None when the lock store could not be reached. A run refused by
+    a semaphore also takes its place in the semaphore's waiting line (on ``client``),
+    if it is not there yet, when ``reserve_ms`` > 0
+    (see :mod:`celery_redislock.integration.handoff`).
+    Raises :class:`LockWaitTimeout` instead when the run has
+    waited, or would have to wait, longer than ``policy.max_wait``.
+    """
+    state = wait_state(request)
+    attempts = int(state.get("attempts", 0))
+    promises: Dict[str, int] = dict(state.get("promises") or {})
+    ticket = state.get("ticket") or None
+    now_ms = refusal.server_time_ms if refusal is not None else None
+    since = state.get("since") or now_ms
+    waited = (now_ms - since) / 1000.0 if now_ms is not None and since else 0.0
+
+    ceiling = _visibility_ceiling(task)
+    if isinstance(refusal, RateLimited):
+        promises[refusal.key] = refusal.promise
+        early = max(0.0, refusal.wait - SHORT_WAIT / 2)
+        countdown = early if ceiling is None else min(early, ceiling)
+        must_wait = refusal.wait
+    elif isinstance(refusal, Paused):
+        countdown = policy.paused_countdown(refusal.retry_hint, ceiling)
+        must_wait = refusal.retry_hint or 0.0
+    else:
+        countdown = policy.countdown(attempts, refusal, ceiling)
+        must_wait = 0.0
+    if policy.max_wait is not None:
+        if waited + must_wait >= policy.max_wait and (waited > 0 or must_wait > 0):
+            if ticket and client is not None and isinstance(refusal, Busy):
+                with contextlib.suppress(RedisError):  # else dropped when its time runs out
+                    handoff.leave_line(client, [refusal.key], request.id)
+            more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
+            raise LockWaitTimeout(
+                f"Task {task.name!r}[{request.id}] {describe(refusal)} and gave up: it "
+                f"waited {waited:.1f} s{more}, beyond its max_wait of {policy.max_wait} s"
+            )
+        countdown = min(countdown, max(policy.max_wait - waited, 0.0))
+
+    headers = dict(getattr(request, "headers", None) or {})
+    handoffs: list = []
+    joins_line = (isinstance(refusal, Busy) and refusal.position is None
+                  and client is not None and reserve_ms > 0 and since is not None)
+    if joins_line:
+        assert isinstance(refusal, Busy)
+        ticket = ticket or handoff.new_ticket(request.id)
+    wait = {"since": since, "attempts": attempts + 1, "promises": promises}
+    if ticket:
+        wait["ticket"] = ticket
+        # The lock store went away during the admission, which may have gone through
+        # before the answer was lost: then the line remembers this copy as the one
+        # admitted. The copy sent back is, to the line, this same copy, so that it still
+        # runs (once the slot the lost answer took comes back) instead of being turned
+        # away as served by another.
+        same_copy = refusal is None and bool(state.get("copy"))
+        wait["copy"] = state["copy"] if same_copy else handoff.new_copy_id()
+        if same_copy and state.get("express"):
+            wait["express"] = True
+    headers[WAIT_HEADER] = wait
+    if joins_line:
+        assert isinstance(refusal, Busy) and since is not None
+        express = task.signature_from_request(
+            request, args, kwargs,
+            headers={**headers, WAIT_HEADER: {**wait, "express": True}},
+            retries=request.retries,
+        )
+        express.options.pop("countdown", None)
+        express.options.pop("eta", None)
+        try:
+            _, handoffs = handoff.join_line(
+                client, refusal.key, ticket, since,
+                handoff.waiter_record(task.name, request.id, request.hostname, since),
+                handoff.pack_message(express, task.serializer or task.app.conf.task_serializer),
+                keep_ms=policy.keep_ticket_ms(ceiling), reserve_ms=reserve_ms,
+            )
+        except RedisError as exc:
+            # The copy sent back below carries the run; it joins the line next time.
+            logger.warning("celery-redislock: task %s[%s] could not join the waiting line of "
+                           "%r (%r); it comes back on its countdown", task.name, request.id,
+                           refusal.name, exc)
+    signature = task.signature_from_request(
+        request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
+    )
+    _publish(signature)
+    if handoffs:
+        handoff.publish(task.app, handoffs)
+    _announce(task, request, refusal, countdown)
+    logger.info(
+        "celery-redislock: task %s[%s] %s; waiting %.2f s (attempt %d)",
+        task.name, request.id, describe(refusal), countdown, attempts + 1,
+    )
+    raise Ignore()
+
+
+def _announce(task: Any, request: Any, refusal: Refusal, countdown: float) -> None:
+    if isinstance(refusal, RateLimited):
+        signals.rate_limited.send(sender=task, task_id=request.id, key=refusal.name,
+                                  countdown=countdown, promise=refusal.promise)
+    else:
+        signals.lock_contended.send(sender=task, task_id=request.id,
+                                    key=refusal.name if refusal else None,
+                                    countdown=countdown, reason=describe(refusal))
+
+
+def _publish(signature: Any) -> None:
+    for attempt in range(PUBLISH_ATTEMPTS):
+        try:
+            signature.apply_async()
+            return
+        except Exception:
+            if attempt == PUBLISH_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * 2 ** attempt)
+
+
+def _visibility_ceiling(task: Any) -> Optional[float]:
+    options = task.app.conf.broker_transport_options or {}
+    timeout = options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT)
+    if isinstance(timeout, (int, float)) and timeout > 0:
+        return timeout * VISIBILITY_SHARE
+    return None

@@ -1,0 +1,275 @@
+"""A Prometheus exporter for the package's metrics, served by each worker's main process.
+
+Needs the ``prometheus`` extra (``pip install 'celery-redislock[prometheus]'``). In the
+module that makes the app::
+
+    from celery_redislock.metrics.prometheus import enable_prometheus
+
+    app.conf.redislock_metrics_port = 9809
+    enable_prometheus(app)
+
+Every ``celery worker`` of the app then serves ``http://<host>:9809/metrics``.
+
+How it works. The signals that feed the metrics are sent where tasks run: in the pool's
+child processes under prefork. So the metrics use ``prometheus_client``'s multiprocess
+mode: each process writes its numbers to files of its own in a directory, and the
+exporter, in the worker's main process, adds them up at each scrape. The directory is
+``PROMETHEUS_MULTIPROC_DIR`` if set (it should then be emptied before the worker starts,
+and belong to this worker alone), else a fresh temporary directory made when the worker
+starts and removed when it exits. The ``holding`` gauge counts live processes only: the
+files of a pool child that died are dropped (``mark_process_dead``) at the next scrape,
+and a new child whose process id was used before starts from clean files.
+
+=================================  =======================================================
+``redislock_metrics_port``         port of the exporter (required; 0: any free port, which
+                                   the worker logs)
+``redislock_metrics_addr``         address it listens on (default ``"0.0.0.0"``)
+``redislock_metrics_max_limits``   at most this many distinct values of the ``limit``
+                                   label, ``"other"`` included (default 100)
+``redislock_metrics_limit_label``  function ``(task, key) -> str`` making the ``limit``
+                                   label (default :func:`~.metrics.default_limit_label`)
+=================================  =======================================================
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import logging
+import os
+import re
+import shutil
+import tempfile
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from celery import bootsteps
+from celery.signals import worker_process_init
+
+from ..errors import LockConfigurationError
+from . import (
+    METRICS,
+    MetricSpec,
+    SharedLabelBudget,
+    Sink,
+    enable_metrics,
+    limit_label_setting,
+    max_limit_labels_setting,
+)
+
+try:
+    import prometheus_client
+    from prometheus_client import CollectorRegistry, multiprocess, values
+except ImportError:  # pragma: no cover - the extra is not installed
+    prometheus_client = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "celery_redislock"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LABELS_FILE = "redislock_limit_labels.txt"
+DEFAULT_ADDR = "0.0.0.0"
+
+_LIVE_GAUGE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db$")
+
+
+def _require_client() -> None:
+    if prometheus_client is None:
+        raise ImportError(
+            "celery_redislock.metrics.prometheus needs prometheus-client: "
+            "pip install 'celery-redislock[prometheus]'"
+        )
+
+
+def enable_prometheus(app: Any, *, port: Optional[int] = None,
+                      addr: Optional[str] = None) -> None:
+    """Make every worker of ``app`` record the package's metrics and serve them for
+    Prometheus on ``port`` (default: the ``redislock_metrics_port`` setting).
+
+    Example::
+
+        app.conf.redislock_metrics_port = 9809
+        enable_prometheus(app)
+
+    Only ``celery worker`` processes are affected; calling it twice is harmless.
+    """
+    _require_client()
+    app._redislock_prometheus = {"port": port, "addr": addr}
+    app.steps["worker"].add(PrometheusExporterStep)
+
+
+def exporter_options(app: Any) -> Tuple[int, str]:
+    """The exporter's port and address for ``app``, checked."""
+    overrides: Mapping[str, Any] = getattr(app, "_redislock_prometheus", None) or {}
+    port = overrides.get("port")
+    if port is None:
+        port = app.conf.get("redislock_metrics_port")
+    addr = overrides.get("addr") or app.conf.get("redislock_metrics_addr") or DEFAULT_ADDR
+    if port is None:
+        raise LockConfigurationError(
+            "celery-redislock Prometheus exporter: set redislock_metrics_port (0 picks any "
+            "free port) or pass port= to enable_prometheus()"
+        )
+    if isinstance(port, str) and port.strip().isdigit():
+        port = int(port)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise LockConfigurationError(
+            f"setting redislock_metrics_port must be a port number (0 to 65535), not {port!r}"
+        )
+    if not isinstance(addr, str):
+        raise LockConfigurationError(
+            f"setting redislock_metrics_addr must be a host or address, not {addr!r}"
+        )
+    return port, addr
+
+
+class PrometheusSink(Sink):
+    """Puts the numbers of :data:`~celery_redislock.metrics.METRICS` in ``prometheus_client``
+    metrics named ``celery_redislock_<name>``, not registered in any registry (in
+    multiprocess mode, they are read back from their files).
+
+    Example::
+
+        sink = PrometheusSink()
+        enable_metrics(app, sink=sink)
+    """
+
+    def __init__(self, namespace: str = NAMESPACE) -> None:
+        _require_client()
+        self.metrics: Dict[str, Any] = {spec.name: _make(spec, namespace) for spec in METRICS}
+
+    def inc(self, metric: MetricSpec, labels: Mapping[str, str], amount: float = 1.0) -> None:
+        series = self.metrics[metric.name].labels(**labels)
+        if metric.kind == "gauge" or amount > 0:
+            series.inc(amount)
+
+    def observe(self, metric: MetricSpec, labels: Mapping[str, str], value: float) -> None:
+        self.metrics[metric.name].labels(**labels).observe(value)
+
+
+def _make(spec: MetricSpec, namespace: str) -> Any:
+    common: Dict[str, Any] = {"namespace": namespace, "registry": None}
+    if spec.kind == "counter":
+        return prometheus_client.Counter(spec.name, spec.help, spec.labels, **common)
+    if spec.kind == "histogram":
+        return prometheus_client.Histogram(spec.name, spec.help, spec.labels,
+                                           buckets=spec.buckets, **common)
+    return prometheus_client.Gauge(spec.name, spec.help, spec.labels,
+                                   multiprocess_mode="livesum", **common)
+
+
+class SweepingCollector(multiprocess.MultiProcessCollector if prometheus_client else object):
+    """``MultiProcessCollector`` that first drops the live-gauge files of processes that
+    have exited (a pool child killed, or replaced after ``max_tasks_per_child``)."""
+
+    def __init__(self, registry: Any, path: str) -> None:
+        self.directory = path
+        super().__init__(registry, path=path)
+
+    def collect(self) -> Any:
+        sweep_dead_processes(self.directory)
+        return super().collect()
+
+
+def sweep_dead_processes(path: str) -> int:
+    """``mark_process_dead`` for each process with live-gauge files in ``path`` that no
+    longer runs. Returns how many were swept."""
+    from ..integration.recovery import process_alive
+
+    dead = set()
+    for name in glob.glob(os.path.join(path, "gauge_live*_*.db")):
+        match = _LIVE_GAUGE_FILE.search(name)
+        if match and not process_alive(int(match.group(1))):
+            dead.add(int(match.group(1)))
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, path)
+    return len(dead)
+
+
+class Exporter:
+    """The exporter of one worker: prepared in the main process before the pool forks
+    (:meth:`prepare`), serving HTTP while the worker runs (:meth:`start`, :meth:`stop`)."""
+
+    def __init__(self, app: Any, port: int, addr: str) -> None:
+        self.app = app
+        self.port = port
+        self.addr = addr
+        self.path = ""
+        self.own_directory = False
+        self.server: Any = None
+
+    def prepare(self) -> None:
+        """Choose the multiprocess directory, switch ``prometheus_client`` to multiprocess
+        mode, and connect the metrics' receivers (which pool children inherit)."""
+        path = os.environ.get(MULTIPROC_ENV)
+        if path:
+            os.makedirs(path, exist_ok=True)
+        else:
+            path = tempfile.mkdtemp(prefix="celery-redislock-metrics-")
+            os.environ[MULTIPROC_ENV] = path  # pool children inherit it
+            self.own_directory = True
+            atexit.register(_remove_directory, path, os.getpid())
+        self.path = path
+        if not getattr(values.ValueClass, "_multiprocess", False):
+            # prometheus_client chose its value class when imported, before the variable
+            # was set: metrics made from now on write to the directory.
+            values.ValueClass = values.MultiProcessValue()
+        budget = SharedLabelBudget(os.path.join(path, LABELS_FILE),
+                                   max_limit_labels_setting(self.app))
+        enable_metrics(self.app, sink=PrometheusSink(), budget=budget,
+                       limit_label=limit_label_setting(self.app))
+        _directories[os.getpid()] = path
+
+    def start(self) -> None:
+        """Serve ``/metrics``; a port that cannot be bound is logged, not fatal."""
+        registry = CollectorRegistry()
+        SweepingCollector(registry, path=self.path)
+        try:
+            started = prometheus_client.start_http_server(self.port, self.addr, registry)
+        except OSError as exc:
+            logger.error("celery-redislock: could not serve Prometheus metrics on %s:%d: %s",
+                         self.addr, self.port, exc)
+            return
+        self.server = started[0] if isinstance(started, tuple) else None
+        port = self.server.server_port if self.server is not None else self.port
+        logger.info("celery-redislock: Prometheus metrics on http://%s:%d/metrics (from %s)",
+                    self.addr, port, self.path)
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+_directories: Dict[int, str] = {}
+
+
+@worker_process_init.connect(weak=False)
+def _clean_reused_pid(**_: Any) -> None:
+    """A new pool child whose process id an earlier process had starts with no live
+    gauge left by that process."""
+    path = next(iter(_directories.values()), None)
+    if path and prometheus_client is not None:
+        multiprocess.mark_process_dead(os.getpid(), path)
+
+
+def _remove_directory(path: str, main_pid: int) -> None:
+    if os.getpid() == main_pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class PrometheusExporterStep(bootsteps.StartStopStep):
+    """Worker bootstep: prepares the exporter before the pool starts, serves while the
+    worker runs."""
+
+    name = "celery_redislock.metrics.prometheus"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        port, addr = exporter_options(worker.app)
+        self.exporter = Exporter(worker.app, port, addr)
+        self.exporter.prepare()
+        super().__init__(worker, **kwargs)
+
+    def create(self, worker: Any) -> Exporter:
+        return self.exporter

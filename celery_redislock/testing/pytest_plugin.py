@@ -1,0 +1,46 @@
+"""pytest fixtures for testing your own limited tasks against a real, throw-away Redis.
+
+The plugin is registered when the package is installed. In a test::
+
+    def test_sync_is_one_at_a_time(redislock_app):   # a Celery app whose lock store
+        ...                                           # is a private redis-server
+
+``redislock_server``  a :class:`~celery_redislock.testing.RedisServer` for the session
+``redislock_url``     its URL, emptied before each test
+``redislock_app``     pytest-celery's ``celery_app`` (when that plugin is installed) with
+                      ``redislock_url`` pointing at the private server
+
+To switch limits off instead (unit tests that should not need Redis at all), set
+``app.conf.redislock_enabled = False``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+from . import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redislock_server() -> Iterator[RedisServer]:
+    """A private redis-server for the whole test session."""
+    server = RedisServer().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def redislock_url(redislock_server: RedisServer) -> str:
+    """The URL of the private server, emptied for this test."""
+    redislock_server.client().flushall()
+    return redislock_server.url
+
+
+@pytest.fixture
+def redislock_app(request: pytest.FixtureRequest, redislock_url: str) -> Any:
+    """pytest-celery's ``celery_app``, with its lock store on the private server."""
+    app = request.getfixturevalue("celery_app")
+    app.conf.redislock_url = redislock_url
+    return app
