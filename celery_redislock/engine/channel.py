@@ -4,8 +4,9 @@ Every limited run costs an admission and a release. Through redis-py's client ea
 also takes a connection from the pool, wraps it in retry and metrics bookkeeping, puts
 it back, and parses the reply with a general parser. A ``Channel`` keeps one connection
 of the client's pool for the calling thread, sends a request (or several commands) in
-one write, and reads the replies itself. A connection error drops the connection; the
-next call opens a new one.
+one write, and reads the replies in order through the connection's public
+``read_response`` (an error reply is kept as its exception, so the replies after it are
+still read). A connection error drops the connection; the next call opens a new one.
 
 A request may also be sent without waiting for its replies (:meth:`Channel.send`): they
 are read at the channel's next call, which then finds them already there, or by
@@ -25,15 +26,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 import weakref
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 import redis
-from redis._parsers.base import BaseParser
-from redis.exceptions import ConnectionError, RedisError, TimeoutError
+from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +61,6 @@ class Channel:
         kwargs = client.connection_pool.connection_kwargs
         self.encoding = kwargs.get("encoding", "utf-8")
         self.decode = bool(kwargs.get("decode_responses", False))
-        self._replies = ReplyReader()
         self._lock = threading.Lock()
         #: Requests sent without waiting: how many replies each expects, and its handler.
         self._unread: List[Tuple[int, ReplyHandler]] = []
@@ -95,7 +93,7 @@ class Channel:
             if now:
                 request = self._take_outbox(request)
                 try:
-                    self._socket().sendall(request)
+                    self.connection.send_packed_command([request], check_health=False)
                 except (ConnectionError, TimeoutError, OSError) as exc:
                     error = self._fail(exc)
                     pending, self._unread = self._unread, []
@@ -129,22 +127,20 @@ class Channel:
     def _exchange(self, request: bytes, replies: int) -> List[Any]:
         """Write the requests that earlier :meth:`send` calls left unwritten and
         ``request`` in one write, read the replies still owed to earlier sends and then
-        ``replies`` replies. The connection is redis-py's (it connects,
-        authenticates, sets up TLS); the replies are read here, directly from its socket,
-        which costs a fraction of redis-py's general reply parser. Handlers of earlier
-        sends run once the lock is let go: they may call the lock store themselves."""
+        ``replies`` replies. The connection is redis-py's (it connects, authenticates,
+        sets up TLS, parses). Handlers of earlier sends run once the lock is let go: they
+        may call the lock store themselves."""
         with self._lock:
             pending, self._unread = self._unread, []
             _unsettled.discard(self)
             done: List[Tuple[ReplyHandler, List[Any]]] = []
             request = self._take_outbox(request)
             try:
-                sock = self._socket()
                 if request:
-                    sock.sendall(request)
+                    self.connection.send_packed_command([request], check_health=False)
                 for count, handler in pending:
-                    done.append((handler, [self._read(sock) for _ in range(count)]))
-                answers = [self._read(sock) for _ in range(replies)]
+                    done.append((handler, [self._read() for _ in range(count)]))
+                answers = [self._read() for _ in range(replies)]
             except (ConnectionError, TimeoutError, OSError) as exc:
                 error = self._fail(exc)
                 done.extend((handler, [error] * count) for count, handler in pending[len(done):])
@@ -166,23 +162,19 @@ class Channel:
         request, self._outbox = b"".join(self._outbox), []
         return request
 
-    def _socket(self) -> Any:
-        if self.connection._sock is None:
-            self.connection.connect()
-            self._replies = ReplyReader()
-        return self.connection._sock
-
-    def _read(self, sock: Any) -> Any:
-        return self._replies.read(sock, self.decode)
+    def _read(self) -> Any:
+        """The next reply; an error reply (``ResponseError``, ``NoScriptError``) is
+        returned, not raised, so that the replies after it are still read."""
+        try:
+            return self.connection.read_response()
+        except ResponseError as error:
+            return error
 
     def _fail(self, exc: BaseException) -> RedisError:
         """Drop the connection (and anything left to write on it) after ``exc``; the
         error to raise for it."""
         self._outbox = []
         self.connection.disconnect()
-        self._replies = ReplyReader()
-        if isinstance(exc, socket.timeout):
-            return TimeoutError(f"Timeout reading from the lock store: {exc}")
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return exc
         return ConnectionError(f"Error talking to the lock store: {exc}")
@@ -215,86 +207,6 @@ def _hand_over(done: List[Tuple[ReplyHandler, List[Any]]]) -> None:
             handler(replies)
         except Exception:
             logger.exception("celery-redislock: handling a lock store reply failed")
-
-
-class ReplyReader:
-    """Reads Redis replies (RESP2 and RESP3) from a socket, with a buffer of its own.
-
-    Error replies come back as exceptions (redis-py's classes, e.g. ``NoScriptError``),
-    returned rather than raised so that the replies after them are still read::
-
-        reader = ReplyReader()
-        reply = reader.read(sock, decode=False)
-    """
-
-    def __init__(self) -> None:
-        self.buffer = bytearray()
-        self.position = 0
-
-    def read(self, sock: Any, decode: bool) -> Any:
-        line = self._line(sock)
-        kind, rest = line[:1], line[1:]
-        if kind == b"$" or kind == b"=":
-            length = int(rest)
-            if length < 0:
-                return None
-            data = self._exactly(sock, length + 2)[:-2]
-            if kind == b"=":
-                data = data[4:]  # verbatim string: "txt:" or "mkd:" first
-            return data.decode() if decode else data
-        if kind == b":" or kind == b"(":
-            return int(rest)
-        if kind == b"*" or kind == b"~" or kind == b">":
-            count = int(rest)
-            return None if count < 0 else [self.read(sock, decode) for _ in range(count)]
-        if kind == b"+":
-            return rest.decode() if decode else rest
-        if kind == b"-" or kind == b"!":
-            message = rest if kind == b"-" else self._exactly(sock, int(rest) + 2)[:-2]
-            return BaseParser.parse_error(message.decode("utf-8", "replace"))
-        if kind == b"_":
-            return None
-        if kind == b"#":
-            return rest == b"t"
-        if kind == b",":
-            return float(rest)
-        if kind == b"%":
-            count = int(rest)
-            answer = {}
-            for _ in range(count):
-                field = self.read(sock, decode)
-                answer[field] = self.read(sock, decode)
-            return answer
-        if kind == b"|":  # attributes come before the reply they describe
-            for _ in range(2 * int(rest)):
-                self.read(sock, decode)
-            return self.read(sock, decode)
-        raise ConnectionError(f"Protocol error from the lock store: {bytes(line)!r}")
-
-    def _line(self, sock: Any) -> bytes:
-        while True:
-            end = self.buffer.find(b"\r\n", self.position)
-            if end >= 0:
-                line = bytes(self.buffer[self.position:end])
-                self.position = end + 2
-                return line
-            self._fill(sock)
-
-    def _exactly(self, sock: Any, count: int) -> bytes:
-        while len(self.buffer) - self.position < count:
-            self._fill(sock)
-        data = bytes(self.buffer[self.position:self.position + count])
-        self.position += count
-        return data
-
-    def _fill(self, sock: Any) -> None:
-        if self.position:
-            del self.buffer[:self.position]
-            self.position = 0
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("The lock store closed the connection")
-        self.buffer += chunk
 
 
 _local = threading.local()
