@@ -309,17 +309,15 @@ def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(inspect_json(state), indent=2))
         return
+    _echo_inspect(state, key, now)
+
+
+def _echo_inspect(state: LimitState, key: str, now: int) -> None:
+    """``inspect``'s text: the limit, its holders, reservations and waiting line."""
     live = len(state.live_holders)
     click.echo(f"{state.name} ({key}): {live} live holder(s), "
                f"{state.used}/{_or(state.limit, '?')} slots used, {state.waiting} waiting")
-    limit_line = [f"configured {_or(state.configured_slots, '?')}"]
-    if state.slots_override is not None:
-        limit_line.append(f"override {state.slots_override}")
-    if state.paused:
-        limit_line.append("paused until resumed" if state.paused_until_ms is None else
-                          f"paused until {_iso(state.paused_until_ms)} "
-                          f"({state.pause_left:.1f}s left)")
-    click.echo("slots: " + ", ".join(limit_line))
+    click.echo("slots: " + ", ".join(_limit_words(state)))
     if state.holders:
         _table(["HOLDER", "TASK ID", "TASK", "WORKER", "PID", "AGE", "LEASE LEFT", "FENCE"], [
             [h.token, h.task_id or "-", h.task or "-", h.worker or "-",
@@ -338,6 +336,18 @@ def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
              f"{w.age(now):.1f}s", "yes" if w.reserved_until_ms is not None else "no"]
             for w in state.waiters
         ])
+
+
+def _limit_words(state: LimitState) -> List[str]:
+    """The configured slots, an override and a pause, in words."""
+    words = [f"configured {_or(state.configured_slots, '?')}"]
+    if state.slots_override is not None:
+        words.append(f"override {state.slots_override}")
+    if state.paused:
+        words.append("paused until resumed" if state.paused_until_ms is None else
+                     f"paused until {_iso(state.paused_until_ms)} "
+                     f"({state.pause_left:.1f}s left)")
+    return words
 
 
 def inspect_json(state: LimitState) -> Dict[str, Any]:

@@ -114,6 +114,56 @@ class _Setup:
         return setup
 
 
+@dataclass
+class _Attempt:
+    """One run of a task asking its limits for admission: what every step needs."""
+
+    task: Any
+    setup: _Setup
+    request: Any
+    limiters: Sequence[Any]
+    description: str
+    owner: str
+    #: The header of the wait so far (see :func:`~.waiting.wait_state`), or {}.
+    waited: Mapping[str, Any]
+    promises: Dict[str, int]
+    ticket: Ticket
+    #: Eager runs have no queue to go back to, nor a broker to hand slots over through.
+    eager: bool
+    reserve_ms: int
+
+    @classmethod
+    def of(cls, task: Any, setup: _Setup, args: Sequence[Any], kwargs: Mapping[str, Any],
+           request: Any) -> _Attempt:
+        waited = wait_state(request)
+        eager = bool(request.is_eager)
+        ticket = setup.no_ticket if not waited else Ticket(
+            waited.get("ticket") or "", bool(waited.get("express")), setup.no_ticket.keep_ms,
+            str(waited.get("copy") or ""),
+        )
+        return cls(
+            task=task, setup=setup, request=request,
+            limiters=setup.limits.limiters(args, kwargs, setup.settings.prefix),
+            description=_describe(task.name, request.hostname, request.id),
+            owner=owner_prefix(request.hostname or "", request.id or ""),
+            waited=waited, promises=dict(waited.get("promises") or {}), ticket=ticket,
+            eager=eager, reserve_ms=0 if eager else setup.reserve_ms,
+        )
+
+    def admit(self) -> Outcome:
+        """One admission attempt; the hand-offs it brings are published at once."""
+        outcome = admit(self.setup.client, self.limiters, lease=self.setup.limits.lease,
+                        description=self.description, promises=self.promises,
+                        owner=self.owner, ticket=self.ticket, reserve_ms=self.reserve_ms)
+        if outcome.handoffs:
+            handoff.publish(self.task.app, outcome.handoffs)
+        return outcome
+
+
+#: What :func:`_first_outcome` answers when the run is to go on without a slot.
+_WITHOUT_SLOT = object()
+
+
 def run_limited(
     task: Any,
     limits: TaskLimits,
@@ -129,73 +179,87 @@ def run_limited(
     Admitted: the slots are kept alive while ``body`` runs and given back however it ends.
     """
     setup = _Setup.of(task, limits)
-    settings = setup.settings
-    if not settings.enabled:
+    if not setup.settings.enabled:
         return body()
-    if request is None:
-        request = task.request
-    client = setup.client
-    limiters = limits.limiters(args, kwargs, settings.prefix)
-    description = _describe(task.name, request.hostname, request.id)
-    waited = wait_state(request)
-    promises = dict(waited.get("promises") or {})
-    owner = owner_prefix(request.hostname or "", request.id or "")
-    # Eager runs have no queue to go back to, nor a broker to hand slots over through.
-    eager = request.is_eager
-    reserve_ms = 0 if eager else setup.reserve_ms
-    ticket = setup.no_ticket if not waited else Ticket(
-        waited.get("ticket") or "", bool(waited.get("express")), setup.no_ticket.keep_ms,
-        str(waited.get("copy") or ""),
-    )
+    attempt = _Attempt.of(task, setup, args, kwargs,
+                          task.request if request is None else request)
+    outcome = _first_outcome(attempt)
+    if outcome is _WITHOUT_SLOT:
+        return body()
+    lease = _lease_or_wait(attempt, args, kwargs, outcome)
+    return _run_holding(attempt, lease, body)
+
+
+def _first_outcome(attempt: _Attempt) -> Any:
+    """The first admission's outcome; None when the lock store could not be reached and
+    the run is to ask again later (fail closed), :data:`_WITHOUT_SLOT` when it is to run
+    without a slot (``redislock_fail_open``)."""
+    task, request = attempt.task, attempt.request
     try:
-        outcome: Any = admit(client, limiters, lease=limits.lease, description=description,
-                             promises=promises, owner=owner, ticket=ticket,
-                             reserve_ms=reserve_ms)
+        return attempt.admit()
     except RedisError as exc:
-        if settings.fail_open:
+        names = _names(attempt.limiters)
+        if attempt.setup.settings.fail_open:
             logger.warning("celery-redislock: task %s[%s] runs WITHOUT A SLOT of %s: the lock "
                            "store is unreachable (%r) and redislock_fail_open is set",
-                           task.name, request.id, _names(limiters), exc)
-            return body()
-        if eager:
+                           task.name, request.id, names, exc)
+            return _WITHOUT_SLOT
+        if attempt.eager:
             raise LockStoreUnavailable(
                 f"Task {task.name!r}: the lock store is unreachable: {exc}"
             ) from exc
         # Fail closed: never run unlimited, never drop the task; ask again later.
         logger.warning("celery-redislock: task %s[%s]: lock store unreachable for %s (%r)",
-                       task.name, request.id, _names(limiters), exc)
-        outcome = None
-    if outcome is not None and outcome.handoffs:
-        handoff.publish(task.app, outcome.handoffs)
-    if isinstance(outcome, Served) or (isinstance(outcome, Busy) and outcome.express
-                                       and outcome.position is not None):
-        # Another copy of this run's message ran it; or this express copy lost its
-        # reservation while the run still waits in line, and its countdown copy will
-        # come back: this copy ends here, without running.
-        logger.debug("celery-redislock: task %s[%s]: %s of %r", task.name, request.id,
-                     "served already" if isinstance(outcome, Served)
-                     else "its reservation lapsed; its waiting copy carries on in the line",
-                     outcome.name)
-        raise Ignore()
+                       task.name, request.id, names, exc)
+        return None
+
+
+def _lease_or_wait(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
+                   outcome: Any) -> Lease:
+    """The lease of an admitted run. A run not admitted ends here (``Ignore``: re-queued,
+    or served by another copy of its message), or, eager, waits for its lease in place."""
+    task, request, limits = attempt.task, attempt.request, attempt.setup.limits
+    _end_if_another_copy_runs(attempt, outcome)
     if (request.delivery_info or {}).get("redelivered"):
         with contextlib.suppress(RedisError):  # only a warning to give; the run goes on
-            _warn_if_an_earlier_run_holds(task, client, limiters, request.id, outcome)
-    if isinstance(outcome, RateLimited) and not eager:
+            _warn_if_an_earlier_run_holds(task, attempt.setup.client, attempt.limiters,
+                                          request.id, outcome)
+    if isinstance(outcome, RateLimited) and not attempt.eager:
         try:
-            outcome = _wait_briefly_for_start(client, limiters, limits.lease, description,
-                                              owner, promises, outcome, ticket, reserve_ms,
-                                              task.app)
+            outcome = _wait_briefly_for_start(attempt, outcome)
         except RedisError:
             outcome = None  # the lock store went away: ask again later, as above
-    if not isinstance(outcome, Lease):
-        if not eager:
-            # A run under a rate limit too waits by its promised start instead: a slot
-            # handed to it would sit reserved until that start.
-            joins = not any(isinstance(limiter, RateLimit) for limiter in limiters)
-            requeue(task, request, args, kwargs, limits.retry, outcome, client,
-                    reserve_ms if joins else 0)
-        outcome = _wait_in_place(task, limits, client, limiters, description, owner, outcome)
-    lease: Lease = outcome
+    if isinstance(outcome, Lease):
+        return outcome
+    if not attempt.eager:
+        # A run under a rate limit too waits by its promised start instead: a slot
+        # handed to it would sit reserved until that start.
+        joins = not any(isinstance(limiter, RateLimit) for limiter in attempt.limiters)
+        requeue(task, request, args, kwargs, limits.retry, outcome, attempt.setup.client,
+                attempt.reserve_ms if joins else 0)
+    return _wait_in_place(task, limits, attempt.setup.client, attempt.limiters,
+                          attempt.description, attempt.owner, outcome)
+
+
+def _end_if_another_copy_runs(attempt: _Attempt, outcome: Any) -> None:
+    """Another copy of this run's message ran it; or this express copy lost its
+    reservation while the run still waits in line, and its countdown copy will come
+    back: this copy ends here (``Ignore``), without running."""
+    served = isinstance(outcome, Served)
+    lapsed = (isinstance(outcome, Busy) and outcome.express
+              and outcome.position is not None)
+    if not (served or lapsed):
+        return
+    logger.debug("celery-redislock: task %s[%s]: %s of %r", attempt.task.name,
+                 attempt.request.id, "served already" if served
+                 else "its reservation lapsed; its waiting copy carries on in the line",
+                 outcome.name)
+    raise Ignore()
+
+
+def _run_holding(attempt: _Attempt, lease: Lease, body: Callable[[], Result]) -> Result:
+    """Run ``body`` holding ``lease``: kept alive meanwhile, given back however it ends."""
+    task, request = attempt.task, attempt.request
     _forget_wait(request)
     holds_slots = lease.holds_slots
     if holds_slots:
@@ -206,7 +270,7 @@ def run_limited(
     request.redislock_lease = lease
     lease_started = time.monotonic()
     if signals.lock_acquired.receivers:
-        since = waited.get("since")
+        since = attempt.waited.get("since")
         signals.lock_acquired.send(
             sender=task, task_id=request.id, lease=lease,
             waited=(lease.acquired_at_ms - since) / 1000.0 if since else 0.0,
@@ -218,7 +282,7 @@ def run_limited(
         return result
     finally:
         if holds_slots:
-            give_back(task, lease, request, setup.publish,
+            give_back(task, lease, request, attempt.setup.publish,
                       unnoticed=succeeded and _nobody_told_of_success(task, request))
             if signals.lock_released.receivers:
                 signals.lock_released.send(
@@ -254,22 +318,18 @@ def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any
                 return
 
 
-def _wait_briefly_for_start(client: Any, limiters: Sequence[Any], lease: float,
-                            description: str, owner: str, promises: Dict[str, int],
-                            outcome: Any, ticket: Ticket, reserve_ms: int, app: Any) -> Any:
-    """A run due to start within :data:`~celery_redislock.integration.waiting.SHORT_WAIT` waits for
-    its start here rather than going round the broker, whose delivery delay (often tens of
-    milliseconds) would make it late and lose the rate that start stood for. The only wait
-    inside a worker process: never longer than that at a time, twice at the most."""
+def _wait_briefly_for_start(attempt: _Attempt, outcome: Any) -> Any:
+    """A run due to start within :data:`~celery_redislock.integration.waiting.SHORT_WAIT`
+    waits for its start here rather than going round the broker, whose delivery delay
+    (often tens of milliseconds) would make it late and lose the rate that start stood
+    for. The only wait inside a worker process: never longer than that at a time, twice
+    at the most."""
     for _ in range(2):
         if not isinstance(outcome, RateLimited) or outcome.wait > SHORT_WAIT:
             break
-        promises[outcome.key] = outcome.promise
+        attempt.promises[outcome.key] = outcome.promise
         time.sleep(outcome.wait)
-        outcome = admit(client, limiters, lease=lease, description=description,
-                        promises=promises, owner=owner, ticket=ticket, reserve_ms=reserve_ms)
-        if outcome.handoffs:
-            handoff.publish(app, outcome.handoffs)
+        outcome = attempt.admit()
     return outcome
 
 

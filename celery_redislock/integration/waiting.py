@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Union
+from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
 from celery.exceptions import Ignore
 from redis.exceptions import RedisError
@@ -93,76 +93,25 @@ def requeue(
     state = wait_state(request)
     attempts = int(state.get("attempts", 0))
     promises: Dict[str, int] = dict(state.get("promises") or {})
-    ticket = state.get("ticket") or None
-    now_ms = refusal.server_time_ms if refusal is not None else None
-    since = state.get("since") or now_ms
-    waited = (now_ms - since) / 1000.0 if now_ms is not None and since else 0.0
-
+    since, waited = _wait_so_far(state, refusal)
     ceiling = _visibility_ceiling(task)
-    if isinstance(refusal, RateLimited):
-        promises[refusal.key] = refusal.promise
-        early = max(0.0, refusal.wait - SHORT_WAIT / 2)
-        countdown = early if ceiling is None else min(early, ceiling)
-        must_wait = refusal.wait
-    elif isinstance(refusal, Paused):
-        countdown = policy.paused_countdown(refusal.retry_hint, ceiling)
-        must_wait = refusal.retry_hint or 0.0
-    else:
-        countdown = policy.countdown(attempts, refusal, ceiling)
-        must_wait = 0.0
+    countdown, must_wait = _countdown(policy, attempts, refusal, promises, ceiling)
     if policy.max_wait is not None:
-        if waited + must_wait >= policy.max_wait and (waited > 0 or must_wait > 0):
-            if ticket and client is not None and isinstance(refusal, Busy):
-                with contextlib.suppress(RedisError):  # else dropped when its time runs out
-                    handoff.leave_line(client, [refusal.key], request.id)
-            more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
-            raise LockWaitTimeout(
-                f"Task {task.name!r}[{request.id}] {describe(refusal)} and gave up: it "
-                f"waited {waited:.1f} s{more}, beyond its max_wait of {policy.max_wait} s"
-            )
+        _give_up_if_too_long(task, request, policy.max_wait, refusal, client, waited,
+                             must_wait, state.get("ticket"))
         countdown = min(countdown, max(policy.max_wait - waited, 0.0))
 
-    headers = dict(getattr(request, "headers", None) or {})
-    handoffs: list = []
-    joins_line = (isinstance(refusal, Busy) and refusal.position is None
-                  and client is not None and reserve_ms > 0 and since is not None)
+    joins_line = _joins_line(refusal, client, reserve_ms, since)
+    ticket = state.get("ticket") or None
     if joins_line:
-        assert isinstance(refusal, Busy)
         ticket = ticket or handoff.new_ticket(request.id)
-    wait = {"since": since, "attempts": attempts + 1, "promises": promises}
-    if ticket:
-        wait["ticket"] = ticket
-        # The lock store went away during the admission, which may have gone through
-        # before the answer was lost: then the line remembers this copy as the one
-        # admitted. The copy sent back is, to the line, this same copy, so that it still
-        # runs (once the slot the lost answer took comes back) instead of being turned
-        # away as served by another.
-        same_copy = refusal is None and bool(state.get("copy"))
-        wait["copy"] = state["copy"] if same_copy else handoff.new_copy_id()
-        if same_copy and state.get("express"):
-            wait["express"] = True
-    headers[WAIT_HEADER] = wait
+    wait = _wait_header(state, since, attempts + 1, promises, ticket, refusal)
+    headers = {**(getattr(request, "headers", None) or {}), WAIT_HEADER: wait}
+    handoffs: list = []
     if joins_line:
-        assert isinstance(refusal, Busy) and since is not None
-        express = task.signature_from_request(
-            request, args, kwargs,
-            headers={**headers, WAIT_HEADER: {**wait, "express": True}},
-            retries=request.retries,
-        )
-        express.options.pop("countdown", None)
-        express.options.pop("eta", None)
-        try:
-            _, handoffs = handoff.join_line(
-                client, refusal.key, ticket, since,
-                handoff.waiter_record(task.name, request.id, request.hostname, since),
-                handoff.pack_message(express, task.serializer or task.app.conf.task_serializer),
-                keep_ms=policy.keep_ticket_ms(ceiling), reserve_ms=reserve_ms,
-            )
-        except RedisError as exc:
-            # The copy sent back below carries the run; it joins the line next time.
-            logger.warning("celery-redislock: task %s[%s] could not join the waiting line of "
-                           "%r (%r); it comes back on its countdown", task.name, request.id,
-                           refusal.name, exc)
+        assert isinstance(refusal, Busy) and since is not None and ticket
+        handoffs = _join_line(task, request, args, kwargs, headers, refusal, client, ticket,
+                              since, policy.keep_ticket_ms(ceiling), reserve_ms)
     signature = task.signature_from_request(
         request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
     )
@@ -175,6 +124,99 @@ def requeue(
         task.name, request.id, describe(refusal), countdown, attempts + 1,
     )
     raise Ignore()
+
+
+def _wait_so_far(state: Mapping[str, Any], refusal: Refusal) -> Tuple[Optional[int], float]:
+    """When the wait began (server ms; now, for a first refusal; None when the lock
+    store was not reached) and how long it has lasted (seconds)."""
+    now_ms = refusal.server_time_ms if refusal is not None else None
+    since = state.get("since") or now_ms
+    return since, (now_ms - since) / 1000.0 if now_ms is not None and since else 0.0
+
+
+def _joins_line(refusal: Refusal, client: Any, reserve_ms: int, since: Optional[int]) -> bool:
+    """Whether a refused run takes a place in the semaphore's waiting line now: refused
+    by a semaphore, not in its line yet, and with hand-offs wanted."""
+    return (isinstance(refusal, Busy) and refusal.position is None
+            and client is not None and reserve_ms > 0 and since is not None)
+
+
+def _countdown(policy: RetryPolicy, attempts: int, refusal: Refusal,
+               promises: Dict[str, int], ceiling: Optional[float]) -> Tuple[float, float]:
+    """The countdown of a refused run, and how long it must wait at the least; a rate
+    limit's promised start is added to ``promises``."""
+    if isinstance(refusal, RateLimited):
+        promises[refusal.key] = refusal.promise
+        early = max(0.0, refusal.wait - SHORT_WAIT / 2)
+        return (early if ceiling is None else min(early, ceiling)), refusal.wait
+    if isinstance(refusal, Paused):
+        return policy.paused_countdown(refusal.retry_hint, ceiling), refusal.retry_hint or 0.0
+    return policy.countdown(attempts, refusal, ceiling), 0.0
+
+
+def _give_up_if_too_long(task: Any, request: Any, max_wait: float, refusal: Refusal,
+                         client: Any, waited: float, must_wait: float,
+                         ticket: Optional[str]) -> None:
+    """Raise :class:`LockWaitTimeout` (leaving the waiting line) when the run has waited,
+    or would have to wait, ``max_wait`` seconds or more."""
+    if waited + must_wait < max_wait or (waited <= 0 and must_wait <= 0):
+        return
+    if ticket and client is not None and isinstance(refusal, Busy):
+        with contextlib.suppress(RedisError):  # else dropped when its time runs out
+            handoff.leave_line(client, [refusal.key], request.id)
+    more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
+    raise LockWaitTimeout(
+        f"Task {task.name!r}[{request.id}] {describe(refusal)} and gave up: it "
+        f"waited {waited:.1f} s{more}, beyond its max_wait of {max_wait} s"
+    )
+
+
+def _wait_header(state: Mapping[str, Any], since: Optional[int], attempts: int,
+                 promises: Dict[str, int], ticket: Optional[str],
+                 refusal: Refusal) -> Dict[str, Any]:
+    """The ``redislock_wait`` header of the copy sent back."""
+    wait: Dict[str, Any] = {"since": since, "attempts": attempts, "promises": promises}
+    if ticket:
+        wait["ticket"] = ticket
+        # The lock store went away during the admission, which may have gone through
+        # before the answer was lost: then the line remembers this copy as the one
+        # admitted. The copy sent back is, to the line, this same copy, so that it still
+        # runs (once the slot the lost answer took comes back) instead of being turned
+        # away as served by another.
+        same_copy = refusal is None and bool(state.get("copy"))
+        wait["copy"] = state["copy"] if same_copy else handoff.new_copy_id()
+        if same_copy and state.get("express"):
+            wait["express"] = True
+    return wait
+
+
+def _join_line(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+               headers: Dict[str, Any], refusal: Busy, client: Any, ticket: str,
+               since: int, keep_ms: int, reserve_ms: int) -> list:
+    """Put the run in the semaphore's waiting line, with the express copy of its message
+    to hand a freed slot to; the hand-offs the line made meanwhile, to publish."""
+    wait = headers[WAIT_HEADER]
+    express = task.signature_from_request(
+        request, args, kwargs,
+        headers={**headers, WAIT_HEADER: {**wait, "express": True}},
+        retries=request.retries,
+    )
+    express.options.pop("countdown", None)
+    express.options.pop("eta", None)
+    try:
+        _, handoffs = handoff.join_line(
+            client, refusal.key, ticket, since,
+            handoff.waiter_record(task.name, request.id, request.hostname, since),
+            handoff.pack_message(express, task.serializer or task.app.conf.task_serializer),
+            keep_ms=keep_ms, reserve_ms=reserve_ms,
+        )
+    except RedisError as exc:
+        # The copy sent back carries the run; it joins the line next time.
+        logger.warning("celery-redislock: task %s[%s] could not join the waiting line of "
+                       "%r (%r); it comes back on its countdown", task.name, request.id,
+                       refusal.name, exc)
+        return []
+    return list(handoffs)
 
 
 def _announce(task: Any, request: Any, refusal: Refusal, countdown: float) -> None:
