@@ -33,7 +33,7 @@ that ``import celery_redislock.engine`` does not import Celery.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, List
 
 from .engine.admission import Busy, Lease, Paused, RateLimited
 from .engine.rate import Rate
@@ -93,5 +93,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__() -> list:
+def __dir__() -> List[str]:
     return sorted(set(globals()) | set(_LAZY))

@@ -14,6 +14,9 @@ from celery.signals import task_prerun
 from redis_process import RedisServer
 from support import BROKER_DB, LOCK_DB
 
+#: The fixtures of real multi-worker clusters (``cluster``, ...), for every test module.
+pytest_plugins = ["worker_cluster"]
+
 
 @pytest.fixture(scope="session")
 def redis_server(redislock_server):

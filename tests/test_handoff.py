@@ -31,7 +31,6 @@ from worker_app import HANDOFF_CRASH_ONCE, HANDOFF_KEY, HANDOFF_SLEEP, PLAIN_ECH
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
 
-pytest_plugins = ["worker_cluster"]
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,6 @@ from cluster_checks import assert_each_ran_once, peaks, record_store, wait_for_r
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
 
-pytest_plugins = ["worker_cluster"]
 
 pytestmark = pytest.mark.slow
 

@@ -44,7 +44,6 @@ from metrics_app import (
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
 
-pytest_plugins = ["worker_cluster"]
 
 pytestmark = pytest.mark.slow
 

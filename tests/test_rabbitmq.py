@@ -21,7 +21,6 @@ from worker_app import LIMITED_KEY, LIMITED_SLEEP
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
 
-pytest_plugins = ["worker_cluster"]
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,6 @@ from support import wait_until
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
 
-pytest_plugins = ["worker_cluster"]
 
 pytestmark = pytest.mark.soak
 

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
 
 #: The harness is a plugin (imported by pytest, so that its asserts are rewritten).
-pytest_plugins = ["worker_cluster"]
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ backend, lock store and record store (one database each, see
 logs are printed when a test that used the cluster fails, or when the cluster fails to
 start.
 
-Use it as a pytest plugin: ``pytest_plugins = ["worker_cluster"]`` in a test module gives
+It is a pytest plugin, declared once in ``conftest.py``, which gives
 the ``worker_cluster_factory`` fixture::
 
     def test_something(worker_cluster_factory):

@@ -36,17 +36,8 @@ from redis.exceptions import RedisError
 from ..config.limits_setting import config_limits, task_function
 from ..config.settings import read_settings, redis_client
 from ..engine.holder import Holder
-from ..engine.keys import semaphore_key
-from ..engine.scan import (
-    LINE,
-    RATE,
-    RATE_CONTROL,
-    SEMAPHORE_CONTROL,
-    batches,
-    companion_key,
-    limit_semaphore_keys,
-    split_key,
-)
+from ..engine.keys import LINE, RATE, RATE_CONTROL, SEMAPHORE_CONTROL, companion_key, semaphore_key
+from ..engine.scan import batches, limit_semaphore_keys, split_key
 from ..errors import RedisLockError
 from ..integration.recovery import limits_of
 from . import control

@@ -39,8 +39,15 @@ from __future__ import annotations
 import datetime
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
-from ..engine.keys import DEFAULT_PREFIX, semaphore_key
-from ..engine.scan import RATE_CONTROL, SEMAPHORE, SEMAPHORE_CONTROL, companion_key, split_key
+from ..engine.keys import (
+    DEFAULT_PREFIX,
+    RATE_CONTROL,
+    SEMAPHORE,
+    SEMAPHORE_CONTROL,
+    companion_key,
+    semaphore_key,
+)
+from ..engine.scan import split_key
 from ..engine.scripts import LuaScript
 from ..errors import RedisLockError
 from .state import FOREVER, LimitState, read_states

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..engine.holder import Holder, parse_holder, text
-from ..engine.scan import LINE, RATE_CONTROL, SEMAPHORE_CONTROL, WAITERS, companion_key, split_key
+from ..engine.keys import LINE, RATE_CONTROL, SEMAPHORE_CONTROL, WAITERS, companion_key
+from ..engine.scan import split_key
 
 #: A member of a semaphore that is a reservation for a waiter: ``"~<ticket>"``.
 RESERVED = "~"

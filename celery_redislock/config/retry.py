@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
-from ..engine.semaphore import Busy
+from ..engine.admission import Busy
 
 #: No countdown is shorter than this (seconds).
 MIN_COUNTDOWN = 0.05

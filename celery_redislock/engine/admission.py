@@ -35,6 +35,7 @@ class SlotLimit:
     slots: int
     prefix: str
     key: str = field(init=False, repr=False, compare=False)
+    _spec: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", semaphore_key(self.name, self.prefix))

@@ -134,6 +134,7 @@ class Channel:
             pending, self._unread = self._unread, []
             _unsettled.discard(self)
             done: List[Tuple[ReplyHandler, List[Any]]] = []
+            error: Optional[RedisError] = None
             request = self._take_outbox(request)
             try:
                 if request:
@@ -144,8 +145,6 @@ class Channel:
             except (ConnectionError, TimeoutError, OSError) as exc:
                 error = self._fail(exc)
                 done.extend((handler, [error] * count) for count, handler in pending[len(done):])
-            else:
-                error = None
         _hand_over(done)
         if error is not None:
             raise error
@@ -222,7 +221,8 @@ def channel_for(client: Any) -> Optional[Channel]:
     pool = getattr(client, "connection_pool", None)
     local = _local
     if getattr(local, "pool", None) is pool and pool is not None:
-        return local.channel  # the pool this thread used last: the usual case
+        channel: Optional[Channel] = local.channel
+        return channel  # the pool this thread used last: the usual case
     if type(client) is not redis.Redis or type(pool) not in _POOLS:
         return None
     channels = getattr(local, "channels", None)

@@ -25,16 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
-from .keys import (  # noqa: F401 - the CLI's modules take them from here
-    LINE,
-    RATE,
-    RATE_CONTROL,
-    SEMAPHORE,
-    SEMAPHORE_CONTROL,
-    SEMAPHORE_MARK,
-    WAITERS,
-    companion_key,
-)
+from .keys import LINE, RATE_CONTROL, SEMAPHORE, SEMAPHORE_CONTROL, SEMAPHORE_MARK, companion_key
 
 _KEY = re.compile(r"\{[0-9a-f]{16}\}:([a-z]+):(.*)\Z", re.S)
 

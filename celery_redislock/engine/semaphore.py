@@ -13,7 +13,7 @@ import time
 from typing import Any, Iterator, Optional, Union
 
 from ..errors import LockConfigurationError, LockTimeout
-from .admission import Busy, Lease, Paused, RateLimited, SlotLimit, admit
+from .admission import Busy, Lease, Paused, SlotLimit, admit
 from .keeper import lease_keeper
 from .keys import DEFAULT_PREFIX, check_prefix
 from .scripts import HOLDERS
@@ -78,7 +78,7 @@ class Semaphore:
         not taken while a task that asked earlier waits for it.
         """
         outcome = admit(self.client, [self.limit], lease=self.lease, description=description)
-        assert not isinstance(outcome, RateLimited)
+        assert isinstance(outcome, (Lease, Busy, Paused))  # no rate, no ticket: nothing else
         return outcome
 
     def acquire(

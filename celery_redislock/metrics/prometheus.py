@@ -157,7 +157,10 @@ def _make(spec: MetricSpec, namespace: str) -> Any:
                                    multiprocess_mode="livesum", **common)
 
 
-class SweepingCollector(multiprocess.MultiProcessCollector if prometheus_client else object):
+_Collector: Any = multiprocess.MultiProcessCollector if prometheus_client else object
+
+
+class SweepingCollector(_Collector):
     """``MultiProcessCollector`` that first drops the live-gauge files of processes that
     have exited (a pool child killed, or replaced after ``max_tasks_per_child``)."""
 
