@@ -365,25 +365,13 @@ def inspect_json(state: LimitState) -> Dict[str, Any]:
 def release(ctx: click.Context, name: str, holder: str) -> None:
     """Free one holder of semaphore NAME: HOLDER is its token or a unique start of it.
 
-    The entry is removed at once; the run that held it is not stopped, so only free a
-    holder you know is dead.
+    The entry is removed at once and the slot handed to the oldest waiter; the run that
+    held it is not stopped, so only free a holder you know is dead.
     """
     store = _store(ctx)
     key = store.key_of(name)
-    holders = store.holders(key)
-    chosen = [h for h in holders if h.token == holder] or [
-        h for h in holders if h.token.startswith(holder)
-    ]
-    if not chosen:
-        raise click.ClickException(f"semaphore {name!r} has no holder {holder!r}")
-    if len(chosen) > 1:
-        tokens = ", ".join(h.token for h in chosen)
-        raise click.ClickException(
-            f"holder {holder!r} is ambiguous in semaphore {name!r}: it starts {tokens}"
-        )
-    found = chosen[0]
-    if not store.client.zrem(key, found.member):
-        raise click.ClickException(f"holder {found.token!r} of {name!r} was already gone")
+    found = control.release_holder(store.app, key, holder,
+                                   prefix=store.prefix)
     what = ", ".join(f"{label} {value}" for label, value in (
         ("task", found.task), ("task id", found.task_id), ("worker", found.worker),
         ("pid", found.pid)) if value is not None)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
+from ..engine.holder import Holder
 from ..engine.keys import (
     DEFAULT_PREFIX,
     RATE_CONTROL,
@@ -48,7 +49,7 @@ from ..engine.keys import (
     semaphore_key,
 )
 from ..engine.scan import split_key
-from ..engine.scripts import LuaScript
+from ..engine.scripts import RELEASE_OWNER, LuaScript
 from ..errors import RedisLockError
 from .state import FOREVER, LimitState, read_states
 
@@ -62,6 +63,7 @@ __all__ = [
     "limit_state",
     "pause",
     "pause_key_of",
+    "release_holder",
     "resume",
     "set_slots",
 ]
@@ -72,35 +74,7 @@ class LimitControlError(RedisLockError, ValueError):
     passed, a task without limits); the message names the limit and the problem."""
 
 
-# KEYS: control hashes. ARGV: mode ('for' ms | 'at' ms | 'forever'), value, keep_longer.
-# Returns {now_ms, end}: end is the pause in force on KEYS[1] afterwards ('forever' or
-# ms), or 'past' (nothing written) when the end is not after the server's now.
-_PAUSE = LuaScript("control_pause.lua", """
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local value = ARGV[1]
-if ARGV[1] == 'for' then
-  value = string.format('%.0f', now + tonumber(ARGV[2]))
-elseif ARGV[1] == 'at' then
-  value = string.format('%.0f', tonumber(ARGV[2]))
-end
-if value ~= 'forever' and tonumber(value) <= now then return {now, 'past'} end
-local result = nil
-for _, key in ipairs(KEYS) do
-  local current = redis.call('HGET', key, 'paused_until')
-  local keep = false
-  if ARGV[3] == '1' and current then
-    if current == 'forever' then
-      keep = true
-    elseif value ~= 'forever' and tonumber(current) and tonumber(current) >= tonumber(value) then
-      keep = true
-    end
-  end
-  if not keep then redis.call('HSET', key, 'paused_until', value) end
-  if not result then result = keep and current or value end
-end
-return {now, result}
-""")
+_PAUSE = LuaScript.load("pause.lua")
 
 
 def limit_keys(name: str, prefix: str = DEFAULT_PREFIX) -> Tuple[str, str]:
@@ -188,6 +162,50 @@ def clear_slots(app_or_client: Any, name: str, *, prefix: Optional[str] = None) 
     removed = bool(client.hdel(companion_key(key, SEMAPHORE_CONTROL), "slots"))
     _wake(app, key)
     return removed
+
+
+def release_holder(app_or_client: Any, name: str, holder: str, *,
+                   prefix: Optional[str] = None) -> Holder:
+    """Free one holder of semaphore ``name`` — ``holder`` is its token or a unique start
+    of it — and hand the freed slot to the oldest waiter (with the app; with a client
+    instead, the slot is only freed). The run that held it is not stopped: free only a
+    holder you know is dead. Returns the holder freed.
+
+        release_holder(app, "customer:42", "celery@web1|5f0c")
+
+    Raises :class:`LimitControlError` when no holder, or more than one, matches.
+    """
+    client, prefix, app = _target(app_or_client, prefix)
+    key, _ = limit_keys(name, prefix)
+    holders = read_states(client, [key], _now_ms(client), prefix=prefix)[0].holders
+    found = _one_holder(holders, name, holder)
+    if not _free_exactly(app, client, key, found.token):
+        raise LimitControlError(f"holder {found.token!r} of {name!r} was already gone")
+    return found
+
+
+def _one_holder(holders: Sequence[Holder], name: str, holder: str) -> Holder:
+    chosen = [h for h in holders if h.token == holder] or [
+        h for h in holders if h.token.startswith(holder)
+    ]
+    if not chosen:
+        raise LimitControlError(f"semaphore {name!r} has no holder {holder!r}")
+    if len(chosen) > 1:
+        tokens = ", ".join(h.token for h in chosen)
+        raise LimitControlError(
+            f"holder {holder!r} is ambiguous in semaphore {name!r}: it starts {tokens}"
+        )
+    return chosen[0]
+
+
+def _free_exactly(app: Any, client: Any, key: str, token: str) -> int:
+    """Free the holder whose token is ``token`` (a member starts with the token and a
+    space), handing the slot over when there is an app to re-publish the waiter."""
+    if app is None:
+        return int(RELEASE_OWNER.run(client, [key], [token + " ", 0])[0])
+    from ..integration.recovery import free_owner_slots
+
+    return free_owner_slots(app, client, [key], token + " ")
 
 
 def _pause_arguments(name: str, until: Optional[When],
