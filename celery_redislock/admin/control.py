@@ -39,6 +39,8 @@ from __future__ import annotations
 import datetime
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
+from ..config.limits_setting import config_limits, task_function
+from ..config.settings import read_settings, redis_client
 from ..engine.holder import Holder
 from ..engine.keys import (
     DEFAULT_PREFIX,
@@ -51,6 +53,8 @@ from ..engine.keys import (
 from ..engine.scan import split_key
 from ..engine.scripts import RELEASE_OWNER, LuaScript
 from ..errors import RedisLockError
+from ..integration.handoff import wake_waiters
+from ..integration.recovery import free_owner_slots, limits_of
 from .state import FOREVER, LimitState, read_states
 
 When = Union[datetime.datetime, float, int]
@@ -94,8 +98,6 @@ def limit_keys(name: str, prefix: str = DEFAULT_PREFIX) -> Tuple[str, str]:
 def _target(app_or_client: Any, prefix: Optional[str]) -> Tuple[Any, str, Any]:
     """(client, prefix, app or None) of a Celery app or a redis-py client."""
     if hasattr(app_or_client, "conf") and hasattr(app_or_client, "tasks"):
-        from ..config.settings import read_settings, redis_client
-
         settings = read_settings(app_or_client)
         return redis_client(app_or_client, settings), prefix or settings.prefix, app_or_client
     if not hasattr(app_or_client, "execute_command"):
@@ -109,8 +111,6 @@ def _wake(app: Any, key: str) -> int:
     """Hand free slots of ``key`` to its waiters (needs the app to re-publish them)."""
     if app is None:
         return 0
-    from ..integration.handoff import wake_waiters
-
     return wake_waiters(app, key)
 
 
@@ -203,8 +203,6 @@ def _free_exactly(app: Any, client: Any, key: str, token: str) -> int:
     space), handing the slot over when there is an app to re-publish the waiter."""
     if app is None:
         return int(RELEASE_OWNER.run(client, [key], [token + " ", 0])[0])
-    from ..integration.recovery import free_owner_slots
-
     return free_owner_slots(app, client, [key], token + " ")
 
 
@@ -296,9 +294,6 @@ def task_limit_names(task: Any, args: Sequence[Any] = (),
 
         task_limit_names(call_api, ("token-1", {}))   # ['api:token-1']
     """
-    from ..config.limits_setting import config_limits, task_function
-    from ..integration.recovery import limits_of
-
     limits = limits_of(task) or config_limits(task.app, task.name, task_function(task))
     if limits is None:
         raise LimitControlError(f"task {task.name!r} has no celery-redislock limit")

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LockConfigurationError
 from .limit import TaskLimits
+from .settings import read_settings
 
 SETTING = "redislock_limits"
 
@@ -131,8 +132,6 @@ def check_limits(app: Any) -> None:
         from celery_redislock import check_limits
         check_limits(app)
     """
-    from .settings import read_settings
-
     problems = []
     try:
         read_settings(app)

@@ -42,6 +42,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from celery import signature as make_signature
 from kombu.serialization import dumps, loads
 
+from ..config.settings import read_settings, redis_client
 from ..engine.scripts import ENQUEUE, LEAVE_LINE, WAKE
 
 logger = logging.getLogger(__name__)
@@ -165,8 +166,6 @@ def wake_waiters(app: Any, semaphore_key: str, lease: float = RESERVATION) -> in
         set_slots(app, "crawl", 5)
         wake_waiters(app, semaphore_key("crawl", prefix))
     """
-    from ..config.settings import read_settings, redis_client
-
     client = redis_client(app, read_settings(app))
     messages = WAKE.run(client, [semaphore_key], [reservation_ms(lease)])
     return publish(app, messages)

@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 
 from ..errors import LockConfigurationError
 from ..integration import signals
+from ..integration.recovery import limits_of
 
 logger = logging.getLogger(__name__)
 
@@ -291,8 +292,6 @@ class _RuleLabel:
 
 
 def _rule_labels(task: Any) -> List[_RuleLabel]:
-    from ..integration.recovery import limits_of
-
     limits = limits_of(task)
     if limits is None:
         return []

@@ -46,6 +46,7 @@ from celery import bootsteps
 from celery.signals import worker_process_init
 
 from ..errors import LockConfigurationError
+from ..integration.recovery import process_alive
 from . import (
     METRICS,
     MetricSpec,
@@ -176,8 +177,6 @@ class SweepingCollector(_Collector):
 def sweep_dead_processes(path: str) -> int:
     """``mark_process_dead`` for each process with live-gauge files in ``path`` that no
     longer runs. Returns how many were swept."""
-    from ..integration.recovery import process_alive
-
     dead = set()
     for name in glob.glob(os.path.join(path, "gauge_live*_*.db")):
         match = _LIVE_GAUGE_FILE.search(name)
