@@ -18,9 +18,10 @@ from typing import List
 import pytest
 
 from support import BROKER_DB
-from worker_cluster import TESTS_DIRECTORY
 
 pytestmark = pytest.mark.slow
+
+TESTS_DIRECTORY = Path(__file__).resolve().parent
 
 APP = """
 import os
