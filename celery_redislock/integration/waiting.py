@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from ..config.retry import RetryPolicy
 from ..engine.admission import Busy, Paused, RateLimited
+from ..engine.keys import SEMAPHORE_MARK
 from ..errors import LockWaitTimeout
 from . import handoff, signals
 from .handoff import WAIT_HEADER
@@ -112,7 +113,7 @@ def requeue(
         must_wait = 0.0
     if policy.max_wait is not None:
         if waited + must_wait >= policy.max_wait and (waited > 0 or must_wait > 0):
-            if ticket and client is not None and isinstance(refusal, Busy):
+            if ticket and client is not None and isinstance(refusal, (Busy, Paused)):
                 with contextlib.suppress(RedisError):  # else dropped when its time runs out
                     handoff.leave_line(client, [refusal.key], request.id)
             more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
@@ -124,10 +125,9 @@ def requeue(
 
     headers = dict(getattr(request, "headers", None) or {})
     handoffs: list = []
-    joins_line = (isinstance(refusal, Busy) and refusal.position is None
-                  and client is not None and reserve_ms > 0 and since is not None)
+    joins_line = (_joins_line(refusal) and client is not None and reserve_ms > 0
+                  and since is not None)
     if joins_line:
-        assert isinstance(refusal, Busy)
         ticket = ticket or handoff.new_ticket(request.id)
     wait = {"since": since, "attempts": attempts + 1, "promises": promises}
     if ticket:
@@ -143,7 +143,7 @@ def requeue(
             wait["express"] = True
     headers[WAIT_HEADER] = wait
     if joins_line:
-        assert isinstance(refusal, Busy) and since is not None
+        assert isinstance(refusal, (Busy, Paused)) and since is not None
         express = task.signature_from_request(
             request, args, kwargs,
             headers={**headers, WAIT_HEADER: {**wait, "express": True}},
@@ -175,6 +175,16 @@ def requeue(
         task.name, request.id, describe(refusal), countdown, attempts + 1,
     )
     raise Ignore()
+
+
+def _joins_line(refusal: Refusal) -> bool:
+    """Whether a refused run takes (or keeps, by asking again) a place in a semaphore's
+    waiting line: one refused by a full semaphore, and not in its line yet; one refused
+    by a paused semaphore, every time (which keeps its ticket alive however long the
+    pause lasts), so that ``resume`` hands it a slot at once."""
+    if isinstance(refusal, Busy):
+        return refusal.position is None
+    return isinstance(refusal, Paused) and SEMAPHORE_MARK in refusal.key
 
 
 def _announce(task: Any, request: Any, refusal: Refusal, countdown: float) -> None:
