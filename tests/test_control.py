@@ -277,3 +277,19 @@ def test_raising_slots_wakes_waiting_runs_at_once(cluster):
     assert (state.used, state.limit, state.waiting) == (2, 2, 0)
     records(cluster).set(f"go:{key_token}", 1)
     assert holder.get(timeout=30) == holder.id and waiter.get(timeout=30) == waiter.id
+
+
+def test_runs_refused_by_a_pause_wait_in_line_and_start_on_resume(cluster):
+    key_token = token()
+    name = api_name(key_token)
+    pause(cluster.app, name)
+    waiter = cluster.app.send_task(CALL_API_PATIENT, (key_token,))
+    wait_until(lambda: limit_state(cluster.app, name).waiting == 1, timeout=30,
+               what="the paused run to be counted as waiting")
+    assert refusals(cluster, waiter.id) and not records(cluster).hexists("started", waiter.id)
+    assert resume(cluster.app, name) is True
+    wait_until(lambda: records(cluster).hexists("started", waiter.id), timeout=5,
+               what="the run to start on resume")  # not on its 10-20 s countdown
+    assert waiter.get(timeout=30) == waiter.id
+    wait_until(lambda: limit_state(cluster.app, name).waiting == 0, timeout=10,
+               what="the line to empty")

@@ -262,3 +262,24 @@ def test_renewal_goes_on_after_the_keeper_meets_an_unexpected_error(redis_client
         assert not lease.lost
         assert sem.holders() == 1
     assert "the lease keeper failed" in caplog.text
+
+
+def test_available_counts_override_pause_and_the_waiting_line(redis_client):
+    from celery_redislock.admin.control import clear_slots, pause, resume, set_slots
+    from celery_redislock.engine.keys import companion_key
+
+    slots = Semaphore(redis_client, "avail", slots=3, lease=30)
+    held = slots.acquire()
+    assert slots.available() == 2
+    set_slots(redis_client, "avail", 5)
+    assert slots.available() == 4                   # the operator's override counts
+    clear_slots(redis_client, "avail")
+    redis_client.zadd(companion_key(slots.key, "q"), {"ticket-1": 1})  # a task waits
+    assert slots.available() == 1                   # its slot is owed to it
+    redis_client.delete(companion_key(slots.key, "q"))
+    pause(redis_client, "avail", seconds=30)
+    assert slots.available() == 0
+    resume(redis_client, "avail")
+    assert slots.available() == 2
+    slots.release(held)
+    assert slots.available() == 3

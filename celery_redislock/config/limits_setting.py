@@ -121,6 +121,24 @@ def _unused(pattern: str, names: Sequence[str]) -> str:
     return message + (f" (did you mean {', '.join(map(repr, close))}?)" if close else "")
 
 
+def configuration_problems(app: Any) -> List[str]:
+    """Every problem of ``app``'s ``redislock_*`` settings, one sentence each (none: ``[]``).
+
+    What :func:`check_limits` raises, as a list: a worker prints one line per problem.
+    """
+    problems = []
+    try:
+        read_settings(app)
+    except LockConfigurationError as exc:
+        problems.append(str(exc))
+    try:
+        tasks = app.tasks  # finalizes the app: lazily defined tasks are checked here
+    except LockConfigurationError as exc:
+        return [*problems, str(exc)]
+    problems.extend(limits_problems(app, tasks))
+    return problems
+
+
 def check_limits(app: Any) -> None:
     """Check every ``redislock_*`` setting against ``app``'s registered tasks.
 
@@ -132,12 +150,7 @@ def check_limits(app: Any) -> None:
         from celery_redislock import check_limits
         check_limits(app)
     """
-    problems = []
-    try:
-        read_settings(app)
-    except LockConfigurationError as exc:
-        problems.append(str(exc))
-    problems.extend(limits_problems(app, app.tasks))
+    problems = configuration_problems(app)
     if problems:
         raise LockConfigurationError(
             "celery-redislock configuration has problems:\n  - " + "\n  - ".join(problems)

@@ -60,6 +60,7 @@ WAKE = LuaScript.load("wake.lua", after=["line.lua"])
 LEAVE_LINE = LuaScript.load("leave_line.lua", after=["line.lua"])
 REFUND = LuaScript.load("refund.lua")
 HOLDERS = LuaScript.load("holders.lua")
+AVAILABLE = LuaScript.load("available.lua", after=["line.lua"])
 
 
 def is_cluster(client: Any) -> bool:

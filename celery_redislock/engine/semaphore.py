@@ -16,7 +16,7 @@ from ..errors import LockConfigurationError, LockTimeout
 from .admission import Busy, Lease, Paused, SlotLimit, admit
 from .keeper import lease_keeper
 from .keys import DEFAULT_PREFIX, check_prefix
-from .scripts import HOLDERS
+from .scripts import AVAILABLE, HOLDERS
 
 DEFAULT_LEASE = 30.0
 
@@ -24,25 +24,22 @@ DEFAULT_LEASE = 30.0
 class Semaphore:
     """At most ``slots`` holders of ``name`` at once, across every process using ``client``.
 
-    Example::
+    Example (``redis_url`` is your lock store's URL, e.g. ``"redis://localhost:6379/0"``)::
 
-        import redis
-        from celery_redislock import Semaphore
-
-        crawl_slots = Semaphore(redis.Redis(), "crawler", slots=2, lease=30)
-
-        lease = crawl_slots.acquire()          # a Lease, or None when all slots are taken
-        if lease is not None:
-            try:
-                crawl()
-            finally:
-                crawl_slots.release(lease)
-
-        with crawl_slots as lease:             # waits for a slot, renews it while inside
-            crawl()
-
-        with crawl_slots.hold(timeout=5):      # raises LockTimeout after 5 s without a slot
-            crawl()
+        >>> import redis
+        >>> from celery_redislock import Semaphore
+        >>> crawl_slots = Semaphore(redis.Redis.from_url(redis_url), "crawler", slots=2)
+        >>> lease = crawl_slots.acquire()     # a Lease, or None when all slots are taken
+        >>> crawl_slots.available()           # slots free now
+        1
+        >>> crawl_slots.release(lease)        # False when it was no longer held
+        True
+        >>> with crawl_slots as lease:        # waits for a slot, renews it while inside
+        ...     crawl_slots.holders()
+        1
+        >>> with crawl_slots.hold(timeout=5): # raises LockTimeout after 5 s without a slot
+        ...     crawl_slots.available()
+        1
 
     A lease that is not renewed ends ``lease`` seconds after it was taken or last renewed,
     timed by the Redis server's clock, and its slot is free again. Inside ``with`` the
@@ -126,6 +123,25 @@ class Semaphore:
     def renew(self, lease: Lease) -> bool:
         """Extend ``lease`` by the semaphore's lease length; False if it had already ended."""
         return lease.renew()
+
+    def available(self) -> int:
+        """How many slots :meth:`acquire` could take now: 0 while the name is paused, else
+        the limit (an operator's ``set-slots`` override, else ``slots``) less the live
+        leases and reservations, less the tasks waiting in its line without a reservation
+        (free slots are theirs first). One read-only script, on the server's clock; the
+        answer may be stale by the time you act on it, so use it to look, not to decide.
+
+            >>> import redis
+            >>> slots = Semaphore(redis.Redis.from_url(redis_url), "report", slots=3)
+            >>> slots.available()
+            3
+            >>> lease = slots.acquire()
+            >>> slots.available()
+            2
+            >>> slots.release(lease)
+            True
+        """
+        return int(AVAILABLE.run(self.client, [self.key], [self.slots]))
 
     def holders(self) -> int:
         """How many live leases the semaphore has now (expired ones not counted)."""

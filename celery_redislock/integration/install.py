@@ -4,25 +4,30 @@ Plain ``@app.task`` functions get their ``__call__`` wrapped through Celery's ow
 annotations (``task_annotations`` with an ``@__call__`` entry), which is how Celery lets
 configuration change how a task runs; ``LimitedTask`` reads the setting itself. A worker
 bootstep runs :func:`~celery_redislock.check_limits` when a worker starts, after the task
-modules are imported, and stops the worker with the list of problems if there are any.
+modules are imported, and stops the worker with one line per problem (no traceback) if
+there are any.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+import logging
+from typing import Any, Callable, Dict, List, NoReturn, Optional
 
 from celery import bootsteps
+from celery.exceptions import WorkerShutdown
 
 from ..config.limit import TaskLimits
 from ..config.limits_setting import (
-    check_limits,
     config_limits,
+    configuration_problems,
     limits_setting,
     matching_entry,
     task_function,
 )
 from .execution import run_limited
 from .recovery import DEFAULT_REQUEST, LIMITED_REQUEST
+
+logger = logging.getLogger(__name__)
 
 
 def install(app: Any) -> None:
@@ -118,5 +123,19 @@ class CheckLimitsAtStart(bootsteps.Step):
     name = "celery_redislock.check_limits"
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
-        check_limits(worker.app)
+        problems = configuration_problems(worker.app)
+        if problems:
+            refuse_to_start(problems)
         super().__init__(worker, **kwargs)
+
+
+def refuse_to_start(problems: List[str]) -> NoReturn:
+    """Stop a starting worker with one log line per problem and no traceback.
+
+    ``WorkerShutdown`` is a ``SystemExit``: the worker exits with status 1 before its
+    banner, and neither Celery nor Python prints a traceback for it.
+    """
+    for problem in problems:
+        logger.critical("celery-redislock: worker not started: %s",
+                        " ".join(problem.split()))
+    raise WorkerShutdown(1)

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any, List, Mapping, Optional, Sequence
 
+import redis
 from billiard.exceptions import WorkerLostError
 from celery import Task
 from celery.exceptions import TimeLimitExceeded
@@ -33,6 +34,7 @@ from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
 from ..engine.admission import SlotLimit, owner_prefix
 from ..engine.holder import parse_holder
+from ..engine.reach import unreachable_reason
 from ..engine.scan import batches, semaphore_keys
 from ..engine.scripts import RELEASE_OWNER, by_hash_slot
 from . import handoff
@@ -175,19 +177,41 @@ def _forget_previous_life(sender: Any = None, **_: Any) -> None:
         logger.warning("celery-redislock: could not look at the tasks of %s: %r", worker, exc)
         return
     atexit.register(_free_what_is_left, app, worker, os.getpid())
-    _free_worker_slots_saying(app, worker, "still held by a previous run of")
+    _free_worker_slots_saying(app, worker, AT_START)
+
+
+#: How the start-up call of :func:`_free_worker_slots_saying` names the slots it frees.
+AT_START = "still held by a previous run of"
 
 
 def _free_worker_slots_saying(app: Any, worker: str, whose: str) -> None:
     """:func:`free_worker_slots`, logging what it did; it never raises."""
     try:
         freed = free_worker_slots(app, worker)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        if whose == AT_START:
+            log_unreachable_lock_store(app, exc)
+        else:
+            logger.warning("celery-redislock: could not free the slots %s %s (lock store %s); "
+                           "they come back when their leases end", whose, worker,
+                           unreachable_reason(redis_client(app), exc))
+        return
     except Exception as exc:
         logger.warning("celery-redislock: could not free the slots %s %s: %r",
                        whose, worker, exc)
         return
     if freed:
         logger.warning("celery-redislock: freed %d slot(s) %s %s", freed, whose, worker)
+
+
+def log_unreachable_lock_store(app: Any, exc: BaseException) -> None:
+    """One ERROR line: which lock store could not be reached, why, and what runs do now."""
+    settings = read_settings(app)
+    then = ("limited tasks run WITHOUT limits until it can (redislock_fail_open)"
+            if settings.fail_open else
+            "limited tasks wait, re-queued, until it can (fail-closed)")
+    logger.error("celery-redislock: lock store %s; %s: check redislock_url",
+                 unreachable_reason(redis_client(app, settings), exc), then)
 
 
 def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str) -> None:

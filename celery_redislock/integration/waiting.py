@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from ..config.retry import RetryPolicy
 from ..engine.admission import Busy, Paused, RateLimited
+from ..engine.keys import SEMAPHORE_MARK
 from ..errors import LockWaitTimeout
 from . import handoff, signals
 from .handoff import WAIT_HEADER
@@ -109,7 +110,7 @@ def requeue(
     headers = {**(getattr(request, "headers", None) or {}), WAIT_HEADER: wait}
     handoffs: list = []
     if joins_line:
-        assert isinstance(refusal, Busy) and since is not None and ticket
+        assert isinstance(refusal, (Busy, Paused)) and since is not None and ticket
         handoffs = _join_line(task, request, args, kwargs, headers, refusal, client, ticket,
                               since, policy.keep_ticket_ms(ceiling), reserve_ms)
     signature = task.signature_from_request(
@@ -135,10 +136,15 @@ def _wait_so_far(state: Mapping[str, Any], refusal: Refusal) -> Tuple[Optional[i
 
 
 def _joins_line(refusal: Refusal, client: Any, reserve_ms: int, since: Optional[int]) -> bool:
-    """Whether a refused run takes a place in the semaphore's waiting line now: refused
-    by a semaphore, not in its line yet, and with hand-offs wanted."""
-    return (isinstance(refusal, Busy) and refusal.position is None
-            and client is not None and reserve_ms > 0 and since is not None)
+    """Whether a refused run takes (or keeps, by asking again) a place in a semaphore's
+    waiting line, when hand-offs are wanted: one refused by a full semaphore, and not in
+    its line yet; one refused by a paused semaphore, every time (which keeps its ticket
+    alive however long the pause lasts), so that ``resume`` hands it a slot at once."""
+    if client is None or reserve_ms <= 0 or since is None:
+        return False
+    if isinstance(refusal, Busy):
+        return refusal.position is None
+    return isinstance(refusal, Paused) and SEMAPHORE_MARK in refusal.key
 
 
 def _countdown(policy: RetryPolicy, attempts: int, refusal: Refusal,
@@ -161,7 +167,7 @@ def _give_up_if_too_long(task: Any, request: Any, max_wait: float, refusal: Refu
     or would have to wait, ``max_wait`` seconds or more."""
     if waited + must_wait < max_wait or (waited <= 0 and must_wait <= 0):
         return
-    if ticket and client is not None and isinstance(refusal, Busy):
+    if ticket and client is not None and isinstance(refusal, (Busy, Paused)):
         with contextlib.suppress(RedisError):  # else dropped when its time runs out
             handoff.leave_line(client, [refusal.key], request.id)
     more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
@@ -191,7 +197,7 @@ def _wait_header(state: Mapping[str, Any], since: Optional[int], attempts: int,
 
 
 def _join_line(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
-               headers: Dict[str, Any], refusal: Busy, client: Any, ticket: str,
+               headers: Dict[str, Any], refusal: Union[Busy, Paused], client: Any, ticket: str,
                since: int, keep_ms: int, reserve_ms: int) -> list:
     """Put the run in the semaphore's waiting line, with the express copy of its message
     to hand a freed slot to; the hand-offs the line made meanwhile, to publish."""

@@ -1,0 +1,27 @@
+-- How many slots of a semaphore a plain acquire (Semaphore.acquire) could take now, on the
+-- server's clock: none while it is paused; else the limit (the operator's override, else
+-- the configured count) less the live leases and reservations, less the waiters in its
+-- line that have no reservation yet (free slots are theirs first). Reads only.
+--
+-- KEYS[1]   the semaphore
+-- ARGV[1]   the configured number of slots
+
+local key = KEYS[1]
+local now = server_now()
+local slots, paused = semaphore_limit(key, tonumber(ARGV[1]), now)
+if paused then return 0 end
+local free = slots - redis.call('ZCOUNT', key, '(' .. now, '+inf')
+local line = companion(key, 'q')
+local start = 0
+while free > 0 do
+  local tickets = redis.call('ZRANGE', line, start, start + 99)
+  if #tickets == 0 then break end
+  for _, ticket in ipairs(tickets) do
+    local reserved = tonumber(redis.call('ZSCORE', key, RESERVED .. ticket) or '0')
+    if reserved <= now then free = free - 1 end
+    if free <= 0 then break end
+  end
+  start = start + 100
+end
+if free < 0 then return 0 end
+return free
