@@ -3,6 +3,8 @@ import and which imports nothing of the package."""
 
 from __future__ import annotations
 
+from typing import Sequence, Tuple
+
 
 class RedisLockError(Exception):
     """Base class of every error this package raises."""
@@ -15,7 +17,27 @@ class LockConfigurationError(RedisLockError, ValueError):
 
         Task 'proj.tasks.sync': lock_key 'customer:{custmer_id}' names argument
         'custmer_id', which the task does not take (it takes: customer_id, full)
+
+    A definition with several problems raises one error listing them all, one a line;
+    ``problems`` holds them one by one (one item when there is one problem).
     """
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems: Tuple[str, ...] = tuple(problems) or (message,)
+
+    @classmethod
+    def listing(cls, owner: str, problems: Sequence[str]) -> LockConfigurationError:
+        """One error for every problem of ``owner``: the problem itself when there is one.
+
+            >>> error = LockConfigurationError.listing("Task 't'", ["a", "b"])
+            >>> str(error).splitlines(), error.problems
+            (["Task 't' has 2 problems:", '  - a', '  - b'], ('a', 'b'))
+        """
+        if len(problems) == 1:
+            return cls(problems[0])
+        return cls(f"{owner} has {len(problems)} problems:\n  - " + "\n  - ".join(problems),
+                   problems)
 
 
 class LockKeyError(RedisLockError):

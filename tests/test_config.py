@@ -111,7 +111,7 @@ def make_app(limits):
 @pytest.mark.parametrize(
     ("limits", "message"),
     [
-        ({"proj.call_api": {"slotz": 1}}, "unknown field(s) slotz"),
+        ({"proj.call_api": {"slotz": 1}}, "unknown field slotz (did you mean slots?)"),
         ({"proj.call_api": {"rate": "100/fortnight"}}, "is not a rate"),
         ({"proj.call_api": {"slots": 0}}, "slots must be a positive integer"),
         ({"proj.call_api": {"slots": 1, "key": "t:{token}"}}, "names argument 'token'"),

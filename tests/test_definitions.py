@@ -172,7 +172,7 @@ def test_check_limits_lists_every_problem_of_every_entry():
     with pytest.raises(LockConfigurationError) as caught:
         check_limits(app)
     message = str(caught.value)
-    for part in ["unknown field slotz (did you mean slots?)", "lease must be a number",
+    for part in ["unknown field slotz (did you mean slots?)", "lease must be a positive number",
                  "rate '10/hs'", "slots must be a positive integer", "format spec of {api_token}",
                  "retry_backoff_max must be", "rate '5/ms'",
                  "unknown field max_wiat (did you mean max_wait?)"]:

@@ -41,6 +41,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from ..config.limits_setting import config_limits, task_function
 from ..config.settings import read_settings, redis_client
+from ..engine.bounds import shown
 from ..engine.holder import Holder
 from ..engine.keys import (
     DEFAULT_PREFIX,
@@ -52,6 +53,7 @@ from ..engine.keys import (
 )
 from ..engine.scan import split_key
 from ..engine.scripts import RELEASE_OWNER, LuaScript
+from ..engine.semaphore import MAX_SLOTS, MIN_SLOTS
 from ..errors import RedisLockError
 from ..integration.handoff import wake_waiters
 from ..integration.recovery import free_owner_slots, limits_of
@@ -115,7 +117,7 @@ def _wake(app: Any, key: str) -> int:
 
 
 def check_slots_value(slots: Any, name: str) -> int:
-    """``slots`` as a slot count (an int >= 1), or :class:`LimitControlError`.
+    """``slots`` as a slot count (an int from 1 to 1000000), or :class:`LimitControlError`.
 
         >>> check_slots_value("3", "crawl")
         3
@@ -126,11 +128,13 @@ def check_slots_value(slots: Any, name: str) -> int:
         count = int(slots)
         if isinstance(slots, float) and count != slots:
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise LimitControlError(
-            f"slots of {name!r} must be a whole number >= 1, not {slots!r}") from None
-    if count < 1:
-        raise LimitControlError(f"slots of {name!r} must be >= 1, not {count}")
+            f"slots of {name!r} must be a whole number >= 1, not {shown(slots)}") from None
+    if count < MIN_SLOTS:
+        raise LimitControlError(f"slots of {name!r} must be >= {MIN_SLOTS}, not {count}")
+    if count > MAX_SLOTS:
+        raise LimitControlError(f"slots of {name!r} must be <= {MAX_SLOTS}, not {shown(count)}")
     return count
 
 

@@ -7,15 +7,27 @@ The same fields describe a limit whether they come from a task's options (``lock
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 from ..engine.admission import Limiter, RateLimit, SlotLimit
+from ..engine.bounds import in_range, shown, span
 from ..engine.keys import KeyTemplate
 from ..engine.rate import Rate
 from ..engine.semaphore import DEFAULT_LEASE, check_lease, check_slots
 from ..errors import LockConfigurationError
-from .retry import RetryPolicy
+from .retry import MIN_COUNTDOWN, RetryPolicy
 
 #: Fields of one limit, and their defaults.
 LIMIT_FIELDS: Mapping[str, Any] = {
@@ -120,74 +132,127 @@ class TaskLimits:
         owner = f"Task {task_name!r}" + ("" if source == "task options" else f" ({source})")
         if not entries:
             raise LockConfigurationError(f"{owner}: no limit given")
-        retry_values: Dict[str, Any] = dict(RETRY_FIELDS)
-        retry_values.update(retry_defaults or {})
+        problems: List[str] = []
+        retry_values: Dict[str, Any] = {**RETRY_FIELDS, **(retry_defaults or {})}
         retry_set: Dict[str, Any] = {}
         rules = []
         for entry in entries:
             if not isinstance(entry, Mapping):
-                raise LockConfigurationError(
-                    f"{owner}: a limit must be a dict such as {{'slots': 2}}, not {entry!r}"
-                )
-            unknown = set(entry) - set(LIMIT_FIELDS) - set(RETRY_FIELDS)
-            if unknown:
-                known = ", ".join(option_prefix + name for name in [*LIMIT_FIELDS, *RETRY_FIELDS])
-                raise LockConfigurationError(
-                    f"{owner}: unknown field(s) {', '.join(sorted(unknown))} "
-                    f"(known: {known})"
-                )
-            for name in RETRY_FIELDS:
-                if name in entry:
-                    if name in retry_set and retry_set[name] != entry[name]:
-                        raise LockConfigurationError(
-                            f"{owner}: {option_prefix}{name} is given twice, as "
-                            f"{retry_set[name]!r} and {entry[name]!r}"
-                        )
-                    retry_set[name] = entry[name]
-            rules.append(_rule(owner, task_name, func, entry, default_slots, option_prefix))
+                problems.append(
+                    f"{owner}: a limit must be a dict such as {{'slots': 2}}, not {entry!r}")
+                continue
+            problems.extend(_unknown_fields(owner, entry, option_prefix))
+            problems.extend(_take_retry_fields(owner, entry, retry_set, option_prefix))
+            rules.append(_rule(problems, owner, task_name, func, entry, default_slots,
+                               option_prefix))
         retry_values.update(retry_set)
-        return cls(owner=owner, rules=tuple(rules),
-                   retry=_retry_policy(owner, retry_values, option_prefix), source=source)
+        retry = _retry_policy(problems, owner, retry_values, option_prefix)
+        if problems:
+            raise LockConfigurationError.listing(owner, problems)
+        return cls(owner=owner, rules=tuple(rule for rule in rules if rule is not None),
+                   retry=retry, source=source)
 
 
-def _rule(owner: str, task_name: str, func: Callable[..., Any], entry: Mapping[str, Any],
-          default_slots: Optional[int], prefix: str) -> LimitRule:
+#: The longest countdown: beyond a Redis broker's default ``visibility_timeout`` (one
+#: hour) a message with a countdown is delivered twice.
+MAX_COUNTDOWN = 3600.0
+
+#: The longest ``max_wait``: 30 days.
+MAX_WAIT = 30 * 86400.0
+
+_T = TypeVar("_T")
+
+
+def _checked(problems: List[str], check: Callable[..., _T], *args: Any,
+             **kwargs: Any) -> Optional[_T]:
+    """``check(*args, **kwargs)``, or None with its problems added to ``problems``."""
+    try:
+        return check(*args, **kwargs)
+    except LockConfigurationError as exc:
+        problems.extend(exc.problems)
+        return None
+
+
+def _unknown_fields(owner: str, entry: Mapping[str, Any], prefix: str) -> List[str]:
+    """A problem per unknown field of ``entry``, with the closest known one as a hint."""
+    known = [*LIMIT_FIELDS, *RETRY_FIELDS]
+    word = "option" if prefix else "field"
+    problems = []
+    for name in sorted((name for name in entry if name not in known), key=repr):
+        if not isinstance(name, str):
+            problems.append(f"{owner}: {word} {name!r} is not a name")
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = (f"did you mean {prefix}{close[0]}?" if close
+                else "known: " + ", ".join(prefix + field for field in known))
+        problems.append(f"{owner}: unknown {word} {prefix}{name} ({hint})")
+    return problems
+
+
+def _take_retry_fields(owner: str, entry: Mapping[str, Any], retry_set: Dict[str, Any],
+                       prefix: str) -> List[str]:
+    """Add ``entry``'s waiting fields to ``retry_set``; a problem per one given twice."""
+    problems = []
+    for name in RETRY_FIELDS:
+        if name in entry:
+            if name in retry_set and retry_set[name] != entry[name]:
+                problems.append(f"{owner}: {prefix}{name} is given twice, as "
+                                f"{retry_set[name]!r} and {entry[name]!r}")
+                continue
+            retry_set[name] = entry[name]
+    return problems
+
+
+def _rule(problems: List[str], owner: str, task_name: str, func: Callable[..., Any],
+          entry: Mapping[str, Any], default_slots: Optional[int],
+          prefix: str) -> Optional[LimitRule]:
+    """One limit, or None with what is wrong with it added to ``problems``."""
+    before = len(problems)
     values = {**LIMIT_FIELDS, **entry}
     slots, rate = values["slots"], values["rate"]
     if slots is None and rate is None:
         if default_slots is None:
-            raise LockConfigurationError(
-                f"{owner}: a limit needs '{prefix}slots', '{prefix}rate' or both"
-            )
+            problems.append(f"{owner}: a limit needs '{prefix}slots', '{prefix}rate' or both")
         slots = default_slots
     if rate is None and values["burst"] != LIMIT_FIELDS["burst"]:
-        raise LockConfigurationError(f"{owner}: '{prefix}burst' is given without a '{prefix}rate'")
-    return LimitRule(
-        key=KeyTemplate(values["key"], func, owner=owner, default=task_name),
-        slots=None if slots is None else check_slots(slots, owner, f"{prefix}slots"),
-        rate=None if rate is None else Rate.parse(rate, values["burst"], owner=owner),
-        lease=check_lease(values["lease"], owner, f"{prefix}lease"),
-    )
+        problems.append(f"{owner}: '{prefix}burst' is given without a '{prefix}rate'")
+    key = _checked(problems, KeyTemplate, values["key"], func, owner=owner, default=task_name,
+                   option=f"{prefix}key")
+    if slots is not None:
+        slots = _checked(problems, check_slots, slots, owner, f"{prefix}slots")
+    if rate is not None:
+        rate = _checked(problems, Rate.parse, rate, values["burst"], owner=owner, prefix=prefix)
+    lease = _checked(problems, check_lease, values["lease"], owner, f"{prefix}lease")
+    if len(problems) > before or key is None or lease is None:
+        return None
+    return LimitRule(key=key, slots=slots, rate=rate, lease=lease)
 
 
-def _retry_policy(owner: str, values: Mapping[str, Any], prefix: str) -> RetryPolicy:
+def _retry_policy(problems: List[str], owner: str, values: Mapping[str, Any],
+                  prefix: str) -> Optional[RetryPolicy]:
+    """How the task waits, or None with what is wrong added to ``problems``."""
+    before = len(problems)
     jitter = values["retry_jitter"]
     if not isinstance(jitter, bool):
-        raise LockConfigurationError(
-            f"{owner}: {prefix}retry_jitter must be True or False, not {jitter!r}"
-        )
+        problems.append(f"{owner}: {prefix}retry_jitter must be True or False, not {jitter!r}")
+    backoff = _seconds(problems, values["retry_backoff"], owner, f"{prefix}retry_backoff",
+                       0.0, MAX_COUNTDOWN)
+    backoff_max = _seconds(problems, values["retry_backoff_max"], owner,
+                           f"{prefix}retry_backoff_max", MIN_COUNTDOWN, MAX_COUNTDOWN)
     max_wait = values["max_wait"]
-    return RetryPolicy(
-        backoff=_seconds(values["retry_backoff"], owner, f"{prefix}retry_backoff"),
-        backoff_max=_seconds(values["retry_backoff_max"], owner, f"{prefix}retry_backoff_max"),
-        jitter=jitter,
-        max_wait=None if max_wait is None else _seconds(max_wait, owner, f"{prefix}max_wait"),
-    )
+    if max_wait is not None:
+        max_wait = _seconds(problems, max_wait, owner, f"{prefix}max_wait", 0.0, MAX_WAIT,
+                            ", or None")
+    if len(problems) > before:
+        return None
+    return RetryPolicy(backoff=backoff, backoff_max=backoff_max, jitter=jitter,
+                       max_wait=max_wait)
 
 
-def _seconds(value: Any, owner: str, option: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise LockConfigurationError(
-            f"{owner}: {option} must be a number of seconds (0 or more), not {value!r}"
-        )
+def _seconds(problems: List[str], value: Any, owner: str, option: str, low: float,
+             high: float, alternative: str = "") -> float:
+    if not in_range(value, low, high):
+        problems.append(f"{owner}: {option} must be a number of seconds, {span(low, high)}"
+                        f"{alternative}, not {shown(value)}")
+        return 0.0
     return float(value)

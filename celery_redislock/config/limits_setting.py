@@ -107,7 +107,7 @@ def limits_problems(app: Any, tasks: Mapping[str, Any]) -> List[str]:
         try:
             config_limits(app, name, task_function(task))
         except LockConfigurationError as exc:
-            problems.append(str(exc))
+            problems.extend(exc.problems)
     own_tasks = [name for name in tasks if not name.startswith("celery.")]
     for pattern, was_used in used.items():
         if not was_used:
@@ -130,11 +130,11 @@ def configuration_problems(app: Any) -> List[str]:
     try:
         read_settings(app)
     except LockConfigurationError as exc:
-        problems.append(str(exc))
+        problems.extend(exc.problems)
     try:
         tasks = app.tasks  # finalizes the app: lazily defined tasks are checked here
     except LockConfigurationError as exc:
-        return [*problems, str(exc)]
+        return [*problems, *exc.problems]
     problems.extend(limits_problems(app, tasks))
     return problems
 
@@ -142,10 +142,12 @@ def configuration_problems(app: Any) -> List[str]:
 def check_limits(app: Any) -> None:
     """Check every ``redislock_*`` setting against ``app``'s registered tasks.
 
-    Raises :class:`LockConfigurationError` listing every problem: an unknown field, a bad
-    rate, ``slots`` that is not a positive integer, a ``key`` naming an argument the task
-    does not take, an entry that matches no task. Workers run it at start (see
-    :func:`celery_redislock.install`); call it from a deploy check too::
+    Raises :class:`LockConfigurationError` listing every problem, all at once (its
+    ``problems`` holds them one by one): an unknown field (with the closest known one), a
+    bad rate, a number out of its range, a ``key`` naming an argument the task does not
+    take or with a bad conversion or format spec, an entry that matches no task. Workers
+    run it at start (see :func:`celery_redislock.install`); call it from a deploy check
+    too::
 
         from celery_redislock import check_limits
         check_limits(app)
@@ -153,5 +155,6 @@ def check_limits(app: Any) -> None:
     problems = configuration_problems(app)
     if problems:
         raise LockConfigurationError(
-            "celery-redislock configuration has problems:\n  - " + "\n  - ".join(problems)
+            "celery-redislock configuration has problems:\n  - " + "\n  - ".join(problems),
+            problems,
         )

@@ -16,7 +16,9 @@ May import: the standard library, redis-py's public API, ``celery_redislock.erro
 ``channel``        one connection per thread for the commands on every run's path
 ``scripts``        the Lua scripts, loaded from ``lua/``, and hash-slot grouping
 ``holder``         a holder's entry in a semaphore
-``keys``           limit names from a task's arguments, and their Redis keys
+``keys``           the Redis keys of limit names
+``key_template``   limit names from a task's arguments: templates, callables, hashed fields
+``bounds``         the ranges a definition's numbers must fall in
 ``scan``           finding the limits in Redis by key pattern
 =================  ===================================================================
 

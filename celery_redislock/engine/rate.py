@@ -4,16 +4,31 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Dict, Optional, Tuple
 
 from ..errors import LockConfigurationError
+from .bounds import in_range, is_number, shown, span
 
-_UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60,
-          "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
+#: Every spelling of a unit a rate may use, and its length in seconds. Nothing else is
+#: read: ``"5/ms"`` or ``"10/hs"`` is refused, not taken for minutes or hours.
+UNITS: Dict[str, int] = {
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
+    **dict.fromkeys(("d", "day", "days"), 86400),
+}
+
+#: The steady interval between two starts: from 1 µs (a million a second) to a week.
+MIN_INTERVAL, MAX_INTERVAL = 1e-6, 7 * 86400.0
+
+#: The largest ``burst``.
+MAX_BURST = 1_000_000
 
 _RATE = re.compile(
-    r"^\s*(?P<count>\d+(?:\.\d+)?)\s*/\s*(?P<multiple>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+?)s?\s*$"
+    r"^\s*(?P<count>\d+(?:\.\d+)?)\s*/\s*(?P<multiple>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$"
 )
+
+_SPELLINGS = "s, sec(s), second(s), m, min(s), minute(s), h, hr(s), hour(s), d, day(s)"
 
 
 @dataclass(frozen=True)
@@ -37,26 +52,34 @@ class Rate:
     burst: int = 1
 
     @classmethod
-    def parse(cls, text: Any, burst: Any = 1, owner: str = "rate") -> Rate:
-        """Read ``"N/s"``, ``"N/m"``, ``"N/h"``, ``"N/d"`` or ``"N/<k><unit>"`` (``"5/10s"``)."""
+    def parse(cls, text: Any, burst: Any = 1, owner: str = "rate", *, prefix: str = "") -> Rate:
+        """Read ``"N/<unit>"`` or ``"N/<k><unit>"`` (``"100/m"``, ``"5/10s"``, ``"2/hours"``),
+        the unit one of :data:`UNITS`; or check a :class:`Rate`.
+
+        Raises :class:`LockConfigurationError` listing every problem of the rate and the
+        burst; ``prefix`` (``"lock_"``) is put before ``rate`` and ``burst`` in messages.
+        """
         if isinstance(text, Rate):
-            return text
-        match = _RATE.match(text) if isinstance(text, str) else None
-        unit = _UNITS.get(match.group("unit")) if match else None
-        if match is None or unit is None:
-            raise LockConfigurationError(
-                f"{owner}: rate {text!r} is not a rate; write N/s, N/m, N/h or N/<k>s, "
-                "e.g. '100/m' or '5/10s'"
+            count_period: Optional[Tuple[float, float]] = (text.count, text.period)
+            burst = text.burst
+        else:
+            count_period = _read(text)
+        problems = []
+        if count_period is None:
+            problems.append(
+                f"{owner}: {prefix}rate {shown(text)} is not a rate; write N/<unit> or "
+                f"N/<k><unit>, the unit one of {_SPELLINGS}, e.g. '100/m' or '5/10s'"
             )
-        count = float(match.group("count"))
-        period = float(match.group("multiple") or 1) * unit
-        if count <= 0 or period <= 0:
-            raise LockConfigurationError(f"{owner}: rate {text!r} must be above zero")
-        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
-            raise LockConfigurationError(
-                f"{owner}: burst must be a whole number, 0 or more, not {burst!r}"
-            )
-        return cls(count=count, period=period, burst=burst)
+        else:
+            wrong = _interval_problem(*count_period)
+            if wrong:
+                problems.append(f"{owner}: {prefix}rate {shown(text)} {wrong}")
+        if not isinstance(burst, int) or not in_range(burst, 0, MAX_BURST):
+            problems.append(f"{owner}: {prefix}burst must be a whole number, "
+                            f"{span(0, MAX_BURST)}, not {shown(burst)}")
+        if problems or count_period is None:
+            raise LockConfigurationError.listing(owner, problems)
+        return cls(count=count_period[0], period=count_period[1], burst=burst)
 
     @property
     def interval(self) -> float:
@@ -67,3 +90,22 @@ class Rate:
         count = int(self.count) if self.count.is_integer() else self.count
         period = int(self.period) if self.period.is_integer() else self.period
         return f"{count}/{period}s (burst {self.burst})"
+
+
+def _read(text: Any) -> Optional[Tuple[float, float]]:
+    """``(count, period)`` of a rate's text, or None when it is not written as a rate."""
+    match = _RATE.match(text) if isinstance(text, str) else None
+    unit = UNITS.get(match.group("unit")) if match else None
+    if match is None or unit is None:
+        return None
+    return float(match.group("count")), float(match.group("multiple") or 1) * unit
+
+
+def _interval_problem(count: Any, period: Any) -> Optional[str]:
+    if not (is_number(count) and is_number(period) and count > 0 and period > 0):
+        return "must be above zero"
+    interval = period / count
+    if not MIN_INTERVAL <= interval <= MAX_INTERVAL:
+        return (f"allows a start every {interval:g} s; the interval between starts must be "
+                f"{span(MIN_INTERVAL, MAX_INTERVAL)} s")
+    return None

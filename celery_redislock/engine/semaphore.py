@@ -14,6 +14,7 @@ from typing import Any, Iterator, Optional, Union
 
 from ..errors import LockConfigurationError, LockTimeout
 from .admission import Busy, Lease, Paused, SlotLimit, admit
+from .bounds import in_range, shown, span
 from .keeper import lease_keeper
 from .keys import DEFAULT_PREFIX, check_prefix
 from .scripts import AVAILABLE, HOLDERS
@@ -174,19 +175,38 @@ class Semaphore:
         return f"Semaphore({self.name!r}, slots={self.slots}, lease={self.lease})"
 
 
+#: The range of a semaphore's slot count.
+MIN_SLOTS, MAX_SLOTS = 1, 1_000_000
+
+#: The range of a lease, in seconds: a tenth of a second to a day.
+MIN_LEASE, MAX_LEASE = 0.1, 86400.0
+
+
 def check_slots(slots: Any, owner: str, option: str = "slots") -> int:
-    """Return ``slots`` if it is a positive integer, else raise :class:`LockConfigurationError`."""
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+    """Return ``slots`` if it is an integer from :data:`MIN_SLOTS` to :data:`MAX_SLOTS`,
+    else raise :class:`LockConfigurationError`.
+
+        >>> check_slots(3, "Semaphore 'crawl'")
+        3
+    """
+    if not isinstance(slots, int) or not in_range(slots, MIN_SLOTS, MAX_SLOTS):
         raise LockConfigurationError(
-            f"{owner}: {option} must be a positive integer, not {slots!r}"
+            f"{owner}: {option} must be a positive integer, {span(MIN_SLOTS, MAX_SLOTS)}, "
+            f"not {shown(slots)}"
         )
     return slots
 
 
 def check_lease(lease: Any, owner: str, option: str = "lease") -> float:
-    """Return ``lease`` as seconds if it is a positive number of at least 1 ms."""
-    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not lease >= 0.001:
+    """Return ``lease`` as seconds if it is a number from :data:`MIN_LEASE` to
+    :data:`MAX_LEASE`, else raise :class:`LockConfigurationError`.
+
+        >>> check_lease(20, "Semaphore 'crawl'")
+        20.0
+    """
+    if not in_range(lease, MIN_LEASE, MAX_LEASE):
         raise LockConfigurationError(
-            f"{owner}: {option} must be a positive number of seconds, not {lease!r}"
+            f"{owner}: {option} must be a positive number of seconds, "
+            f"{span(MIN_LEASE, MAX_LEASE)}, not {shown(lease)}"
         )
     return float(lease)

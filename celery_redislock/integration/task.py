@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional
 
 from celery import Task
 
-from ..config.limit import LIMIT_FIELDS, OPTION_DEFAULTS, RETRY_FIELDS, TaskLimits
+from ..config.limit import OPTION_DEFAULTS, RETRY_FIELDS, TaskLimits
 from ..config.limits_setting import config_limits, task_function
 from ..engine.keys import KeySource
 from ..errors import LockConfigurationError
@@ -32,23 +33,29 @@ class LimitedTask(Task):
     when the body ends, however it ends. When it is not admitted the run goes back to the
     queue with a countdown (no worker process waits, and ``max_retries`` is not used up).
 
-    ``lock_slots``             runs allowed at once per key (default 1, or no slot limit
-                               when only ``lock_rate`` is given)
+    ``lock_slots``             runs allowed at once per key, 1 to 1000000 (default 1, or
+                               no slot limit when only ``lock_rate`` is given)
     ``lock_rate``              starts allowed per period per key, across every worker:
-                               ``"10/s"``, ``"100/m"``, ``"5/10s"`` (default None)
-    ``lock_burst``             starts allowed beyond the rate in any one period (default 1;
-                               0 spaces every start a full interval apart)
+                               ``"10/s"``, ``"100/m"``, ``"5/10s"`` (default None); units
+                               s, m, h, d, spelt out or not
+    ``lock_burst``             starts allowed beyond the rate in any one period, 0 to
+                               1000000 (default 1; 0 spaces every start a full interval)
     ``lock_key``               the key: a template over the task's argument names such as
-                               ``"customer:{customer_id}"``, or a callable taking the task's
-                               arguments; default the task's name. Tasks naming the same key
-                               share its slots.
-    ``lock_lease``             seconds a slot stays taken without renewal (default 30);
-                               a running task renews it every third of that
-    ``lock_retry_backoff``     first countdown when no slot is free, seconds (default 1)
-    ``lock_retry_backoff_max`` longest countdown, seconds (default 30)
+                               ``"customer:{customer_id}"`` (``{api_token:hash}`` puts a
+                               digest of the value instead of the value), or a callable
+                               given the task's arguments by name; default the task's name.
+                               Tasks naming the same key share its slots.
+    ``lock_lease``             seconds a slot stays taken without renewal, 0.1 to 86400
+                               (default 30); a running task renews it every third of that
+    ``lock_retry_backoff``     first countdown when no slot is free, 0 to 3600 s (default 1)
+    ``lock_retry_backoff_max`` longest countdown, 0.05 to 3600 s (default 30)
     ``lock_retry_jitter``      spread countdowns randomly (default True)
-    ``lock_max_wait``          give up after waiting this many seconds in all, failing the
-                               task with :class:`LockWaitTimeout` (default None: never)
+    ``lock_max_wait``          give up after waiting this many seconds in all (0 to 30
+                               days), failing the task with :class:`LockWaitTimeout`
+                               (default None: never)
+
+    Any other ``lock_*`` attribute is refused as a misspelt option, and every problem of
+    the definition is listed in one :class:`LockConfigurationError`.
 
     An entry of the ``redislock_limits`` setting that matches the task replaces its
     ``lock_slots``, ``lock_rate``, ``lock_burst``, ``lock_key`` and ``lock_lease``.
@@ -83,10 +90,20 @@ class LimitedTask(Task):
         return self.name or f"{type(self).__module__}.{type(self).__qualname__}"
 
     def _own_options(self, fields: Any) -> dict:
-        return {name: getattr(self, f"lock_{name}") for name in fields}
+        return {name: self._option(f"lock_{name}") for name in fields}
+
+    def _option(self, name: str) -> Any:
+        value = getattr(self, name)
+        if inspect.ismethod(value) and value.__self__ is self:
+            # A callable lock_key given to app.task() is a class attribute, which Python
+            # binds as a method: it is given the task's arguments, not the task.
+            return value.__func__
+        return value
 
     def _own_limits(self) -> TaskLimits:
-        options = {**self._own_options(LIMIT_FIELDS), **self._own_options(RETRY_FIELDS)}
+        # Every lock_* attribute, so that a misspelt option (lock_slot=2) is refused.
+        options = {name[len("lock_"):]: self._option(name)
+                   for name in dir(type(self)) if name.startswith("lock_")}
         return TaskLimits.compile(
             self._task_name(), self.run, [options], default_slots=1, option_prefix="lock_",
         )
