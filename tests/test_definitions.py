@@ -228,3 +228,14 @@ def test_a_hashed_field_keeps_secrets_out_of_redis_keys(celery_app, lock_client)
         "token:" + digest("s3cr3t-token-2"))
     assert seen_keys and not any("s3cr3t" in key for key in seen_keys)
     assert all(len(digest(f"tok-{i}")) == 16 for i in range(3))
+
+
+def test_a_callable_key_works_in_a_worker(celery_app, celery_worker, lock_client):
+    @celery_app.task(base=LimitedTask, bind=True, shared=False, name="proj.by_tenant",
+                     lock_key=lambda tenant, **_: f"tenant:{tenant.split('/')[0]}")
+    def by_tenant(self, tenant, payload=None):
+        return self.request.redislock_lease.name
+
+    celery_worker.reload()
+    assert by_tenant.delay("acme/eu", payload=1).get(timeout=10) == "tenant:acme"
+    assert by_tenant.delay(tenant="bolt/us").get(timeout=10) == "tenant:bolt"

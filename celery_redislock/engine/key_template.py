@@ -118,7 +118,7 @@ class KeyTemplate:
         if not callable(source) and not isinstance(source, str):
             raise LockConfigurationError(f"{owner}: {option} must be a template string or a "
                                          f"callable, not {type(source).__name__}")
-        if not source:
+        if isinstance(source, str) and not source:
             raise LockConfigurationError(f"{owner}: {option} must not be empty")
         signature = self._signature = _signature_of(func, owner, option)
         if callable(source):
