@@ -147,7 +147,7 @@ class TaskLimits:
                                option_prefix))
         retry_values.update(retry_set)
         retry = _retry_policy(problems, owner, retry_values, option_prefix)
-        if problems:
+        if problems or retry is None:
             raise LockConfigurationError.listing(owner, problems)
         return cls(owner=owner, rules=tuple(rule for rule in rules if rule is not None),
                    retry=retry, source=source)

@@ -126,7 +126,7 @@ def configuration_problems(app: Any) -> List[str]:
 
     What :func:`check_limits` raises, as a list: a worker prints one line per problem.
     """
-    problems = []
+    problems: List[str] = []
     try:
         read_settings(app)
     except LockConfigurationError as exc:

@@ -178,7 +178,8 @@ class KeyTemplate:
             parsed = list(_FORMATTER.parse(template))
         except ValueError as exc:
             return [f"{where} is not a valid template: {exc}"]
-        self._parts = tuple(_Part(*item) for item in parsed)
+        self._parts = tuple(_Part(literal, field, spec or "", conversion)
+                            for literal, field, spec, conversion in parsed)
         problems: List[str] = []
         fields = [part for part in self._parts if part.field is not None]
         for part in fields:
