@@ -26,7 +26,15 @@ from cluster_checks import (
     wait_for_results,
     wait_until,
 )
-from worker_app import HANDOFF_CRASH_ONCE, HANDOFF_KEY, HANDOFF_SLEEP, PLAIN_ECHO
+from worker_app import (
+    HANDOFF_CRASH_ONCE,
+    HANDOFF_KEY,
+    HANDOFF_PATIENT,
+    HANDOFF_PATIENT_KEY,
+    HANDOFF_SLEEP,
+    PATIENT_BACKOFF,
+    PLAIN_ECHO,
+)
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
@@ -69,24 +77,43 @@ def times(cluster: WorkerCluster, field: str) -> Dict[str, int]:
     return {task_id: int(us) for task_id, us in record_store(cluster).hgetall(field).items()}
 
 
+def longest_stretch_with_a_slot_free(started: Dict[str, int], ended: Dict[str, int],
+                                     slots: int) -> float:
+    """The longest time (s) between the first and the last start during which fewer than
+    ``slots`` bodies ran: with a backlog, a slot freed and not handed over at once."""
+    events = sorted([(us, 1) for us in started.values()] + [(us, -1) for us in ended.values()])
+    last_start = max(started.values())
+    running, free_since, longest = 0, None, 0.0
+    for us, change in events:
+        if us > last_start:
+            break
+        running += change
+        if running < slots and free_since is None:
+            free_since = us
+        elif running >= slots and free_since is not None:
+            longest, free_since = max(longest, (us - free_since) / 1e6), None
+    return longest
+
+
 def test_backlog_keeps_both_slots_busy(cluster: WorkerCluster) -> None:
-    """30 tasks of 0.2 s on 2 slots: the ideal makespan is 3 s; no slot waits for a
-    countdown, so the real one stays close (the benchmark measures it precisely)."""
-    task = cluster.app.tasks[HANDOFF_SLEEP]
+    """30 tasks of 0.2 s on 2 slots: no slot waits for a countdown (a run that is not
+    handed a slot comes back after 2.5 s or more); every freed slot goes to a waiter as
+    soon as its message travels, however loaded the machine is. (The benchmark measures
+    the utilisation itself.)"""
+    task = cluster.app.tasks[HANDOFF_PATIENT]
     results = [task.delay(0.2) for _ in range(30)]
     wait_for_results(cluster, results)
 
     record = record_store(cluster)
     assert_each_ran_once(record, results)
-    assert max(peaks(record, HANDOFF_KEY)) == 2
+    assert max(peaks(record, HANDOFF_PATIENT_KEY)) == 2
     started, ended = times(cluster, "started"), times(cluster, "ended")
-    makespan = (max(ended.values()) - min(started.values())) / 1e6
-    utilisation = 30 * 0.2 / 2 / makespan
-    assert utilisation > 0.8, f"makespan {makespan:.2f} s"  # ~0.96 on a quiet machine
-    assert_slots_all_given_back(cluster, [HANDOFF_SLEEP])
+    stretch = longest_stretch_with_a_slot_free(started, ended, 2)
+    assert stretch < PATIENT_BACKOFF / 2, f"a slot stood free for {stretch:.2f} s"
+    assert_slots_all_given_back(cluster, [HANDOFF_PATIENT_KEY])
     # The line is empty; only served tickets are remembered, and they expire.
     lock = lock_store(cluster)
-    keys = line_keys(HANDOFF_SLEEP)
+    keys = line_keys(HANDOFF_PATIENT_KEY)
     assert lock.zcard(keys["q"]) == 0
     served = {field.decode() for field in lock.hkeys(keys["w"])}
     assert all(field.startswith("d:") for field in served)  # which copy ran, per ticket
@@ -136,15 +163,17 @@ def test_hand_off_lost_with_its_releaser_still_runs_every_task(
 
 
 def test_waits_are_short_and_fair_under_a_burst(cluster: WorkerCluster) -> None:
-    """p50 and worst wait under a burst stay near what the line order implies."""
-    task = cluster.app.tasks[HANDOFF_SLEEP]
+    """20 runs sent at once on 2 slots: they start in the order they were sent, give or
+    take the slots, and no slot waits for a countdown."""
+    task = cluster.app.tasks[HANDOFF_PATIENT]
     results = [task.delay(0.1) for _ in range(20)]
     wait_for_results(cluster, results)
-    started = times(cluster, "started")
-    first = min(started.values())
-    waits: List[float] = sorted((us - first) / 1e6 for us in started.values())
-    # 20 tasks of 0.1 s on 2 slots: the last starts about 0.9 s after the first.
-    assert statistics.median(waits) < 1.0 and waits[-1] < 2.0, waits
+    started, ended = times(cluster, "started"), times(cluster, "ended")
+    order = sorted(started, key=started.__getitem__)
+    overtaken = [abs(order.index(result.id) - sent) for sent, result in enumerate(results)]
+    assert statistics.median(overtaken) <= 2, overtaken
+    stretch = longest_stretch_with_a_slot_free(started, ended, 2)
+    assert stretch < PATIENT_BACKOFF / 2, f"a slot stood free for {stretch:.2f} s"
 
 
 def test_served_run_killed_mid_body_runs_again_once(cluster: WorkerCluster) -> None:

@@ -46,6 +46,11 @@ LIMITED_SLEEP = "worker_app.limited_sleep"
 SYNC_CUSTOMER = "worker_app.sync_customer"
 SHORT_LEASE_SLEEP = "worker_app.short_lease_sleep"
 HANDOFF_SLEEP = "worker_app.handoff_sleep"
+#: Like HANDOFF_SLEEP, with a fallback countdown of at least 2.5 s: a slot that waited for
+#: a countdown instead of being handed over shows as a stretch that long with a slot free.
+HANDOFF_PATIENT = "worker_app.handoff_patient"
+HANDOFF_PATIENT_KEY = "handoff-patient"
+PATIENT_BACKOFF = 5.0
 HANDOFF_KEY = "handoff"
 HANDOFF_CRASH_ONCE = "worker_app.handoff_crash_once"
 PLAIN_ECHO = "worker_app.plain_echo"
@@ -195,6 +200,13 @@ def create_app(urls: AppUrls) -> Celery:
         """At most two at once, with the default waiting settings: freed slots are
         handed to the oldest waiter."""
         recorder(urls.record).run(self.request.id, [HANDOFF_KEY], seconds)
+        return self.request.id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=HANDOFF_PATIENT, lock_slots=2,
+              lock_key=HANDOFF_PATIENT_KEY, lock_retry_backoff=PATIENT_BACKOFF)
+    def handoff_patient(self: Any, seconds: float = 0.2) -> str:
+        """At most two at once; a run that is not handed a slot waits 2.5 s or more."""
+        recorder(urls.record).run(self.request.id, [HANDOFF_PATIENT_KEY], seconds)
         return self.request.id
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=HANDOFF_CRASH_ONCE,
