@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -30,7 +31,7 @@ TESTS = Path(__file__).resolve().parent
 DESCRIPTION = '{"task": "proj.t", "worker": "w1@host", "pid": 123, "id": "task-1"}'
 STATUS_FIELDS = {"key", "name", "holders", "reserved", "used", "limit", "configured_limit",
                  "slots_override", "waiting", "paused", "paused_until", "pause_left_seconds",
-                 "contended", "oldest_age_seconds"}
+                 "contended", "oldest_age_seconds", "rate_limiter", "rate"}
 INSPECT_FIELDS = {"key", "name", "used", "limit", "configured_limit", "slots_override",
                   "paused", "paused_until", "pause_left_seconds", "holders", "reservations",
                   "waiting", "waiters"}
@@ -112,13 +113,13 @@ def test_status_text_shows_used_over_limit(app, holders):
     assert result.exit_code == 0, result.output
     lines = {line.split()[0]: line.split() for line in result.stdout.splitlines()}
     assert lines["NAME"] == ["NAME", "USED", "CONFIGURED", "OVERRIDE", "WAITING", "PAUSED",
-                             "CONTENDED", "OLDEST"]
+                             "CONTENDED", "OLDEST", "RATE"]
     assert lines[CRAWL][1:7] == ["2/2", "2", "-", "0", "no", "no"]
     assert lines["other"][1:7] == ["1/1", "1", "-", "0", "no", "yes"]
 
 
 def test_status_without_semaphores(app, lock_client):
-    assert invoke(app, "status").stdout.strip() == "no semaphores"
+    assert invoke(app, "status").stdout.strip() == "no limits in the lock store"
     assert json.loads(invoke(app, "status", "--json").stdout) == []
 
 
@@ -247,7 +248,7 @@ def test_reap_drops_only_expired_entries(app, holders, lock_client):
 
 @pytest.mark.parametrize("args", [
     ["status"], ["status", "--json"], ["inspect", CRAWL], ["release", CRAWL, "x"], ["reap"],
-    ["set-slots", CRAWL, "3"], ["clear-slots", CRAWL], ["pause", CRAWL, "--for", "5"],
+    ["set-slots", CRAWL, "3"], ["clear-slots", CRAWL], ["pause", CRAWL, "--for", "5s"],
     ["resume", CRAWL], ["watch", "--once"],
 ])
 def test_unreachable_redis_fails_cleanly(args):
@@ -285,7 +286,7 @@ def test_celery_command_runs_the_entry_point(lock_url, holders):
 
 
 def test_celery_command_pauses_and_resumes(lock_url, holders, lock_client):
-    result = run_celery(lock_url, "pause", CRAWL, "--for", "30")
+    result = run_celery(lock_url, "pause", CRAWL, "--for", "30s")
     assert result.returncode == 0, result.stderr
     assert isinstance(Semaphore(lock_client, CRAWL, slots=3).attempt(), Paused)
     result = run_celery(lock_url, "resume", CRAWL)
@@ -387,7 +388,7 @@ def server_seconds(client):
 
 def test_pause_for_then_resume(app, holders, lock_client):
     crawl = Semaphore(lock_client, CRAWL, slots=3)
-    result = invoke(app, "pause", CRAWL, "--for", "30")
+    result = invoke(app, "pause", CRAWL, "--for", "30s")
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"{CRAWL}: paused until 20")
     refused = crawl.attempt()
@@ -396,9 +397,10 @@ def test_pause_for_then_resume(app, holders, lock_client):
     row = status_of(app, CRAWL)
     assert row["paused"] is True and 29 < row["pause_left_seconds"] <= 30
     assert row["paused_until"] == pytest.approx(server_seconds(lock_client) + 30, abs=1)
-    paused_column = next(line.split() for line in invoke(app, "status").stdout.splitlines()
-                         if line.startswith(CRAWL))[5]
-    assert paused_column.endswith("s") and 29 < float(paused_column[:-1]) <= 30
+    status_line = next(line for line in invoke(app, "status").stdout.splitlines()
+                       if line.startswith(CRAWL))
+    # the end of the pause as a time of day (UTC, server clock) and how far off it is
+    assert re.search(r" until \d\d:\d\d:\d\dZ, in (29|30) s ", status_line)
     result = invoke(app, "resume", CRAWL)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == f"{CRAWL}: resumed"
@@ -444,12 +446,13 @@ def test_pause_keep_longer(app, holders):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--for", "0"], "--for must be a number of seconds > 0"),
-    (["--for", "soon"], "--for must be a number of seconds > 0"),
+    (["--for", "0s"], "--for must be a length of time > 0"),
+    (["--for", "soon"], "--for must be a length of time > 0"),
+    (["--for", "5"], "--for needs a unit: 5s, 5m, 5h or 5d"),
     (["--until", "next tuesday"], "--until must be ISO-8601"),
     (["--until", "1000"], "is not after the lock store's time now"),
     (["--until", "2001-01-01T00:00:00Z"], "is not after the lock store's time now"),
-    (["--until", "4000000000", "--for", "5"], "give --until or --for, not both"),
+    (["--until", "4000000000", "--for", "5s"], "give --until or --for, not both"),
 ])
 def test_pause_bad_input_fails_cleanly(app, holders, args, message):
     result = invoke(app, "pause", CRAWL, *args)
@@ -466,7 +469,7 @@ def test_unknown_name_fails_cleanly(app, holders, command):
 
 
 def test_a_paused_rate_only_name_is_listed(app, lock_client):
-    assert invoke(app, "pause", "partner", "--for", "60", "--force").exit_code == 0
+    assert invoke(app, "pause", "partner", "--for", "60s", "--force").exit_code == 0
     row = status_of(app, "partner")
     assert (row["paused"], row["used"], row["limit"]) == (True, 0, None)
     assert invoke(app, "resume", "partner").exit_code == 0
@@ -478,18 +481,19 @@ def test_a_paused_rate_only_name_is_listed(app, lock_client):
 
 
 def test_watch_once_shows_keys_and_holders(app, holders, lock_client):
-    invoke(app, "pause", "other", "--for", "60")
+    invoke(app, "pause", "other", "--for", "60s")
     invoke(app, "set-slots", CRAWL, "4")
     result = invoke(app, "watch", "--once")
     assert result.exit_code == 0, result.output
     assert "\x1b[" not in result.stdout  # no terminal: no escape codes
     lines = result.stdout.splitlines()
     assert lines[0].startswith("celery-redislock: 2 key(s) at ")
-    assert lines[1].split() == ["NAME", "USED", "WAITING", "PAUSED", "OVERRIDE"]
+    assert lines[1].split() == ["NAME", "USED", "WAITING", "PAUSED", "OVERRIDE", "RATE"]
     crawl_line = next(line.split() for line in lines if line.startswith(CRAWL))
     assert crawl_line[1:3] == ["2/4", "0"] and crawl_line[4] == "4"
     other_line = next(line.split() for line in lines if line.startswith("other"))
-    assert other_line[1] == "1/1" and other_line[3].endswith("s")
+    assert other_line[1] == "1/1"
+    assert re.search(r" until \d\d:\d\d:\d\dZ, in (59|60) s ", " ".join(other_line) + " ")
     assert any(line.strip().startswith("holds   proj.t task-1 on w1@host") for line in lines)
 
 

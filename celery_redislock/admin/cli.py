@@ -10,7 +10,7 @@ against the app given with ``-A`` and the lock store its ``redislock_*`` setting
     celery -A proj redislock reap              # drop holder entries whose lease ran out
     celery -A proj redislock set-slots crawler 5   # override the slot count
     celery -A proj redislock clear-slots crawler   # back to the configured count
-    celery -A proj redislock pause api:t1 --for 30 # refuse every run for 30 s
+    celery -A proj redislock pause api:t1 --for 30s  # refuse every run for 30 s
     celery -A proj redislock resume api:t1
     celery -A proj redislock watch             # live view
 
@@ -24,9 +24,11 @@ unreachable, broken settings) print one line on stderr and exit with status 1.
 from __future__ import annotations
 
 import datetime
+import difflib
 import functools
 import json
 import re
+import string
 from dataclasses import asdict, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -36,12 +38,21 @@ from redis.exceptions import RedisError
 from ..config.limits_setting import config_limits, task_function
 from ..config.settings import read_settings, redis_client
 from ..engine.holder import Holder
-from ..engine.keys import LINE, RATE, RATE_CONTROL, SEMAPHORE_CONTROL, companion_key, semaphore_key
+from ..engine.keys import (
+    LINE,
+    RATE,
+    RATE_CONTROL,
+    SEMAPHORE,
+    SEMAPHORE_CONTROL,
+    companion_key,
+    semaphore_key,
+)
 from ..engine.scan import batches, limit_semaphore_keys, split_key
 from ..errors import RedisLockError
 from ..integration.recovery import limits_of
+from ..integration.task import SingletonTask
 from . import control
-from .state import LimitState, Waiter, read_states
+from .state import LimitState, Waiter, pause_text, read_states, span
 from .watch import run_watch
 
 STATUS_SCHEMA = """\
@@ -50,11 +61,14 @@ JSON schema of `status --json`: a list with one object per key:
  "limit": int or null, "configured_limit": int or null,
  "slots_override": int or null, "waiting": int, "paused": bool,
  "paused_until": float or null, "pause_left_seconds": float or null,
- "contended": bool, "oldest_age_seconds": float or null}.
+ "contended": bool, "oldest_age_seconds": float or null,
+ "rate_limiter": bool, "rate": str or null}.
 "used" = live "holders" + "reserved" (slots kept for waiters); "limit" is the
 count admission applies now: "slots_override" if set, else "configured_limit"
 (null when unknown); "paused_until" is Unix seconds on the Redis server's clock,
-null when not paused or paused until resumed."""
+null when not paused or paused until resumed; "rate_limiter" is true when the
+name has a rate limiter's state in Redis, "rate" its configured rate when a
+registered task gives it."""
 
 
 def semaphore_name(key: str, prefix: str) -> str:
@@ -67,9 +81,8 @@ def semaphore_name(key: str, prefix: str) -> str:
     return split[1] if split else key
 
 
-def _constant_rules(app: Any) -> Iterable[Tuple[str, Any]]:
-    """(name, rule) of every limit rule of the app's tasks whose key does not depend on
-    the task's arguments."""
+def _task_rules(app: Any) -> Iterable[Tuple[Any, Any]]:
+    """(task, rule) of every limit rule of the app's registered tasks."""
     for name, task in list(app.tasks.items()):
         try:
             limits = limits_of(task) or config_limits(app, name, task_function(task))
@@ -78,8 +91,57 @@ def _constant_rules(app: Any) -> Iterable[Tuple[str, Any]]:
         if limits is None:
             continue
         for rule in limits.rules:
-            if rule.key.is_constant:
-                yield rule.key.render((), {}), rule
+            yield task, rule
+
+
+def _constant_rules(app: Any) -> Iterable[Tuple[str, Any]]:
+    """(name, rule) of every limit rule of the app's tasks whose key does not depend on
+    the task's arguments."""
+    for _, rule in _task_rules(app):
+        if rule.key.is_constant:
+            yield rule.key.render((), {}), rule
+
+
+def name_pattern(rule: Any) -> Optional[re.Pattern]:
+    """A pattern matching every name ``rule``'s key can render (None for a callable key).
+
+        >>> from celery_redislock.config.limit import TaskLimits
+        >>> def report(account_id): ...
+        >>> rule = TaskLimits.build({"slots": 1, "key": "report:{account_id}"}, report,
+        ...                         owner="proj.report").rules[0]
+        >>> bool(name_pattern(rule).match("report:42")), bool(name_pattern(rule).match("x"))
+        (True, False)
+    """
+    source = rule.key.source
+    if source is None:
+        return re.compile(re.escape(rule.key.render((), {})) + r"\Z")
+    if not isinstance(source, str):
+        return None
+    parts = [re.escape(literal) + ("" if field is None else ".+")
+             for literal, field, _, _ in string.Formatter().parse(source)]
+    return re.compile("".join(parts) + r"\Z")
+
+
+def singleton_tasks(app: Any, name: str) -> List[str]:
+    """The ``SingletonTask`` tasks of ``app`` whose limit name may be ``name``."""
+    found = []
+    for task, rule in _task_rules(app):
+        pattern = name_pattern(rule) if isinstance(task, SingletonTask) else None
+        if pattern is not None and pattern.match(name):
+            found.append(task.name)
+    return sorted(set(found))
+
+
+def known_rates(app: Any, names: Iterable[str]) -> Dict[str, str]:
+    """The configured rate of each of ``names`` that a registered task's rule gives."""
+    rules = [(name_pattern(rule), rule.rate) for _, rule in _task_rules(app)
+             if rule.rate is not None]
+    found: Dict[str, str] = {}
+    for name in names:
+        rates = {str(rate) for pattern, rate in rules if pattern and pattern.match(name)}
+        if len(rates) == 1:
+            found[name] = rates.pop()
+    return found
 
 
 def known_limits(app: Any, prefix: str) -> Dict[str, int]:
@@ -127,9 +189,11 @@ class LockStore:
         return int(seconds) * 1000 + int(microseconds) // 1000
 
     def limit_keys(self) -> List[str]:
-        """The semaphore key of every name with a semaphore, a waiting line or a control
-        hash under the app's prefix, sorted."""
-        return limit_semaphore_keys(self.client, self.prefix)
+        """The semaphore key of every name with a semaphore, a waiting line, a rate
+        limiter or a control hash under the app's prefix, sorted."""
+        return limit_semaphore_keys(self.client, self.prefix,
+                                    marks=(SEMAPHORE, LINE, SEMAPHORE_CONTROL, RATE,
+                                           RATE_CONTROL))
 
     def states(self, keys: List[str], now: int, waiters: Optional[int] = 0,
                limits: Optional[Dict[str, int]] = None) -> List[LimitState]:
@@ -160,9 +224,18 @@ class LockStore:
         if not any(pipe.execute()):
             raise click.ClickException(
                 f"no limit named {name!r} in the lock store (no key {key} or its companions) "
-                "and no registered task uses it"
+                f"and no registered task uses it{self.did_you_mean(name)}"
             )
         return key
+
+    def did_you_mean(self, name: str) -> str:
+        """``" (did you mean 'x'?)"`` with the closest known names, or ``""``."""
+        known = {semaphore_name(key, self.prefix) for key in self.limit_keys()}
+        known.update(name for name, _ in _constant_rules(self.app))
+        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+        if not close:
+            return ""
+        return " (did you mean " + ", ".join(repr(found) for found in close) + "?)"
 
     def holders(self, key: str, minimum_ms: float = 0) -> List[Holder]:
         """Holder entries of ``key`` whose lease ends after ``minimum_ms``, oldest first."""
@@ -193,7 +266,19 @@ def _store(ctx: click.Context) -> LockStore:
     obj = ctx.find_object(CLIContext)
     if obj is None or obj.app is None:
         raise click.ClickException("no Celery app: run as `celery -A proj redislock ...`")
+    load_task_modules(obj.app)
     return LockStore(obj.app)
+
+
+def load_task_modules(app: Any) -> None:
+    """Import the app's task modules as ``celery worker`` does (``include``, ``imports``,
+    ``autodiscover_tasks()``), so that every task's limits are known here too."""
+    try:
+        app.loader.import_default_modules()
+    except Exception as exc:
+        raise click.ClickException(
+            f"could not import the app's task modules: {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
 
 
 @click.group(name="redislock")
@@ -206,14 +291,21 @@ def redislock() -> None:
 
 def status_rows(store: LockStore) -> List[Dict[str, Any]]:
     """One ``status --json`` row per key of the lock store (see :data:`STATUS_SCHEMA`)."""
+    return [row for _, row in status_entries(store)]
+
+
+def status_entries(store: LockStore) -> List[Tuple[LimitState, Dict[str, Any]]]:
+    """(state, ``status --json`` row) of every name the lock store has anything of."""
     now = store.now_ms()
     limits = known_limits(store.app, store.prefix)
-    states = store.states(store.limit_keys(), now, limits=limits)
-    return [status_row(state) for state in states if state.exists or state.active]
+    states = [state for state in store.states(store.limit_keys(), now, limits=limits)
+              if state.exists or state.active or state.rate_limiter]
+    rates = known_rates(store.app, [state.name for state in states])
+    return [(state, status_row(state, rates.get(state.name))) for state in states]
 
 
-def status_row(state: LimitState) -> Dict[str, Any]:
-    """The ``status --json`` row of one key."""
+def status_row(state: LimitState, rate: Optional[str] = None) -> Dict[str, Any]:
+    """The ``status --json`` row of one key; ``rate`` is its configured rate, if known."""
     now = state.server_time_ms
     live = state.live_holders
     return {
@@ -232,14 +324,9 @@ def status_row(state: LimitState) -> Dict[str, Any]:
                                else round(state.pause_left, 3)),
         "contended": state.contended,
         "oldest_age_seconds": round(max(h.age(now) for h in live), 3) if live else None,
+        "rate_limiter": state.rate_limiter,
+        "rate": rate,
     }
-
-
-def pause_text(state: LimitState) -> str:
-    """``no``, ``forever``, or the time left of the pause (``12.5s``)."""
-    if not state.paused:
-        return "no"
-    return "forever" if state.pause_left is None else f"{state.pause_left:.1f}s"
 
 
 @redislock.command(help="List every key: slots used/limit, configured limit and override, "
@@ -248,24 +335,23 @@ def pause_text(state: LimitState) -> str:
 @click.pass_context
 @_cli_errors
 def status(ctx: click.Context, as_json: bool) -> None:
-    rows = status_rows(_store(ctx))
+    entries = status_entries(_store(ctx))
+    rows = [row for _, row in entries]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo("no semaphores")
+        click.echo("no limits in the lock store")
         return
     _table(["NAME", "USED", "CONFIGURED", "OVERRIDE", "WAITING", "PAUSED", "CONTENDED",
-            "OLDEST"], [
+            "OLDEST", "RATE"], [
         [row["name"], f"{row['used']}/{_or(row['limit'], '?')}",
          _or(row["configured_limit"], "?"), _or(row["slots_override"], "-"),
-         str(row["waiting"]),
-         "no" if not row["paused"] else (
-             "forever" if row["pause_left_seconds"] is None
-             else f"{row['pause_left_seconds']:.1f}s"),
+         str(row["waiting"]), pause_text(state),
          "yes" if row["contended"] else "no",
-         "-" if row["oldest_age_seconds"] is None else f"{row['oldest_age_seconds']:.1f}s"]
-        for row in rows
+         "-" if row["oldest_age_seconds"] is None else f"{row['oldest_age_seconds']:.1f}s",
+         row["rate"] or ("yes" if row["rate_limiter"] else "-")]
+        for state, row in entries
     ])
 
 
@@ -338,7 +424,7 @@ def _limit_words(state: LimitState) -> List[str]:
     if state.paused:
         words.append("paused until resumed" if state.paused_until_ms is None else
                      f"paused until {_iso(state.paused_until_ms)} "
-                     f"({state.pause_left:.1f}s left)")
+                     f"(in {span(state.pause_left or 0)})")
     return words
 
 
@@ -419,6 +505,12 @@ def set_slots(ctx: click.Context, name: str, slots: str, force: bool) -> None:
     count = control.check_slots_value(_whole(slots), name)
     store = _store(ctx)
     key = store.key_of(name, force=force)
+    singletons = singleton_tasks(store.app, semaphore_name(key, store.prefix))
+    if singletons and count != 1:
+        raise click.ClickException(
+            f"{name!r} is the key of SingletonTask {', '.join(singletons)}, which runs one at "
+            f"a time by definition: refusing to set {count} slots (make the task a "
+            "LimitedTask with lock_slots to allow more)")
     woken = control.set_slots(store.app, key, count)
     state = store.states([key], store.now_ms())[0]
     click.echo(f"{state.name}: slots set to {count} (configured "
@@ -445,7 +537,7 @@ def clear_slots(ctx: click.Context, name: str) -> None:
               help="End of the pause: ISO-8601 (2030-01-31T12:00:00Z; without an offset, "
                    "local time) or Unix seconds.")
 @click.option("--for", "for_", metavar="S",
-              help="Length of the pause: seconds, or with a unit (90s, 5m, 2h).")
+              help="Length of the pause, with its unit: 90s, 5m, 2h, 1d.")
 @click.option("--keep-longer", is_flag=True,
               help="Leave a pause in force that ends later (or never) as it is.")
 @click.option("--force", is_flag=True,
@@ -463,7 +555,7 @@ def pause(ctx: click.Context, name: str, until: Optional[str], for_: Optional[st
     if until is not None and for_ is not None:
         raise click.ClickException("give --until or --for, not both")
     when = None if until is None else parse_time(until)
-    seconds = None if for_ is None else parse_duration(for_)
+    seconds = None if for_ is None else parse_duration(for_, unit_required=True)
     store = _store(ctx)
     key = store.key_of(name, force=force)
     end = control.pause(store.app, key, until=when, seconds=seconds, keep_longer=keep_longer)
@@ -472,7 +564,7 @@ def pause(ctx: click.Context, name: str, until: Optional[str], for_: Optional[st
         click.echo(f"{label}: paused until resumed")
     else:
         left = end - store.now_ms() / 1000
-        click.echo(f"{label}: paused until {_iso(round(end * 1000))} ({left:.1f}s from now)")
+        click.echo(f"{label}: paused until {_iso(round(end * 1000))} (in {span(left)})")
 
 
 @redislock.command()
@@ -512,7 +604,8 @@ def watch(ctx: click.Context, interval: str, once: bool, rows: str) -> None:
     def snapshot() -> List[LimitState]:
         now = store.now_ms()
         return [s for s in store.states(store.limit_keys(), now, waiters=shown or 0,
-                                        limits=limits) if s.exists or s.active]
+                                        limits=limits)
+                if s.exists or s.active or s.rate_limiter]
 
     run_watch(snapshot, interval=every, once=once, rows=shown)
 
@@ -521,17 +614,22 @@ _DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*\Z")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def parse_duration(value: str, what: str = "--for") -> float:
-    """Seconds from ``"30"``, ``"1.5"``, ``"90s"``, ``"5m"``, ``"2h"``; > 0.
+def parse_duration(value: str, what: str = "--for", *, unit_required: bool = False) -> float:
+    """Seconds from ``"30"``, ``"1.5"``, ``"90s"``, ``"5m"``, ``"2h"``; > 0. With
+    ``unit_required`` a bare number is refused (is ``5`` seconds or minutes?).
 
         >>> parse_duration("5m"), parse_duration("2.5")
         (300.0, 2.5)
     """
     found = _DURATION.match(value)
+    if found and unit_required and found.group(2) is None:
+        raise click.ClickException(
+            f"{what} needs a unit: {value}s, {value}m, {value}h or {value}d, not {value!r}")
     seconds = float(found.group(1)) * _UNITS[found.group(2)] if found else 0.0
     if not seconds > 0:
-        raise click.ClickException(
-            f"{what} must be a number of seconds > 0 (or 90s, 5m, 2h), not {value!r}")
+        kind = ("a length of time > 0 (90s, 5m, 2h)" if unit_required
+                else "a number of seconds > 0 (or 90s, 5m, 2h)")
+        raise click.ClickException(f"{what} must be {kind}, not {value!r}")
     return seconds
 
 

@@ -11,12 +11,20 @@ Every time is on the Redis server's clock (``TIME``), the clock the leases are w
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..engine.holder import Holder, parse_holder, text
-from ..engine.keys import LINE, RATE_CONTROL, SEMAPHORE_CONTROL, WAITERS, companion_key
+from ..engine.keys import (
+    LINE,
+    RATE,
+    RATE_CONTROL,
+    SEMAPHORE_CONTROL,
+    WAITERS,
+    companion_key,
+)
 from ..engine.scan import split_key
 
 #: A member of a semaphore that is a reservation for a waiter: ``"~<ticket>"``.
@@ -81,6 +89,8 @@ class LimitState:
     paused: bool = False
     #: End of the pause (ms, server clock); None while not paused or paused for ever.
     paused_until_ms: Optional[int] = None
+    #: True when the name has a rate limiter's state in Redis (it limits starts now).
+    rate_limiter: bool = False
 
     @property
     def live_holders(self) -> List[Holder]:
@@ -109,6 +119,42 @@ class LimitState:
         """True if anything is going on: holders, waiters, an override or a pause."""
         return bool(self.used or self.waiting or self.slots_override is not None
                     or self.paused)
+
+
+def pause_text(state: LimitState) -> str:
+    """A pause for people: ``no``, ``forever``, or its end on the Redis server's clock (UTC)
+    and how far off it is.
+
+        >>> pause_text(LimitState("n", "k", 1_700_000_000_000, paused=True,
+        ...                       paused_until_ms=1_700_000_012_400))
+        'until 22:13:32Z, in 12 s'
+        >>> pause_text(LimitState("n", "k", 1_700_000_000_000, paused=True,
+        ...                       paused_until_ms=1_800_000_000_000))
+        'until 2027-01-15 08:00Z, in 1157 d'
+    """
+    if not state.paused:
+        return "no"
+    if state.paused_until_ms is None:
+        return "forever"
+    end = datetime.datetime.fromtimestamp(state.paused_until_ms / 1000, datetime.timezone.utc)
+    left = max(0.0, (state.paused_until_ms - state.server_time_ms) / 1000)
+    when = end.strftime("%H:%M:%SZ") if left < 86400 else end.strftime("%Y-%m-%d %H:%MZ")
+    return f"until {when}, in {span(left)}"
+
+
+def span(seconds: float) -> str:
+    """A length of time in one unit people read at a glance.
+
+        >>> span(12.4), span(150), span(7200), span(100_519_815)
+        ('12 s', '2.5 min', '2 h', '1163 d')
+    """
+    if seconds < 100:
+        return f"{round(seconds)} s"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size or unit == "min":
+            value = seconds / size
+            return f"{value:.2g} {unit}" if value < 10 else f"{round(value)} {unit}"
+    raise AssertionError("unreachable")
 
 
 def pause_of(value: Any, now_ms: int) -> Tuple[bool, Optional[int]]:
@@ -159,18 +205,20 @@ def read_states(client: Any, keys: Sequence[str], now_ms: int, *, prefix: str = 
         pipe.hmget(companion_key(key, SEMAPHORE_CONTROL), ["slots", "paused_until"])
         pipe.hget(companion_key(key, RATE_CONTROL), "paused_until")
         pipe.zcard(companion_key(key, LINE))
+        pipe.exists(companion_key(key, RATE))
         if waiters != 0:
             pipe.zrange(companion_key(key, LINE), 0, -1 if waiters is None else waiters - 1,
                         withscores=True)
     replies = pipe.execute()
-    step = 4 if waiters == 0 else 5
+    step = 5 if waiters == 0 else 6
     states: List[LimitState] = []
     lines: Dict[str, List[Tuple[str, int]]] = {}
     for index, key in enumerate(keys):
-        entries, control, rate_pause, waiting = replies[step * index: step * index + 4]
+        entries, control, rate_pause, waiting, rate = replies[step * index: step * index + 5]
         if waiters != 0:
-            lines[key] = [(text(t), int(s)) for t, s in replies[step * index + 4]]
-        states.append(_state(key, prefix, now_ms, entries, control, rate_pause, int(waiting)))
+            lines[key] = [(text(t), int(s)) for t, s in replies[step * index + 5]]
+        state = _state(key, prefix, now_ms, entries, control, rate_pause, int(waiting))
+        states.append(replace(state, rate_limiter=bool(rate)) if rate else state)
     if not lines or not any(lines.values()):
         return states
     return _with_waiters(client, states, lines)

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, Callable, List, Optional, Sequence
 
-from .state import LimitState
+from .state import LimitState, pause_text
 
 #: Clear the screen and put the cursor top left.
 CLEAR = "\x1b[H\x1b[2J"
@@ -37,15 +37,16 @@ def render(states: Sequence[LimitState], *, rows: int = 5,
     lines = [title]
     if not states:
         return lines
-    table: List[List[str]] = [["NAME", "USED", "WAITING", "PAUSED", "OVERRIDE"]]
+    table: List[List[str]] = [["NAME", "USED", "WAITING", "PAUSED", "OVERRIDE", "RATE"]]
     details: List[List[str]] = [[]]
     for state in states:
         table.append([
             state.name,
             f"{state.used}/{'?' if state.limit is None else state.limit}",
             str(state.waiting),
-            _pause(state),
+            pause_text(state),
             "-" if state.slots_override is None else str(state.slots_override),
+            "yes" if state.rate_limiter else "-",
         ])
         details.append(_details(state, rows))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
@@ -76,10 +77,6 @@ def _details(state: LimitState, rows: int) -> List[str]:
     return lines
 
 
-def _pause(state: LimitState) -> str:
-    if not state.paused:
-        return "no"
-    return "forever" if state.pause_left is None else f"{state.pause_left:.1f}s"
 
 
 def _iso(ms: int) -> str:
