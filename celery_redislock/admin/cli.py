@@ -107,8 +107,8 @@ def name_pattern(rule: Any) -> Optional[re.Pattern]:
 
         >>> from celery_redislock.config.limit import TaskLimits
         >>> def report(account_id): ...
-        >>> rule = TaskLimits.build({"slots": 1, "key": "report:{account_id}"}, report,
-        ...                         owner="proj.report").rules[0]
+        >>> rule = TaskLimits.compile("proj.report", report,
+        ...                           [{"slots": 1, "key": "report:{account_id}"}]).rules[0]
         >>> bool(name_pattern(rule).match("report:42")), bool(name_pattern(rule).match("x"))
         (True, False)
     """

@@ -6,8 +6,8 @@ pipe, a file, a CI log) each refresh is printed after the last, without escape c
     >>> from celery_redislock.admin.state import LimitState
     >>> print("\\n".join(render([LimitState("crawl", "k", 0, exists=True,
     ...                                      configured_slots=2)], rows=3)[1:]))
-    NAME   USED  WAITING  PAUSED  OVERRIDE
-    crawl  0/2   0        no      -
+    NAME   USED  WAITING  PAUSED  OVERRIDE  RATE
+    crawl  0/2   0        no      -         -
 """
 
 from __future__ import annotations
