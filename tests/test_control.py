@@ -7,6 +7,7 @@ a real prefork worker for the paths that run inside tasks.
 from __future__ import annotations
 
 import datetime
+import re
 import uuid
 
 import pytest
@@ -293,3 +294,21 @@ def test_runs_refused_by_a_pause_wait_in_line_and_start_on_resume(cluster):
     assert waiter.get(timeout=30) == waiter.id
     wait_until(lambda: limit_state(cluster.app, name).waiting == 0, timeout=10,
                what="the line to empty")
+
+
+def test_a_deferred_run_says_once_at_info_why_and_until_when(cluster):
+    key_token = token()
+    holder = cluster.app.send_task(CALL_API, (key_token,), {"hold": True})
+    wait_until(lambda: records(cluster).hexists("started", holder.id), timeout=30,
+               what="the first run to start")
+    waiter = cluster.app.send_task(CALL_API, (key_token,))
+    wait_until(lambda: len(refusals(cluster, waiter.id)) >= 3, timeout=30,
+               what="the second run to be refused three times")
+    records(cluster).set(f"go:{key_token}", 1)
+    assert waiter.get(timeout=30) == waiter.id and holder.get(timeout=30) == holder.id
+    ours = [line for line in cluster.logs().splitlines()
+            if waiter.id in line and "celery-redislock" in line]
+    assert len(ours) == 1, ours  # not one line per refusal
+    assert "INFO" in ours[0] and "deferred" in ours[0]
+    assert f"found all 1 slot(s) of 'api:{key_token}' taken" in ours[0]  # why
+    assert re.search(r"back by \d\d:\d\d:\d\d\.\d{3}Z", ours[0])  # until when

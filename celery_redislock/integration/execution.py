@@ -208,9 +208,10 @@ def _first_outcome(attempt: _Attempt) -> Any:
             raise LockStoreUnavailable(
                 f"Task {task.name!r}: the lock store is unreachable: {exc}"
             ) from exc
-        # Fail closed: never run unlimited, never drop the task; ask again later.
-        logger.warning("celery-redislock: task %s[%s]: lock store unreachable for %s (%r)",
-                       task.name, request.id, names, exc)
+        # Fail closed: never run unlimited, never drop the task; ask again later (the
+        # deferral is logged once at INFO; the worker said at start where the store is).
+        logger.debug("celery-redislock: task %s[%s]: lock store unreachable for %s (%r)",
+                     task.name, request.id, names, exc)
         return None
 
 

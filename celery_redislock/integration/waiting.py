@@ -16,6 +16,7 @@ once, so the countdown chosen here is only the fallback.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import time
 from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple, Union
@@ -120,11 +121,39 @@ def requeue(
     if handoffs:
         handoff.publish(task.app, handoffs)
     _announce(task, request, refusal, countdown)
-    logger.info(
-        "celery-redislock: task %s[%s] %s; waiting %.2f s (attempt %d)",
-        task.name, request.id, describe(refusal), countdown, attempts + 1,
-    )
+    # Once per run at INFO (why, and until when); every later deferral at DEBUG.
+    logger.log(logging.INFO if attempts == 0 else logging.DEBUG,
+               "celery-redislock: task %s[%s] deferred: it %s; %s (attempt %d)",
+               task.name, request.id, describe(refusal),
+               until_when(refusal, countdown, joins_line), attempts + 1)
     raise Ignore()
+
+
+def until_when(refusal: Refusal, countdown: float, in_line: bool) -> str:
+    """Until when a deferred run waits, for the log: times are the Redis server's, UTC.
+
+        >>> until_when(None, 2.0, False)
+        'back in 2.0 s'
+    """
+    if refusal is None:
+        return f"back in {countdown:.1f} s"
+    back = _clock(refusal.server_time_ms + countdown * 1000)
+    if isinstance(refusal, RateLimited):
+        return f"promised a start at {_clock(refusal.promise / 1000)} (back then)"
+    if isinstance(refusal, Paused):
+        end = ("until resumed" if refusal.retry_hint is None else
+               f"until {_clock(refusal.server_time_ms + refusal.retry_hint * 1000)}")
+        return f"the pause lasts {end}; back by {back}" + (
+            " or at once on resume" if in_line else "")
+    if in_line or (isinstance(refusal, Busy) and refusal.position is not None):
+        return f"waits in line for a freed slot, back by {back} at the latest"
+    return f"back at {back}"
+
+
+def _clock(ms: float) -> str:
+    """A server time in ms as ``HH:MM:SS.mmmZ`` (UTC)."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def _wait_so_far(state: Mapping[str, Any], refusal: Refusal) -> Tuple[Optional[int], float]:
