@@ -12,8 +12,9 @@ runs. Three ``celery worker`` processes (prefork, 3 processes each) run the task
 ``proj.tasks``; the demo sends a burst of them (``proj.burst``) and shows, while it runs,
 each limit key's slots filling and draining (``proj.live``). Then it stops the workers,
 reads the records, prints per limit key the peak against the limit, the runs completed
-and the waits (``proj.summary``), and draws the timeline chart
-``docs/images/demo_timeline.png`` (``proj.timeline``). It exits with status 1 if a limit
+and the waits (``proj.summary``), draws the timeline chart (``proj.timeline``) into
+``example_project/output/demo_timeline.png`` (``--chart`` for another path), and deletes
+its run records from Redis. It exits with status 1 if a limit
 was exceeded or a task did not run exactly once, and 2 if the demo itself could not run.
 """
 
@@ -45,7 +46,7 @@ from celery_redislock.testing import RedisServer
 HERE = Path(__file__).resolve().parent
 REPOSITORY = HERE.parent
 OUTPUT = HERE / "output"
-CHART = REPOSITORY / "docs" / "images" / "demo_timeline.png"
+CHART = OUTPUT / "demo_timeline.png"
 
 WORKERS = 3
 CONCURRENCY = 4
@@ -227,7 +228,9 @@ def run_demo(redis_url: str) -> Report:
         if not finished or not wait_for_results(sent, timeout=5.0):
             print(f"  gave up waiting after {RESULTS_TIMEOUT:.0f} s")
         print(f"\nburst over after {time.monotonic() - begun:.1f} s")
-    return analyse(sent, limits, records, sent_at_us)
+    report = analyse(sent, limits, records, sent_at_us)
+    records.forget()  # on a Redis of the user's own, leave nothing behind
+    return report
 
 
 def write_chart(report: Report, path: Path) -> None:

@@ -60,11 +60,14 @@ def test_bar_shows_held_then_handed_over_then_free() -> None:
 
 @pytest.mark.slow
 
-def test_demo_runs_end_to_end(tmp_path: Path) -> None:
-    chart = tmp_path / "timeline.png"
+def test_demo_runs_end_to_end(own_redis_server) -> None:
+    committed = REPOSITORY / "docs" / "images" / "demo_timeline.png"
+    before = committed.read_bytes()
+    chart = REPOSITORY / "example_project" / "output" / "demo_timeline.png"
+    chart.unlink(missing_ok=True)
     env = {key: value for key, value in os.environ.items() if not key.startswith("PROJ_")}
     completed = subprocess.run(
-        [sys.executable, str(DEMO), "--chart", str(chart)],
+        [sys.executable, str(DEMO), "--redis-url", own_redis_server.url],
         cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=120,
     )
     output = completed.stdout + completed.stderr
@@ -81,3 +84,9 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert "no chart" in output
+    assert committed.read_bytes() == before  # the committed chart is not rewritten
+    # On a Redis of the user's own the demo leaves no key behind that never expires,
+    # beyond the broker's own bookkeeping.
+    client = own_redis_server.client()
+    lasting = [key.decode() for key in client.scan_iter(count=1000) if client.ttl(key) == -1]
+    assert [key for key in lasting if not key.startswith(("_kombu.", "unacked"))] == []

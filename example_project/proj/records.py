@@ -71,6 +71,13 @@ class Recorder:
         self.client = client
         self.prefix = prefix
 
+    def forget(self) -> int:
+        """Delete every record key of this prefix (one run's): returns how many went."""
+        removed = 0
+        for key in list(self.client.scan_iter(match=self.prefix + "*", count=1000)):
+            removed += self.client.delete(key)
+        return removed
+
     def _key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
 
