@@ -24,7 +24,7 @@ from celery_redislock.admin.control import (
     set_slots,
 )
 from celery_redislock.engine.admission import Busy, Lease, Paused, RateLimit, admit
-from celery_redislock.engine.keys import DEFAULT_PREFIX, rate_key, semaphore_key
+from celery_redislock.engine.keys import DEFAULT_PREFIX, companion_key, rate_key, semaphore_key
 
 from cli_app import CALL_API, CALL_API_PATIENT, CRAWL, api_name, create_app, create_worker_app
 from support import wait_until
@@ -312,3 +312,27 @@ def test_a_deferred_run_says_once_at_info_why_and_until_when(cluster):
     assert "INFO" in ours[0] and "deferred" in ours[0]
     assert f"found all 1 slot(s) of 'api:{key_token}' taken" in ours[0]  # why
     assert re.search(r"back by \d\d:\d\d:\d\d\.\d{3}Z", ours[0])  # until when
+
+
+def test_idle_keys_expire_as_the_documented_bounds_say(cluster):
+    """docs/semantics.md (Cost): an idle semaphore's key within max(lease, 60 s); its
+    waiting line's keys within 1.5 x (lock_retry_backoff_max + 11 min)."""
+    key_token = token()
+    holder = cluster.app.send_task(CALL_API, (key_token,), {"hold": True})
+    wait_until(lambda: records(cluster).hexists("started", holder.id), timeout=30,
+               what="the first run to start")
+    waiter = cluster.app.send_task(CALL_API, (key_token,))
+    wait_until(lambda: len(refusals(cluster, waiter.id)) >= 1, timeout=30,
+               what="the second run to wait")
+    records(cluster).set(f"go:{key_token}", 1)
+    assert waiter.get(timeout=30) == waiter.id and holder.get(timeout=30) == holder.id
+    client = cluster.redis.client(db=2)  # the lock store (worker_app.AppUrls.on_server)
+    semaphore = semaphore_key(api_name(key_token))
+    ttl = {mark: client.pttl(companion_key(semaphore, mark)) / 1000
+           for mark in ("s", "q", "w", "x")}
+    assert 0 < ttl["s"] <= 60, ttl
+    line_bound = 1.5 * (0.3 + 11 * 60)  # the task's lock_retry_backoff_max is 0.3 s
+    for mark in ("w", "x"):
+        assert 0 < ttl[mark] <= line_bound, ttl
+    assert ttl["q"] == -0.002 or 0 < ttl["q"] <= line_bound, ttl  # gone once empty
+    assert not [key for key in client.scan_iter(count=1000) if client.ttl(key) == -1]

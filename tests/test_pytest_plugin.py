@@ -6,6 +6,8 @@ import redis
 
 from celery_redislock import LimitedTask, Semaphore
 
+pytest_plugins = ["pytester"]
+
 
 def test_redislock_url_is_a_private_empty_server(redislock_url):
     client = redis.Redis.from_url(redislock_url)
@@ -21,3 +23,23 @@ def test_redislock_app_runs_limited_tasks(redislock_app, redislock_url):
 
     assert limited.apply().get() == "plugin-task"
     assert Semaphore(redis.Redis.from_url(redislock_url), "plugin-task").holders() == 0
+
+
+def test_the_pytest_extra_brings_pytest_celery():
+    """redislock_app is pytest-celery's celery_app: the `pytest` extra declares it."""
+    from importlib.metadata import metadata
+
+    meta = metadata("celery-redislock")
+    assert "pytest" in meta.get_all("Provides-Extra")
+    assert any(requirement.startswith("pytest-celery") and 'extra == "pytest"' in requirement
+               for requirement in meta.get_all("Requires-Dist"))
+
+
+def test_redislock_app_without_pytest_celery_says_what_to_install(pytester):
+    pytester.makepyfile("""
+        def test_needs_the_app(redislock_app):
+            pass
+    """)
+    result = pytester.runpytest("-p", "no:celery", "-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)  # the fixture fails, naming what to install
+    result.stdout.fnmatch_lines(["*pip install 'celery-redislock[pytest]'*"])

@@ -7,8 +7,9 @@ The plugin is registered when the package is installed. In a test::
 
 ``redislock_server``  a :class:`~celery_redislock.testing.RedisServer` for the session
 ``redislock_url``     its URL, emptied before each test
-``redislock_app``     pytest-celery's ``celery_app`` (when that plugin is installed) with
-                      ``redislock_url`` pointing at the private server
+``redislock_app``     pytest-celery's ``celery_app`` with ``redislock_url`` pointing at
+                      the private server (needs pytest-celery: the ``pytest`` extra,
+                      ``pip install 'celery-redislock[pytest]'``)
 
 To switch limits off instead (unit tests that should not need Redis at all), set
 ``app.conf.redislock_enabled = False``.
@@ -40,7 +41,14 @@ def redislock_url(redislock_server: RedisServer) -> str:
 
 @pytest.fixture
 def redislock_app(request: pytest.FixtureRequest, redislock_url: str) -> Any:
-    """pytest-celery's ``celery_app``, with its lock store on the private server."""
-    app = request.getfixturevalue("celery_app")
+    """pytest-celery's ``celery_app``, with its lock store on the private server.
+
+    It needs pytest-celery (``pip install 'celery-redislock[pytest]'``).
+    """
+    try:
+        app = request.getfixturevalue("celery_app")
+    except pytest.FixtureLookupError:
+        pytest.fail("the redislock_app fixture needs pytest-celery's celery_app fixture: "
+                    "pip install 'celery-redislock[pytest]'", pytrace=False)
     app.conf.redislock_url = redislock_url
     return app
