@@ -48,6 +48,8 @@ def redislock_app(request: pytest.FixtureRequest, redislock_url: str) -> Any:
     try:
         app = request.getfixturevalue("celery_app")
     except pytest.FixtureLookupError:
+        app = None
+    if app is None:
         pytest.fail("the redislock_app fixture needs pytest-celery's celery_app fixture: "
                     "pip install 'celery-redislock[pytest]'", pytrace=False)
     app.conf.redislock_url = redislock_url
