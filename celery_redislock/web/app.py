@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from .. import control
+from ..admin import control
 from ..errors import RedisLockError
 from .security import refusal
 from .state import Dashboard
@@ -98,7 +98,7 @@ class Actions:
             holder = body.get("holder")
             if not isinstance(holder, str) or not holder:
                 raise control.LimitControlError("release needs the holder's token")
-            freed = control.release(self.target, key, holder)
+            freed = control.release_holder(self.target, key, holder)
             return f"{name}: freed holder {freed.token}"
         if action == "pause":
             seconds = body.get("seconds")

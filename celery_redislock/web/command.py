@@ -1,6 +1,10 @@
 """The ``web`` subcommand of ``celery redislock``: serve the dashboard.
 
     celery -A proj redislock web --host 127.0.0.1 --port 8000
+
+:data:`redislock` is the ``celery redislock`` group of the admin layer with ``web``
+added: the ``celery.commands`` entry point names it, so the admin layer's CLI needs no
+import of this higher layer.
 """
 
 from __future__ import annotations
@@ -25,6 +29,14 @@ def add_web_command(group: click.Group) -> None:
         True
     """
     group.add_command(web)
+
+
+def _group() -> click.Group:
+    """The admin layer's ``celery redislock`` group, with :func:`web` added."""
+    from ..admin.cli import redislock as group
+
+    add_web_command(group)
+    return group
 
 
 def _celery_app(ctx: click.Context) -> Any:
@@ -89,7 +101,7 @@ def web(ctx: click.Context, host: str, port: int, interval: float, rows: int,
         raise click.ClickException(
             f"the dashboard needs the web extra ({exc.name} is missing): "
             "pip install 'celery-redislock[web]'") from None
-    from ..cli import LockStore
+    from ..admin.cli import LockStore
     from .state import Dashboard
 
     celery_app = _celery_app(ctx)
@@ -107,3 +119,7 @@ def web(ctx: click.Context, host: str, port: int, interval: float, rows: int,
                    err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False,
                 proxy_headers=False)
+
+
+#: ``celery redislock``: every admin command and ``web`` (the entry point's target).
+redislock = _group()

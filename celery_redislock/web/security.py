@@ -57,10 +57,7 @@ def same_host(origin: str, hosts: Iterable[str]) -> bool:
     if parts.scheme not in _DEFAULT_PORTS or not parts.netloc:
         return False
     wanted = _host_port(parts.netloc, parts.scheme)
-    for host in hosts:
-        if host.strip() and _host_port(host, parts.scheme) == wanted:
-            return True
-    return False
+    return any(host.strip() and _host_port(host, parts.scheme) == wanted for host in hosts)
 
 
 def refusal(method: str, headers: Mapping[str, str], token: Optional[str],

@@ -18,9 +18,9 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
-from ..cli import LockStore, _constant_rules, inspect_json, known_limits, status_row
-from ..keys import semaphore_key
-from ..keystate import LimitState
+from ..admin.cli import LockStore, _constant_rules, inspect_json, known_limits, status_row
+from ..admin.state import LimitState
+from ..engine.keys import semaphore_key
 
 #: One history sample: (Unix seconds on the Redis server's clock, used, waiting).
 Sample = Tuple[float, int, int]

@@ -1,0 +1,243 @@
+"""``celery redislock web``: the dashboard's state, its refusal of actions, and the page in
+a real headless chromium while a real worker runs limited tasks."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+from celery_redislock import Semaphore
+from celery_redislock.admin.cli import LockStore
+from celery_redislock.admin.control import limit_state, pause
+from celery_redislock.engine.admission import SlotLimit, admit
+from celery_redislock.engine.keys import semaphore_key
+from celery_redislock.web.app import STATIC, create_app
+from celery_redislock.web.security import TOKEN_HEADER
+from celery_redislock.web.state import Dashboard
+
+from cli_app import CALL_API_PATIENT, CRAWL, api_name, create_worker_app
+from cli_app import create_app as create_cli_app
+from support import LOCK_DB, wait_until
+from web_support import (
+    Served,
+    WebCommand,
+    browser,
+    chromium,
+    get_json,
+    request,
+    requested_urls,
+)
+from worker_cluster import WorkerCluster
+
+DESCRIPTION = '{"task": "cli_app.crawl", "worker": "w1@host", "pid": 123, "id": "task-1"}'
+TOKEN = "t" * 8 + uuid.uuid4().hex
+EVIL = "http://evil.example"
+
+
+@pytest.fixture
+def app(redis_server, lock_client):
+    return create_cli_app(f"redis://127.0.0.1:{redis_server.port}/{LOCK_DB}")
+
+
+@pytest.fixture
+def held(app, lock_client):
+    """The crawl task's semaphore (2 slots) with one task run holding a slot."""
+    run = admit(lock_client, [SlotLimit(CRAWL, 2, "redislock:")], lease=30,
+                owner="w1@host|task-1|", description=DESCRIPTION)
+    assert run.fence
+    return run
+
+
+def serve(app, **options):
+    dashboard = Dashboard(LockStore(app), min_interval=0, history=5)
+    return Served(create_app(dashboard, control_app=app, **options)).start()
+
+
+@pytest.fixture
+def read_only(app, held):
+    served = serve(app)
+    yield served
+    served.stop()
+
+
+@pytest.fixture
+def with_actions(app, held):
+    served = serve(app, token=TOKEN)
+    yield served
+    served.stop()
+
+
+def test_state_lists_every_key_with_holders_and_history(read_only, lock_client):
+    other = Semaphore(lock_client, "other", slots=1)
+    assert other.acquire() is not None
+    pause(lock_client, "other", seconds=60)
+    for _ in range(3):
+        state = get_json(read_only.base + "api/state")
+    rows = {row["name"]: row for row in state["keys"]}
+    assert set(rows) == {CRAWL, "other"}
+    crawl = rows[CRAWL]
+    assert (crawl["used"], crawl["limit"], crawl["waiting"], crawl["paused"]) == (1, 2, 0, False)
+    holder = crawl["holders"][0]
+    assert (holder["task"], holder["task_id"], holder["worker"]) == (CRAWL, "task-1", "w1@host")
+    assert holder["lease_left_seconds"] > 0 and holder["fence"] > 0
+    assert [sample["used"] for sample in crawl["history"]] == [1, 1, 1]
+    assert rows["other"]["paused"] and state["paused"] == ["other"]
+    assert state["totals"] == {"keys": 2, "used": 2, "waiting": 0, "paused": 1}
+    assert state["actions"] is False
+
+
+def test_page_and_files_are_served_by_the_package_alone(read_only):
+    status, headers, page = request(read_only.base)
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    policy = headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    assert headers["x-frame-options"] == "DENY"
+    for name in re.findall(rb'(?:src|href)="([^"]+)"', page):
+        assert name.startswith(b"static/"), name  # relative: works under any sub-path
+        assert request(read_only.base + name.decode())[0] == 200
+    for path in STATIC.iterdir():  # nothing fetched from elsewhere (namespaces are names)
+        text = re.sub(r"http://www\.w3\.org/2000/svg", "", path.read_text())
+        assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/", text), path.name
+    assert request(read_only.base + "static/../app.py")[0] == 404
+
+
+def test_actions_are_refused_without_the_flag(read_only, app):
+    body = json.dumps({"action": "pause", "key": semaphore_key(CRAWL), "seconds": 60}).encode()
+    status, _, answer = request(read_only.base + "api/action", method="POST", body=body,
+                                headers={"Content-Type": "application/json",
+                                         TOKEN_HEADER: TOKEN})
+    assert status == 404 and b"--allow-actions" in answer
+    assert not limit_state(app, CRAWL).paused
+
+
+def refused(served, body, headers):
+    return request(served.base + "api/action", method="POST", body=body, headers=headers)[0]
+
+
+def test_actions_need_the_token_a_json_post_and_the_same_origin(with_actions, app):
+    key = semaphore_key(CRAWL)
+    body = json.dumps({"action": "pause", "key": key, "seconds": 60}).encode()
+    json_type = {"Content-Type": "application/json"}
+    assert refused(with_actions, body, json_type) == 403                       # no token
+    assert refused(with_actions, body, {**json_type, TOKEN_HEADER: "x" * 32}) == 403
+    assert refused(with_actions, body, {**json_type, TOKEN_HEADER: TOKEN, "Origin": EVIL}) == 403
+    assert refused(with_actions, body, {**json_type, TOKEN_HEADER: TOKEN,
+                                        "Sec-Fetch-Site": "cross-site"}) == 403
+    # What a forged cross-site form sends: a form body, its origin, no custom header.
+    form = f"action=pause&key={key}&seconds=60&token={TOKEN}".encode()
+    assert refused(with_actions, form, {
+        "Content-Type": "application/x-www-form-urlencoded", "Origin": EVIL,
+        "Sec-Fetch-Site": "cross-site"}) == 403
+    assert refused(with_actions, form, {
+        "Content-Type": "text/plain", TOKEN_HEADER: TOKEN}) == 403
+    assert request(with_actions.base + "api/action?action=pause&key=" + key)[0] == 403
+    assert not limit_state(app, CRAWL).paused
+    assert get_json(with_actions.base + "api/state")["keys"][0]["holder_count"] == 1
+
+
+def test_actions_with_the_token_go_through_control(with_actions, app):
+    base, key = with_actions.base, semaphore_key(CRAWL)
+    headers = {"Content-Type": "application/json", TOKEN_HEADER: TOKEN,
+               "Origin": base.rstrip("/")}
+
+    def act(**body):
+        status, _, answer = request(base + "api/action", method="POST", headers=headers,
+                                    body=json.dumps(body).encode())
+        return status, json.loads(answer)
+
+    assert act(action="pause", key=key, seconds=60)[0] == 200
+    assert limit_state(app, CRAWL).paused
+    assert act(action="resume", key=key)[0] == 200
+    assert act(action="set-slots", key=key, slots=5)[0] == 200
+    assert limit_state(app, CRAWL).limit == 5
+    assert act(action="set-slots", key=key, slots=0)[0] == 400
+    assert act(action="clear-slots", key=key)[0] == 200
+    holder = get_json(base + "api/state")["keys"][0]["holders"][0]["token"]
+    status, answer = act(action="release", key=key, holder=holder)
+    assert status == 200 and holder in answer["message"]
+    assert limit_state(app, CRAWL).used == 0
+    assert act(action="pause", key=semaphore_key("never-seen"))[0] == 400
+    assert not limit_state(app, "never-seen").paused
+
+
+def test_actions_flag_needs_a_long_token(app, monkeypatch, tmp_path):
+    from celery.bin.base import CLIContext
+    from click.testing import CliRunner
+
+    from celery_redislock.web.command import redislock
+
+    monkeypatch.delenv("REDISLOCK_WEB_TOKEN", raising=False)
+    obj = CLIContext(app=app, no_color=True, workdir=None, quiet=True)
+    for args in (["--allow-actions"], ["--allow-actions", "--token", "short"]):
+        result = CliRunner().invoke(redislock, ["web", *args], obj=obj)
+        assert result.exit_code == 1 and "token" in result.output, result.output
+
+
+# --- the page in a real browser, while a real worker runs limited tasks ----------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if chromium() is None:
+        pytest.skip("no chromium and chromedriver on PATH (apt-get install chromium "
+                    "chromium-driver)")
+    with WorkerCluster(tmp_path_factory.mktemp("web-workers"), app_module="cli_app",
+                       app_factory=create_worker_app, workers=1, concurrency=2) as running:
+        yield running
+
+
+@pytest.mark.slow
+def test_page_shows_holders_live_and_asks_only_its_own_server(cluster, tmp_path):
+    """Two runs of one token (one slot): the page shows the first holding and the second
+    waiting; when the first ends, the page shows the second holding, with no reload;
+    every request the page made went to the dashboard's own server."""
+    from selenium.webdriver.common.by import By
+
+    token = uuid.uuid4().hex[:12]
+    name, app = api_name(token), cluster.app
+    records = cluster.redis.client(db=3)
+    first = app.send_task(CALL_API_PATIENT, (token,), {"hold": True})
+    wait_until(lambda: records.hexists("started", first.id), timeout=30,
+               what="the first run to start")
+    second = app.send_task(CALL_API_PATIENT, (token,), {"hold": True})
+    wait_until(lambda: limit_state(app, name).waiting == 1, timeout=30,
+               what="the second run to wait")
+    web = WebCommand("cli_app", cluster._worker_environment(cluster.urls),
+                     tmp_path / "web.log", "--interval", "0.5").start()
+    driver = browser(chromium())
+    try:
+        driver.get(web.base)
+
+        def task_ids(css):
+            return [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, css)]
+
+        row = f'tr.detail[data-key="{semaphore_key(name)}"]'
+        wait_until(lambda: task_ids(f"{row} tr.holder .task-id") == [first.id], timeout=15,
+                   interval=0.1, what="the page to show the first run holding")
+        assert task_ids(f"{row} tr.waiter .task-id") == [second.id]
+        text = driver.find_element(By.CSS_SELECTOR,
+                                   f'tr.key-row[data-key="{semaphore_key(name)}"]').text
+        assert "1/1" in text and name in text
+
+        records.set(f"go:{token}", 1)  # the first run ends; the second takes the slot
+        wait_until(lambda: task_ids(f"{row} tr.holder .task-id") in ([second.id], []),
+                   timeout=30, interval=0.1, what="the page to show the slot freed")
+        assert first.get(timeout=30) == first.id and second.get(timeout=30) == second.id
+        wait_until(lambda: not driver.find_elements(By.CSS_SELECTOR, f"{row} tr.holder"),
+                   timeout=15, interval=0.1, what="the page to show no holder")
+        urls = requested_urls(driver)
+        assert any(url.endswith("/api/state") for url in urls)
+        assert urls and all(url.startswith(web.base) for url in urls), urls
+    finally:
+        driver.quit()
+        web.stop()
+    assert "Traceback" not in web.output(), web.output()
+
+
+def test_screenshot_file_is_committed():
+    image = Path(__file__).resolve().parent.parent / "docs" / "images" / "web_dashboard.png"
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
