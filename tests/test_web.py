@@ -215,12 +215,15 @@ def test_page_shows_holders_live_and_asks_only_its_own_server(cluster, tmp_path)
         def task_ids(css):
             return [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, css)]
 
-        row = f'tr.detail[data-key="{semaphore_key(name)}"]'
+        of_key = f'[data-key="{semaphore_key(name)}"]'
+        row = f"tr.detail{of_key}"
+        wait_until(lambda: driver.find_elements(By.CSS_SELECTOR, f"tr.key-row{of_key}"),
+                   timeout=15, interval=0.1, what="the page to list the key")
+        driver.find_element(By.CSS_SELECTOR, f"tr.key-row{of_key}").click()  # its details
         wait_until(lambda: task_ids(f"{row} tr.holder .task-id") == [first.id], timeout=15,
                    interval=0.1, what="the page to show the first run holding")
         assert task_ids(f"{row} tr.waiter .task-id") == [second.id]
-        text = driver.find_element(By.CSS_SELECTOR,
-                                   f'tr.key-row[data-key="{semaphore_key(name)}"]').text
+        text = driver.find_element(By.CSS_SELECTOR, f"tr.key-row{of_key}").text
         assert "1/1" in text and name in text
 
         records.set(f"go:{token}", 1)  # the first run ends; the second takes the slot
@@ -241,3 +244,12 @@ def test_page_shows_holders_live_and_asks_only_its_own_server(cluster, tmp_path)
 def test_screenshot_file_is_committed():
     image = Path(__file__).resolve().parent.parent / "docs" / "images" / "web_dashboard.png"
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("module", ["state", "security", "command"])
+def test_examples_in_the_docstrings_hold(module):
+    import doctest
+    import importlib
+
+    found = doctest.testmod(importlib.import_module(f"celery_redislock.web.{module}"))
+    assert found.attempted and not found.failed

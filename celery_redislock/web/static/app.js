@@ -4,8 +4,8 @@
 
 (function () {
   const SVG = "http://www.w3.org/2000/svg";
+  const WAITERS_SHOWN = 8;
   const expanded = new Set();
-  const collapsed = new Set();
   let last = null;
   let timer = null;
 
@@ -74,13 +74,12 @@
   }
 
   function isOpen(row) {
-    if (expanded.has(row.key)) return true;
-    return !collapsed.has(row.key) && (row.holders.length > 0 || row.waiters.length > 0);
+    return expanded.has(row.key);
   }
 
   function toggle(row) {
-    if (isOpen(row)) { expanded.delete(row.key); collapsed.add(row.key); }
-    else { collapsed.delete(row.key); expanded.add(row.key); }
+    if (expanded.has(row.key)) expanded.delete(row.key);
+    else expanded.add(row.key);
     if (last) draw(last);
   }
 
@@ -120,12 +119,13 @@
 
   function waitersTable(row) {
     if (!row.waiters.length) return el("p", {class: "muted"}, "Nobody waits.");
-    const more = row.waiting - row.waiters.length;
+    const shown = row.waiters.slice(0, WAITERS_SHOWN);
+    const more = row.waiting - shown.length;
     return el("div", {},
       el("table", {class: "inner waiters"},
         el("thead", {}, el("tr", {}, ["#", "Task", "Task id", "Worker", "Waiting for", "Slot reserved"]
           .map((h) => el("th", {}, h)))),
-        el("tbody", {}, row.waiters.map((w) => el("tr", {class: "waiter"},
+        el("tbody", {}, shown.map((w) => el("tr", {class: "waiter"},
           el("td", {class: "num"}, w.position),
           el("td", {}, w.task || "-"),
           el("td", {class: "mono task-id"}, w.task_id || "-"),
