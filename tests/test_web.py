@@ -253,3 +253,18 @@ def test_examples_in_the_docstrings_hold(module):
 
     found = doctest.testmod(importlib.import_module(f"celery_redislock.web.{module}"))
     assert found.attempted and not found.failed
+
+
+def test_control_release_frees_one_holder_by_token_or_unique_start(app, lock_client, held):
+    from celery_redislock.admin.control import LimitControlError, release
+
+    other = admit(lock_client, [SlotLimit(CRAWL, 2, "redislock:")], lease=30,
+                  owner="w1@host|task-2|", description=DESCRIPTION)
+    assert other.fence
+    with pytest.raises(LimitControlError, match="ambiguous"):
+        release(app, CRAWL, "w1@host|task-")
+    with pytest.raises(LimitControlError, match="no holder"):
+        release(app, CRAWL, "w9@host")
+    freed = release(app, CRAWL, "w1@host|task-2")
+    assert freed.token.startswith("w1@host|task-2|")
+    assert [h.token for h in limit_state(app, CRAWL).holders] == [held.token]
