@@ -23,13 +23,16 @@ from cli_app import CALL_API_PATIENT, CRAWL, api_name, create_worker_app
 from cli_app import create_app as create_cli_app
 from support import LOCK_DB, wait_until
 from web_support import (
+    PageServer,
     Served,
     WebCommand,
     browser,
     chromium,
+    click,
     get_json,
     request,
     requested_urls,
+    texts,
 )
 from worker_cluster import WorkerCluster
 
@@ -181,17 +184,23 @@ def test_actions_flag_needs_a_long_token(app, monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    if chromium() is None:
+def executables():
+    found = chromium()
+    if found is None:
         pytest.skip("no chromium and chromedriver on PATH (apt-get install chromium "
                     "chromium-driver)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, executables):
     with WorkerCluster(tmp_path_factory.mktemp("web-workers"), app_module="cli_app",
                        app_factory=create_worker_app, workers=1, concurrency=2) as running:
         yield running
 
 
 @pytest.mark.slow
-def test_page_shows_holders_live_and_asks_only_its_own_server(cluster, tmp_path):
+def test_page_shows_holders_live_and_asks_only_its_own_server(cluster, executables, tmp_path):
     """Two runs of one token (one slot): the page shows the first holding and the second
     waiting; when the first ends, the page shows the second holding, with no reload;
     every request the page made went to the dashboard's own server."""
@@ -208,29 +217,25 @@ def test_page_shows_holders_live_and_asks_only_its_own_server(cluster, tmp_path)
                what="the second run to wait")
     web = WebCommand("cli_app", cluster._worker_environment(cluster.urls),
                      tmp_path / "web.log", "--interval", "0.5").start()
-    driver = browser(chromium())
+    driver = browser(executables)
     try:
         driver.get(web.base)
 
-        def task_ids(css):
-            return [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, css)]
-
         of_key = f'[data-key="{semaphore_key(name)}"]'
         row = f"tr.detail{of_key}"
-        wait_until(lambda: driver.find_elements(By.CSS_SELECTOR, f"tr.key-row{of_key}"),
-                   timeout=15, interval=0.1, what="the page to list the key")
-        driver.find_element(By.CSS_SELECTOR, f"tr.key-row{of_key}").click()  # its details
-        wait_until(lambda: task_ids(f"{row} tr.holder .task-id") == [first.id], timeout=15,
-                   interval=0.1, what="the page to show the first run holding")
-        assert task_ids(f"{row} tr.waiter .task-id") == [second.id]
-        text = driver.find_element(By.CSS_SELECTOR, f"tr.key-row{of_key}").text
-        assert "1/1" in text and name in text
+        click(driver, By.CSS_SELECTOR, f"tr.key-row{of_key}")  # opens its details
+        wait_until(lambda: texts(driver, f"{row} tr.holder .task-id") == [first.id],
+                   timeout=15, interval=0.1, what="the page to show the first run holding")
+        assert texts(driver, f"{row} tr.waiter .task-id") == [second.id]
+        wait_until(lambda: any(name in text and "1/1" in text
+                               for text in texts(driver, f"tr.key-row{of_key}") or []),
+                   timeout=15, interval=0.1, what="the key's row to show 1/1 slots used")
 
         records.set(f"go:{token}", 1)  # the first run ends; the second takes the slot
-        wait_until(lambda: task_ids(f"{row} tr.holder .task-id") in ([second.id], []),
+        wait_until(lambda: texts(driver, f"{row} tr.holder .task-id") in ([second.id], []),
                    timeout=30, interval=0.1, what="the page to show the slot freed")
         assert first.get(timeout=30) == first.id and second.get(timeout=30) == second.id
-        wait_until(lambda: not driver.find_elements(By.CSS_SELECTOR, f"{row} tr.holder"),
+        wait_until(lambda: texts(driver, f"{row} tr.holder") == [],
                    timeout=15, interval=0.1, what="the page to show no holder")
         urls = requested_urls(driver)
         assert any(url.endswith("/api/state") for url in urls)
@@ -268,3 +273,62 @@ def test_control_release_frees_one_holder_by_token_or_unique_start(app, lock_cli
     freed = release(app, CRAWL, "w1@host|task-2")
     assert freed.token.startswith("w1@host|task-2|")
     assert [h.token for h in limit_state(app, CRAWL).holders] == [held.token]
+
+
+FORGED = """<!DOCTYPE html><html><body>
+<form id="form" method="POST" action="{action}" enctype="text/plain">
+<input name='{{"action": "pause", "key": "{key}", "seconds": 60, "x": "' value='"}}'>
+</form>
+<script>
+fetch("{action}", {{method: "POST", mode: "no-cors", headers: {{"Content-Type": "text/plain"}},
+  body: JSON.stringify({{action: "set-slots", key: "{key}", slots: 9}})}})
+  .finally(() => fetch("{action}", {{method: "POST", headers: {{"Content-Type":
+    "application/json", "X-Redislock-Token": "{token}"}},
+    body: JSON.stringify({{action: "set-slots", key: "{key}", slots: 7}})}})
+  .catch(() => null).finally(() => document.getElementById("form").submit()));
+</script></body></html>"""
+
+
+def test_page_actions_need_the_token_and_forged_cross_site_posts_change_nothing(
+        app, held, executables):
+    """In a real browser: a page of another site that posts a form, a no-cors fetch and
+    a fetch with the token at the dashboard changes nothing; the dashboard's own page,
+    once given the token, pauses a key."""
+    from selenium.webdriver.common.by import By
+
+    served = serve(app, token=TOKEN)
+    key = semaphore_key(CRAWL)
+    forger = PageServer(FORGED.format(action=served.base + "api/action", key=key,
+                                      token=TOKEN))
+    driver = browser(executables)
+    try:
+        driver.get(forger.base)
+        wait_until(lambda: "refused" in driver.page_source or "JSON body" in
+                   driver.page_source, timeout=15, interval=0.1,
+                   what="the forged form to be answered")
+        state = limit_state(app, CRAWL)
+        assert not state.paused and state.limit == 2 and state.slots_override is None
+
+        driver.get(served.base)
+        row = f'tr.key-row[data-key="{key}"]'
+        click(driver, By.CSS_SELECTOR, row)
+        pause_button = '//tr[contains(@class, "detail")]//button[text()="Pause…"]'
+        click(driver, By.XPATH, pause_button)  # no token typed yet
+        driver.switch_to.alert.send_keys("60")
+        driver.switch_to.alert.accept()
+        wait_until(lambda: "X-Redislock-Token" in "".join(texts(driver, "#notice") or []),
+                   timeout=15, interval=0.1, what="the page to report the refusal")
+        assert not limit_state(app, CRAWL).paused
+
+        driver.find_element(By.ID, "token").send_keys(TOKEN)
+        click(driver, By.XPATH, pause_button)
+        driver.switch_to.alert.send_keys("60")
+        driver.switch_to.alert.accept()
+        wait_until(lambda: limit_state(app, CRAWL).paused, timeout=15, interval=0.1,
+                   what="the page's pause to reach the lock store")
+        wait_until(lambda: "left" in "".join(texts(driver, row) or []),
+                   timeout=15, interval=0.1, what="the page to show the pause")
+    finally:
+        driver.quit()
+        forger.stop()
+        served.stop()

@@ -149,3 +149,62 @@ def requested_urls(driver: Any) -> List[str]:
         if message.get("method") == "Network.requestWillBeSent":
             urls.append(message["params"]["request"]["url"])
     return urls
+
+
+class PageServer:
+    """Serves one HTML page on another origin (``http://localhost:<port>/``): the
+    forger's site of the cross-site tests. Stop it with :meth:`stop`."""
+
+    def __init__(self, html: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        body = html.encode()
+
+        class Page(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+        self.base = f"http://localhost:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def texts(driver: Any, css: str) -> Optional[List[str]]:
+    """The text of every element ``css`` selects, or None when the page redrew them
+    while they were read (the page replaces its rows on every refresh)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return [element.text for element in driver.find_elements(By.CSS_SELECTOR, css)]
+    except StaleElementReferenceException:
+        return None
+
+
+def click(driver: Any, by: str, selector: str, timeout: float = 15.0) -> None:
+    """Click the element ``selector`` finds, once it exists and was not redrawn meanwhile."""
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
+
+    def clicked() -> bool:
+        try:
+            driver.find_element(by, selector).click()
+            return True
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+
+    wait_until(clicked, timeout=timeout, interval=0.05, what=f"to click {selector}")

@@ -136,7 +136,8 @@ def create_app(dashboard: Dashboard, *, token: Optional[str] = None,
 
     async def state(request: Request) -> Response:
         try:
-            return _json(await run_in_threadpool(dashboard.state))
+            found = await run_in_threadpool(dashboard.state)
+            return _json({**found, "actions": token is not None})
         except (RedisError, RedisLockError) as exc:
             return _json({"error": f"lock store: {type(exc).__name__}: {exc}"}, 503)
 

@@ -106,8 +106,7 @@ def web(ctx: click.Context, host: str, port: int, interval: float, rows: int,
 
     celery_app = _celery_app(ctx)
     dashboard = Dashboard(LockStore(celery_app), rows=rows, history=history,
-                          min_interval=interval / 2, actions=secret is not None,
-                          refresh=interval)
+                          min_interval=interval / 2, refresh=interval)
     app = create_app(dashboard, token=secret, control_app=celery_app,
                      allowed_origins=allowed_origins)
     shown = f"[{host}]" if ":" in host else host

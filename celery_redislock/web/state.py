@@ -165,13 +165,12 @@ class Dashboard:
 
     def __init__(self, store: LockStore, *, rows: int = 20, history: int = 120,
                  min_interval: float = 0.5, clock: Callable[[], float] = time.monotonic,
-                 actions: bool = False, refresh: float = 1.0) -> None:
+                 refresh: float = 1.0) -> None:
         self.store = store
         self.rows = rows
         self.history = History(history)
         self.min_interval = min_interval
         self.clock = clock
-        self.actions = actions
         self.refresh = refresh
         self.limits = known_limits(store.app, store.prefix)
         self.rules = Rules(store.app)
@@ -206,7 +205,6 @@ class Dashboard:
             "server_time": at,
             "prefix": store.prefix,
             "refresh_seconds": self.refresh,
-            "actions": self.actions,
             "rows": self.rows,
             "keys": keys,
             "paused": [row["name"] for row in keys if row["paused"]],

@@ -199,6 +199,11 @@
     node.hidden = !text;
   }
 
+  function notice(text, ok) {
+    banner("notice", text);
+    document.getElementById("notice").className = "banner" + (ok ? " banner-ok" : "");
+  }
+
   async function refresh() {
     clearTimeout(timer);
     let wait = last ? last.refresh_seconds : 1;
@@ -230,11 +235,9 @@
       const answer = await response.json();
       if (!answer.ok) throw new Error(answer.error || `HTTP ${response.status}`);
       sessionStorage.setItem("redislock-token", token);
-      banner("error", "");
-      banner("notice", answer.message);
+      notice(answer.message, true);
     } catch (error) {
-      banner("notice", "");
-      banner("error", "Action refused: " + error.message);
+      notice("Action refused: " + error.message, false);
     }
     refresh();
   }
