@@ -226,15 +226,21 @@ def test_page_shows_holders_live_and_asks_only_its_own_server(cluster, executabl
         click(driver, By.CSS_SELECTOR, f"tr.key-row{of_key}")  # opens its details
         wait_until(lambda: texts(driver, f"{row} tr.holder .task-id") == [first.id],
                    timeout=15, interval=0.1, what="the page to show the first run holding")
-        assert texts(driver, f"{row} tr.waiter .task-id") == [second.id]
+        wait_until(lambda: texts(driver, f"{row} tr.waiter .task-id") == [second.id],
+                   timeout=15, interval=0.1, what="the page to show the second run waiting")
         wait_until(lambda: any(name in text and "1/1" in text
                                for text in texts(driver, f"tr.key-row{of_key}") or []),
                    timeout=15, interval=0.1, what="the key's row to show 1/1 slots used")
 
-        records.set(f"go:{token}", 1)  # the first run ends; the second takes the slot
-        wait_until(lambda: texts(driver, f"{row} tr.holder .task-id") in ([second.id], []),
-                   timeout=30, interval=0.1, what="the page to show the slot freed")
-        assert first.get(timeout=30) == first.id and second.get(timeout=30) == second.id
+        records.set(f"go:{token}", 1)  # the first run ends and frees the slot ...
+        assert first.get(timeout=30) == first.id
+        records.delete(f"go:{token}")  # ... and the second, handed it, holds it
+        wait_until(lambda: texts(driver, f"{row} tr.holder .task-id") == [second.id]
+                   or second.ready(), timeout=30, interval=0.1,
+                   what="the page to show the second run holding the freed slot")
+        assert texts(driver, f"{row} tr.waiter") in ([], None)
+        records.set(f"go:{token}", 1)  # (if it started before the delete, it has ended)
+        assert second.get(timeout=30) == second.id
         wait_until(lambda: texts(driver, f"{row} tr.holder") == [],
                    timeout=15, interval=0.1, what="the page to show no holder")
         urls = requested_urls(driver)
