@@ -257,26 +257,17 @@ def test_screenshot_file_is_committed():
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("module", ["state", "security", "command"])
-def test_examples_in_the_docstrings_hold(module):
-    import doctest
-    import importlib
-
-    found = doctest.testmod(importlib.import_module(f"celery_redislock.web.{module}"))
-    assert found.attempted and not found.failed
-
-
 def test_control_release_frees_one_holder_by_token_or_unique_start(app, lock_client, held):
-    from celery_redislock.admin.control import LimitControlError, release
+    from celery_redislock.admin.control import LimitControlError, release_holder
 
     other = admit(lock_client, [SlotLimit(CRAWL, 2, "redislock:")], lease=30,
                   owner="w1@host|task-2|", description=DESCRIPTION)
     assert other.fence
     with pytest.raises(LimitControlError, match="ambiguous"):
-        release(app, CRAWL, "w1@host|task-")
+        release_holder(app, CRAWL, "w1@host|task-")
     with pytest.raises(LimitControlError, match="no holder"):
-        release(app, CRAWL, "w9@host")
-    freed = release(app, CRAWL, "w1@host|task-2")
+        release_holder(app, CRAWL, "w9@host")
+    freed = release_holder(app, CRAWL, "w1@host|task-2")
     assert freed.token.startswith("w1@host|task-2|")
     assert [h.token for h in limit_state(app, CRAWL).holders] == [held.token]
 

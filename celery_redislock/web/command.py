@@ -9,12 +9,16 @@ import of this higher layer.
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any, Optional, Tuple
 
 import click
 
+from ..admin.cli import LockStore
+from ..admin.cli import redislock as admin_group
 from .security import MIN_TOKEN_LENGTH, TOKEN_ENV
+from .state import Dashboard
 
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -33,10 +37,20 @@ def add_web_command(group: click.Group) -> None:
 
 def _group() -> click.Group:
     """The admin layer's ``celery redislock`` group, with :func:`web` added."""
-    from ..admin.cli import redislock as group
+    add_web_command(admin_group)
+    return admin_group
 
-    add_web_command(group)
-    return group
+
+def _server() -> Tuple[Any, Any]:
+    """(uvicorn, the app module): imported when the command runs, since they need the
+    ``web`` extra, which ``celery redislock``'s other commands do without."""
+    try:
+        return (importlib.import_module("uvicorn"),
+                importlib.import_module(f"{__package__}.app"))
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the dashboard needs the web extra ({exc.name} is missing): "
+            "pip install 'celery-redislock[web]'") from None
 
 
 def _celery_app(ctx: click.Context) -> Any:
@@ -93,21 +107,11 @@ def web(ctx: click.Context, host: str, port: int, interval: float, rows: int,
     pip install 'celery-redislock[web]'.
     """
     secret = _token(allow_actions, token)
-    try:
-        import uvicorn
-
-        from .app import create_app
-    except ImportError as exc:
-        raise click.ClickException(
-            f"the dashboard needs the web extra ({exc.name} is missing): "
-            "pip install 'celery-redislock[web]'") from None
-    from ..admin.cli import LockStore
-    from .state import Dashboard
-
+    uvicorn, server = _server()
     celery_app = _celery_app(ctx)
     dashboard = Dashboard(LockStore(celery_app), rows=rows, history=history,
                           min_interval=interval / 2, refresh=interval)
-    app = create_app(dashboard, token=secret, control_app=celery_app,
+    app = server.create_app(dashboard, token=secret, control_app=celery_app,
                      allowed_origins=allowed_origins)
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"celery-redislock dashboard on http://{shown}:{port}/ "
