@@ -91,7 +91,7 @@ class Actions:
         saying what was done. Raises :class:`control.LimitControlError` on bad input."""
         key = body.get("key")
         known = {row["key"]: row["name"] for row in self.dashboard.state(fresh=True)["keys"]}
-        if key not in known:
+        if not isinstance(key, str) or key not in known:
             raise control.LimitControlError(f"no key {key!r} on the dashboard")
         name, action = known[key], body.get("action")
         if action == "release":
@@ -108,8 +108,9 @@ class Actions:
             was = control.resume(self.target, key)
             return f"{name}: resumed" if was else f"{name}: was not paused"
         if action == "set-slots":
-            woken = control.set_slots(self.target, key, body.get("slots"))
-            return f"{name}: slots set to {body.get('slots')}, {woken} waiting run(s) woken"
+            slots = control.check_slots_value(body.get("slots"), name)
+            woken = control.set_slots(self.target, key, slots)
+            return f"{name}: slots set to {slots}, {woken} waiting run(s) woken"
         if action == "clear-slots":
             had = control.clear_slots(self.target, key)
             return f"{name}: slot override cleared" if had else f"{name}: had no override"
