@@ -1,0 +1,250 @@
+// celery-redislock dashboard: polls api/state and draws it. No dependencies; every value
+// from the lock store is put in the page as text (textContent), never as HTML.
+"use strict";
+
+(function () {
+  const SVG = "http://www.w3.org/2000/svg";
+  const WAITERS_SHOWN = 8;
+  const expanded = new Set();
+  let last = null;
+  let timer = null;
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name === "class") node.className = value;
+      else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function seconds(value) {
+    if (value === null || value === undefined) return "-";
+    const s = Math.abs(value);
+    const sign = value < 0 ? "-" : "";
+    if (s < 60) return sign + s.toFixed(1) + " s";
+    if (s < 3600) return sign + Math.floor(s / 60) + " m " + Math.round(s % 60) + " s";
+    return sign + Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " m";
+  }
+
+  function usage(row) {
+    const limit = row.limit;
+    const share = limit ? Math.min(1, row.used / limit) : (row.used ? 1 : 0);
+    const fill = el("div", {class: "usage-fill" + (limit && row.used > limit ? " over" :
+      limit && row.used >= limit ? " full" : "")});
+    fill.style.width = (share * 100).toFixed(1) + "%";
+    return el("div", {class: "usage"},
+      el("div", {class: "usage-bar", role: "meter", "aria-valuenow": row.used,
+                 "aria-valuemax": limit === null ? "" : limit}, fill),
+      el("span", {class: "usage-text"}, row.used + "/" + (limit === null ? "?" : limit)));
+  }
+
+  function spark(row) {
+    const width = 160, height = 30, samples = row.history || [];
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("width", width);
+    svg.setAttribute("height", height);
+    svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    if (samples.length < 2) return svg;
+    const top = Math.max(1, row.limit || 0, ...samples.map((s) => Math.max(s.used, s.waiting)));
+    const x = (i) => (i / (samples.length - 1)) * (width - 2) + 1;
+    const y = (v) => height - 2 - (v / top) * (height - 4);
+    const area = samples.map((s, i) => `${x(i).toFixed(1)},${y(s.waiting).toFixed(1)}`);
+    const waiting = document.createElementNS(SVG, "polygon");
+    waiting.setAttribute("class", "waiting");
+    waiting.setAttribute("points", [`1,${height - 2}`, ...area, `${width - 1},${height - 2}`].join(" "));
+    const used = document.createElementNS(SVG, "polyline");
+    used.setAttribute("class", "used");
+    used.setAttribute("points", samples.map((s, i) => `${x(i).toFixed(1)},${y(s.used).toFixed(1)}`).join(" "));
+    svg.append(waiting, used);
+    return svg;
+  }
+
+  function paused(row) {
+    if (!row.paused) return el("span", {class: "badge badge-no"}, "no");
+    return el("span", {class: "badge badge-paused"},
+      row.pause_left_seconds === null ? "until resumed" : seconds(row.pause_left_seconds) + " left");
+  }
+
+  function isOpen(row) {
+    return expanded.has(row.key);
+  }
+
+  function toggle(row) {
+    if (expanded.has(row.key)) expanded.delete(row.key);
+    else expanded.add(row.key);
+    if (last) draw(last);
+  }
+
+  function keyRow(row) {
+    const open = isOpen(row);
+    return el("tr", {class: "key-row", "data-key": row.key, "aria-expanded": open,
+                     onclick: () => toggle(row)},
+      el("td", {class: "key-name"}, el("span", {class: "caret"}, open ? "▾" : "▸"), row.name),
+      el("td", {}, usage(row)),
+      el("td", {class: "num"}, row.waiting ? el("span", {class: "badge badge-wait"}, row.waiting) : "0"),
+      el("td", {class: row.rate ? "" : "muted"}, row.rate || "-"),
+      el("td", {}, spark(row)),
+      el("td", {}, paused(row)),
+      el("td", {class: "num"}, seconds(row.oldest_age_seconds)));
+  }
+
+  function holdersTable(row, actions) {
+    if (!row.holders.length) return el("p", {class: "muted"}, "No holders.");
+    return el("table", {class: "inner holders"},
+      el("thead", {}, el("tr", {},
+        ["Task", "Task id", "Worker", "Age", "Lease left", "Fence", actions ? "" : null]
+          .filter((h) => h !== null).map((h) => el("th", {}, h)))),
+      el("tbody", {}, row.holders.map((h) => el("tr", {class: "holder", "data-token": h.token},
+        el("td", {}, h.task || "-"),
+        el("td", {class: "mono task-id"}, h.task_id || "-"),
+        el("td", {class: "mono"}, h.worker || "-"),
+        el("td", {class: "num"}, seconds(h.age_seconds)),
+        el("td", {class: "num" + (h.expired ? " expired" : "")},
+          h.expired ? "expired" : seconds(h.lease_left_seconds)),
+        el("td", {class: "num mono"}, h.fence),
+        actions ? el("td", {}, el("button", {class: "danger", onclick: (e) => {
+          e.stopPropagation();
+          if (confirm(`Free this slot of ${row.name}? The run is not stopped.`))
+            act({action: "release", key: row.key, holder: h.token});
+        }}, "Release")) : null))));
+  }
+
+  function waitersTable(row) {
+    if (!row.waiters.length) return el("p", {class: "muted"}, "Nobody waits.");
+    const shown = row.waiters.slice(0, WAITERS_SHOWN);
+    const more = row.waiting - shown.length;
+    return el("div", {},
+      el("table", {class: "inner waiters"},
+        el("thead", {}, el("tr", {}, ["#", "Task", "Task id", "Worker", "Waiting for", "Slot reserved"]
+          .map((h) => el("th", {}, h)))),
+        el("tbody", {}, shown.map((w) => el("tr", {class: "waiter"},
+          el("td", {class: "num"}, w.position),
+          el("td", {}, w.task || "-"),
+          el("td", {class: "mono task-id"}, w.task_id || "-"),
+          el("td", {class: "mono"}, w.worker || "-"),
+          el("td", {class: "num"}, seconds(w.age_seconds)),
+          el("td", {}, w.reserved ? "yes" : "no"))))),
+      more > 0 ? el("p", {class: "muted"}, `… and ${more} more waiting`) : null);
+  }
+
+  function keyActions(row) {
+    const button = (label, body, ask) => el("button", {onclick: (e) => {
+      e.stopPropagation();
+      const extra = ask ? ask() : {};
+      if (extra) act(Object.assign({key: row.key}, body, extra));
+    }}, label);
+    const number = (question, field) => () => {
+      const answer = prompt(question);
+      if (answer === null || answer.trim() === "") return null;
+      return {[field]: Number(answer)};
+    };
+    return el("div", {class: "actions"},
+      row.paused ? button("Resume", {action: "resume"}) :
+        button("Pause…", {action: "pause"}, number(`Pause ${row.name} for how many seconds?`, "seconds")),
+      button("Set slots…", {action: "set-slots"}, number(`Slots of ${row.name}:`, "slots")),
+      row.slots_override !== null ? button("Clear override", {action: "clear-slots"}) : null);
+  }
+
+  function detailRow(row, actions) {
+    const limits = [`configured ${row.configured_limit === null ? "?" : row.configured_limit}`];
+    if (row.slots_override !== null) limits.push(`override ${row.slots_override}`);
+    if (row.reserved) limits.push(`${row.reserved} reserved for waiters`);
+    return el("tr", {class: "detail", "data-key": row.key}, el("td", {colspan: 7},
+      el("div", {class: "muted mono"}, row.key),
+      el("div", {class: "muted"}, "Slots: " + limits.join(", ")),
+      el("h3", {}, `Holders (${row.holder_count})`), holdersTable(row, actions),
+      el("h3", {}, `Waiting line (${row.waiting})`), waitersTable(row),
+      actions ? keyActions(row) : null));
+  }
+
+  function draw(state) {
+    const filter = document.getElementById("filter").value.trim().toLowerCase();
+    const rows = state.keys.filter((row) => !filter || row.name.toLowerCase().includes(filter));
+    const body = document.getElementById("keys");
+    const fresh = rows.length ? rows.flatMap((row) =>
+      isOpen(row) ? [keyRow(row), detailRow(row, state.actions)] : [keyRow(row)]) :
+      [el("tr", {class: "empty"}, el("td", {colspan: 7},
+        state.keys.length ? "No key matches the filter." : "No limits in use."))];
+    body.replaceChildren(...fresh);
+    const totals = state.totals;
+    document.getElementById("total-keys").textContent = totals.keys;
+    document.getElementById("total-used").textContent = totals.used;
+    document.getElementById("total-waiting").textContent = totals.waiting;
+    document.getElementById("total-paused").textContent = totals.paused;
+    document.getElementById("clock").textContent =
+      new Date(state.server_time * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+    const mode = document.getElementById("mode");
+    mode.textContent = state.actions ? "actions on" : "read-only";
+    mode.className = "pill" + (state.actions ? " pill-actions" : "");
+    document.getElementById("token-box").hidden = !state.actions;
+  }
+
+  function status(text, kind) {
+    const node = document.getElementById("connection");
+    node.textContent = text;
+    node.className = "pill pill-" + kind;
+  }
+
+  function banner(id, text) {
+    const node = document.getElementById(id);
+    node.textContent = text || "";
+    node.hidden = !text;
+  }
+
+  function notice(text, ok) {
+    banner("notice", text);
+    document.getElementById("notice").className = "banner" + (ok ? " banner-ok" : "");
+  }
+
+  async function refresh() {
+    clearTimeout(timer);
+    let wait = last ? last.refresh_seconds : 1;
+    try {
+      const response = await fetch("api/state", {cache: "no-store", credentials: "same-origin"});
+      const state = await response.json();
+      if (!response.ok) throw new Error(state.error || `HTTP ${response.status}`);
+      last = state;
+      wait = state.refresh_seconds;
+      draw(state);
+      banner("error", "");
+      status("live", "live");
+    } catch (error) {
+      banner("error", "Cannot read the state: " + error.message);
+      status("disconnected", "down");
+      wait = Math.max(wait, 2);
+    }
+    timer = setTimeout(refresh, wait * 1000);
+  }
+
+  async function act(body) {
+    const token = document.getElementById("token").value || sessionStorage.getItem("redislock-token") || "";
+    try {
+      const response = await fetch("api/action", {
+        method: "POST", credentials: "omit", cache: "no-store",
+        headers: {"Content-Type": "application/json", "X-Redislock-Token": token},
+        body: JSON.stringify(body),
+      });
+      const answer = await response.json();
+      if (!answer.ok) throw new Error(answer.error || `HTTP ${response.status}`);
+      sessionStorage.setItem("redislock-token", token);
+      notice(answer.message, true);
+    } catch (error) {
+      notice("Action refused: " + error.message, false);
+    }
+    refresh();
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    document.getElementById("token").value = sessionStorage.getItem("redislock-token") || "";
+    document.getElementById("filter").addEventListener("input", () => last && draw(last));
+    refresh();
+  });
+})();
