@@ -32,6 +32,7 @@ The workers route by node name (``worker_direct``): a test sends a task to one w
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -45,6 +46,10 @@ from celery_redislock import SingletonTask
 from celery_redislock.integration.signals import lease_lost, lock_contended
 
 from worker_app import BROKER_URL_ENV, FAST_RETRY, AppUrls, Recorder
+
+# Every deferral of a run, not only its first (INFO), is logged: the tests read every
+# countdown from the workers' logs (assert_countdowns_short).
+logging.getLogger("celery_redislock.integration.waiting").setLevel(logging.DEBUG)
 
 #: Names of the tasks, as both the workers and the test process register them.
 HOLD = "fault_app.hold"

@@ -123,9 +123,9 @@ def requeue(
     _announce(task, request, refusal, countdown)
     # Once per run at INFO (why, and until when); every later deferral at DEBUG.
     logger.log(logging.INFO if attempts == 0 else logging.DEBUG,
-               "celery-redislock: task %s[%s] deferred: it %s; %s (attempt %d)",
+               "celery-redislock: task %s[%s] deferred: it %s; %s; waiting %.2f s (attempt %d)",
                task.name, request.id, describe(refusal),
-               until_when(refusal, countdown, joins_line), attempts + 1)
+               until_when(refusal, countdown, joins_line), countdown, attempts + 1)
     raise Ignore()
 
 
