@@ -103,6 +103,10 @@ def test_status_lists_a_name_with_only_a_rate_limiter(project, redis_server, loc
     text = celery(project, redis_server, "status")
     line = next(line for line in text.stdout.splitlines() if line.startswith("partner:acme"))
     assert line.endswith("10/1s (burst 1)")
+    watched = celery(project, redis_server, "watch", "--once")
+    assert watched.returncode == 0, watched.stderr
+    assert any(line.startswith("partner:acme") and line.rstrip().endswith("yes")
+               for line in watched.stdout.splitlines()), watched.stdout
 
 
 def test_a_misspelt_name_gets_a_suggestion(project, redis_server):
