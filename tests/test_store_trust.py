@@ -23,12 +23,8 @@ from celery_redislock import LimitedTask, Semaphore
 
 from support import FAST_RETRY, wait_until
 
-try:  # the package's layout after the layer split, then before it
-    from celery_redislock.engine.keys import companion_key, semaphore_key
-    from celery_redislock.integration import handoff
-except ImportError:  # pragma: no cover - older layout
-    from celery_redislock import handoff  # type: ignore[no-redef]
-    from celery_redislock.keys import companion_key, semaphore_key  # type: ignore[no-redef]
+from celery_redislock.engine.keys import companion_key, semaphore_key
+from celery_redislock.integration import handoff
 
 PREFIX = "redislock:"
 MARKER = "forged-ran"
