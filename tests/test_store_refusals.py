@@ -20,16 +20,14 @@ from pathlib import Path
 import pytest
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
+from store_app import BROKER_ENV, LOCK_ENV, REQUIRE_NOEVICTION_ENV
 
 from celery_redislock import LimitedTask, LockStoreUnavailable
+from celery_redislock.admin.cli import redislock
 from celery_redislock.metrics import MemorySink, disable_metrics, enable_metrics
 
-from store_app import BROKER_ENV, LOCK_ENV, REQUIRE_NOEVICTION_ENV
-from support import FAST_RETRY, wait_until
-
-from celery_redislock.admin.cli import redislock
-
 from redis_process import RedisServer
+from support import FAST_RETRY, wait_until
 
 TESTS = Path(__file__).parent
 
@@ -196,7 +194,7 @@ def test_full_lock_store_eager_run_raises_with_the_servers_message(servers, cele
     celery_app.conf.redislock_url = store.url
     task = _limited(celery_app, "full-eager")
     store.client().config_set("maxmemory", 1)
-    with pytest.raises(LockStoreUnavailable, match="full.*OOM"):
+    with pytest.raises(LockStoreUnavailable, match=r"full.*OOM"):
         task.apply().get()
 
 

@@ -20,11 +20,11 @@ import pytest
 from kombu.serialization import dumps
 
 from celery_redislock import LimitedTask, Semaphore
-
-from support import FAST_RETRY, wait_until
-
 from celery_redislock.engine.keys import companion_key, semaphore_key
 from celery_redislock.integration import handoff
+from celery_redislock.metrics import MemorySink, disable_metrics, enable_metrics
+
+from support import BROKER_DB, FAST_RETRY, LOCK_DB, wait_until
 
 PREFIX = "redislock:"
 MARKER = "forged-ran"
@@ -61,6 +61,16 @@ def _json_entry(task_name: str, task_id: str) -> str:
                "subtask_type": None, "immutable": False}
     content_type, encoding, body = dumps(message, serializer="json")
     return f"{content_type}\n{encoding}\ntext\n{body}"
+
+
+@pytest.fixture(scope="session")
+def celery_config(redis_server):
+    """As the suite's, but the worker also accepts pickle (the tests' apps vary what
+    their own ``accept_content`` says about the line)."""
+    base = f"redis://127.0.0.1:{redis_server.port}"
+    return {"broker_url": f"{base}/{BROKER_DB}", "result_backend": "cache+memory://",
+            "redislock_url": f"{base}/{LOCK_DB}", "task_serializer": "json",
+            "result_serializer": "json", "accept_content": ["json", "pickle"]}
 
 
 @pytest.fixture
@@ -118,6 +128,8 @@ def test_forged_json_entry_never_runs(celery_app, celery_worker, lock_client, re
     with the key, is dropped: its task never runs."""
     celery_app.conf.redislock_signing_key = "k" * 32
     celery_worker.reload()
+    sink = MemorySink()
+    enable_metrics(celery_app, sink=sink)
     waiters = _park(lock_client, "trust-json", "evil.0003",
                     _json_entry(recorded.name, "forged-id"))
     with caplog.at_level(logging.ERROR):
@@ -127,6 +139,9 @@ def test_forged_json_entry_never_runs(celery_app, celery_worker, lock_client, re
     assert woken == 0
     assert any(waiters in r.getMessage() and r.levelno >= logging.ERROR
                for r in caplog.records)
+    assert sink.value("lock_store_errors_total", task="", kind="rejected_entry") == 1
+    disable_metrics(celery_app)
+    assert not lock_client.hexists(waiters, "m:evil.0003"), "the entry was left in the line"
 
 
 def test_signed_entries_are_handed_over(celery_app, celery_worker, lock_client):
