@@ -21,6 +21,7 @@ from redis.exceptions import (
     BusyLoadingError,
     ConnectionError,
     NoPermissionError,
+    NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisError,
@@ -66,7 +67,7 @@ def error_kind(exc: BaseException) -> str:
         return "readonly"
     if isinstance(exc, NoPermissionError) or text.startswith("NOPERM"):
         return "permission"
-    if "unknown command" in text:
+    if "unknown command" in text.lower() or "unknown redis command" in text.lower():
         return "unknown_command"
     return "script" if isinstance(exc, (ResponseError, RedisError)) else "unreachable"
 
@@ -76,14 +77,32 @@ def is_transient(exc: BaseException) -> bool:
     return error_kind(exc) in TRANSIENT
 
 
+#: The error codes redis-py takes off the server's message when it picks an exception
+#: class (and its ``repr`` shows neither): put back for the logs.
+_CODES = ((NoPermissionError, "NOPERM"), (OutOfMemoryError, "OOM"), (ReadOnlyError, "READONLY"),
+          (BusyLoadingError, "LOADING"), (NoScriptError, "NOSCRIPT"))
+
+
+def server_message(exc: BaseException) -> str:
+    """The server's message of a Redis error, with its error code in front.
+
+        >>> server_message(OutOfMemoryError("command not allowed"))
+        'OOM command not allowed'
+    """
+    text = str(exc) or type(exc).__name__
+    for cls, code in _CODES:
+        if isinstance(exc, cls) and not text.startswith(code):
+            return f"{code} {text}"
+    return text
+
+
 def describe_error(exc: BaseException) -> str:
     """What the error means and the server's own message, for a log line.
 
         >>> describe_error(OutOfMemoryError("command not allowed"))
-        'lock store full (maxmemory reached under noeviction): command not allowed'
+        'lock store full (maxmemory reached under noeviction): OOM command not allowed'
     """
-    kind = error_kind(exc)
-    return f"{KINDS[kind]}: {exc or type(exc).__name__}"
+    return f"{KINDS[error_kind(exc)]}: {server_message(exc)}"
 
 
 def eviction_policy(client: Any) -> Tuple[Optional[str], Optional[str]]:
@@ -142,3 +161,9 @@ def _advice(kind: str) -> str:
         "unknown_command": "the package needs Redis 6.2 or later with scripting enabled",
         "full": "free memory in the lock store or raise its maxmemory",
     }.get(kind, "see the server's message")
+
+
+def error_text(exc: BaseException) -> str:
+    """:func:`describe_error` for a Redis error, else the exception's ``repr``: for log
+    lines about calls that may fail in other ways too."""
+    return describe_error(exc) if isinstance(exc, RedisError) else repr(exc)

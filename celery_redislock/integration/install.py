@@ -26,6 +26,7 @@ from ..config.limits_setting import (
 )
 from .execution import run_limited
 from .recovery import DEFAULT_REQUEST, LIMITED_REQUEST
+from .startup import CheckLockStoreAtStart
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def install(app: Any) -> None:
     app.conf.task_annotations = [*current, annotation]
     app.__dict__.pop("annotations", None)  # Celery caches the prepared annotations
     app.steps["worker"].add(CheckLimitsAtStart)
+    app.steps["worker"].add(CheckLockStoreAtStart)
     if app.finalized:
         for task in list(app._tasks.values()):
             annotation.apply_to(type(task))
