@@ -22,14 +22,20 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner
 from store_app import BROKER_ENV, LOCK_ENV, REQUIRE_NOEVICTION_ENV
 
-from celery_redislock import LimitedTask, LockStoreUnavailable
+from celery_redislock import LimitedTask, LockStoreUnavailable, Semaphore
 from celery_redislock.admin.cli import redislock
+from celery_redislock.config.settings import redis_client
+from celery_redislock.engine.keys import companion_key, semaphore_key
+from celery_redislock.engine.refusal import acl_setuser
+from celery_redislock.integration import handoff
+from celery_redislock.integration.startup import check_lock_store
 from celery_redislock.metrics import MemorySink, disable_metrics, enable_metrics
 
 from redis_process import RedisServer
 from support import FAST_RETRY, wait_until
 
 TESTS = Path(__file__).parent
+README = TESTS.parent / "README.md"
 
 
 def _server(*args: str) -> RedisServer:
@@ -121,13 +127,14 @@ def test_evicting_lock_store_warns_at_worker_start(servers, tmp_path):
     assert warnings and "allkeys-lru" in warnings[0] and "WARNING" in warnings[0], log
 
 
-def _cli_status(app):
+def _cli_status(app, *args: str):
+    """``celery redislock status`` (or another command: ``args``), in-process."""
     try:
         runner = CliRunner(mix_stderr=False)
     except TypeError:
         runner = CliRunner()
     obj = CLIContext(app=app, no_color=True, workdir=None, quiet=True)
-    return runner.invoke(redislock, ["status"], obj=obj)
+    return runner.invoke(redislock, list(args or ["status"]), obj=obj)
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-ttl", "noeviction"])
@@ -235,3 +242,48 @@ def test_permission_refused_at_run_time_is_an_error_and_loses_nothing(
     assert sink.value("lock_store_errors_total", task=task.name, kind="permission") >= 1
     admin.execute_command("ACL", "SETUSER", "locks", "+evalsha", "+eval")
     assert result.get(timeout=15) == "ran"
+
+
+def test_the_documented_acl_user_can_do_everything_the_package_does(
+        servers, celery_app, celery_worker, lock_client):
+    """A lock store user with exactly the README's ``ACL SETUSER`` line: a worker starts
+    on it, runs wait in line and are handed their slot, a rate limit admits, the status
+    command reads every key; nothing is refused."""
+    store = servers()
+    admin = store.client()
+    arguments = acl_setuser("redislock", "pw")
+    assert " ".join(arguments).replace(">pw", ">CHANGE-ME") in README.read_text()
+    admin.execute_command(*arguments)
+    celery_app.conf.redislock_url = f"redis://redislock:pw@127.0.0.1:{store.port}/0"
+    check_lock_store(celery_app)  # what a worker runs as it starts
+    ran = []
+
+    @celery_app.task(base=LimitedTask, lock_key="acl-line", shared=False, **FAST_RETRY)
+    def waiting(n):
+        ran.append(n)
+        return n
+
+    @celery_app.task(base=LimitedTask, lock_rate="100/s", shared=False)
+    def rated():
+        return "rated"
+
+    celery_worker.reload()
+    client = redis_client(celery_app)
+    held = Semaphore(client, "acl-line", slots=1, lease=30).acquire()
+    results = [waiting.delay(n) for n in range(3)]
+    wait_until(lambda: admin.zcard(companion_key(semaphore_key("acl-line", "redislock:"),
+                                                 "q")) == 3, what="three runs in line")
+    Semaphore(client, "acl-line", slots=1).release(held)
+    assert handoff.wake_waiters(celery_app, semaphore_key("acl-line", "redislock:")) == 1
+    assert sorted(result.get(timeout=15) for result in results) == [0, 1, 2]
+    assert rated.delay().get(timeout=10) == "rated"
+    result = _cli_status(celery_app)
+    assert result.exit_code == 0 and "acl-line" in result.output, result.output
+    assert "NOPERM" not in result.stderr + result.output
+    assert "maxmemory-policy" not in result.stderr  # CONFIG GET is allowed
+    for command in (["inspect", "acl-line"], ["pause", "acl-line", "--for", "30"],
+                    ["resume", "acl-line"], ["set-slots", "acl-line", "2"],
+                    ["clear-slots", "acl-line"], ["reap"]):
+        result = _cli_status(celery_app, *command)
+        assert result.exit_code == 0, (command, result.output, result.stderr)
+    assert admin.acl_log() == [], admin.acl_log()

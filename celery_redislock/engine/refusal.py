@@ -44,6 +44,28 @@ KINDS = {
     "script": "lock store script error",
 }
 
+#: The commands the package sends, directly or from its scripts (an ACL user for the lock
+#: store needs them, see README, Security). ``config|get`` only reads
+#: ``maxmemory-policy``; ``select`` is for a database other than 0. (redis-py also sends
+#: ``CLIENT SETINFO`` as it connects, and ignores a refusal: Redis 7.0 has no such command.)
+REQUIRED_COMMANDS = (
+    "evalsha", "eval", "ping", "info", "time", "scan", "select", "config|get", "exists",
+    "pttl", "pexpire", "zadd", "zrem", "zscore", "zmscore", "zcount", "zcard", "zrank",
+    "zrange", "zrangebyscore", "zremrangebyscore", "hget", "hset", "hmget", "hdel",
+)
+
+
+def acl_setuser(user: str, password: str, prefix: str = "redislock:") -> List[str]:
+    """The ``ACL SETUSER`` arguments for a user that may do what the package needs on
+    the keys under ``prefix``, and nothing else.
+
+        >>> " ".join(acl_setuser("locks", "secret"))[:60]
+        'ACL SETUSER locks reset on >secret ~redislock:* resetchannels'
+    """
+    return ["ACL", "SETUSER", user, "reset", "on", f">{password}", f"~{prefix}*",
+            "resetchannels", "-@all", *(f"+{command}" for command in REQUIRED_COMMANDS)]
+
+
 #: The oldest Redis the scripts run on (``ZMSCORE``).
 MIN_REDIS = (6, 2)
 
@@ -141,10 +163,9 @@ def lock_store_problems(client: Any, probe_script: Any) -> List[str]:
     package's scripts (read-only use of a key) so that ACL rules on scripts show."""
     problems: List[str] = []
     try:
-        info = client.info("server")
-        version = tuple(int(part) for part in str(info.get("redis_version", "0")).split(".")[:2])
-        if version < MIN_REDIS:
-            problems.append(f"the lock store runs Redis {info.get('redis_version')}; the "
+        version = _server_version(client)
+        if version is not None and version < MIN_REDIS:
+            problems.append(f"the lock store runs Redis {'.'.join(map(str, version))}; the "
                             f"package needs Redis {MIN_REDIS[0]}.{MIN_REDIS[1]} or later")
         probe_script()
     except RedisError as exc:
@@ -153,11 +174,24 @@ def lock_store_problems(client: Any, probe_script: Any) -> List[str]:
     return problems
 
 
+def _server_version(client: Any) -> Optional[Tuple[int, ...]]:
+    """The lock store's Redis version (major, minor), or None if ``INFO`` is refused
+    (the scripts then find out for themselves)."""
+    try:
+        info = client.info("server")
+    except ResponseError as exc:
+        if error_kind(exc) in ("permission", "unknown_command"):
+            return None
+        raise
+    text = str(info.get("redis_version", "0"))
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+
+
 def _advice(kind: str) -> str:
     return {
         "auth": "check the user name and password in redislock_url",
         "permission": "grant the lock store's user the commands and keys the package needs "
-                      "(README, Security: the ACL SETUSER line)",
+                      "(docs/security.md: the ACL SETUSER line)",
         "unknown_command": "the package needs Redis 6.2 or later with scripting enabled",
         "full": "free memory in the lock store or raise its maxmemory",
     }.get(kind, "see the server's message")
