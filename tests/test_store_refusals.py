@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,9 +73,11 @@ def _worker(broker: str, lock: str, *extra_env: tuple, logfile: Path) -> subproc
 def _refused_start(broker: str, lock: str, logfile: Path, *extra_env: tuple) -> str:
     """Start a worker that must refuse to start: its exit status is not 0, within 60 s;
     its output and log file."""
+    started = time.monotonic()
     process = _worker(broker, lock, *extra_env, logfile=logfile)
     try:
         output, _ = process.communicate(timeout=60)
+        print(f"\nworker refused to start after {time.monotonic() - started:.2f} s")
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
@@ -193,7 +196,10 @@ def test_full_lock_store_fails_closed_and_says_so(servers, celery_app, celery_wo
     assert full and "OOM" in full[0] and task.name in full[0], full
     assert sink.value("lock_store_errors_total", task=task.name, kind="full") >= 1
     admin.config_set("maxmemory", 0)
+    fixed = time.monotonic()
     assert result.get(timeout=15) == "ran"
+    print(f"\nmemory freed: the run ran {time.monotonic() - fixed:.2f} s later, "
+          f"after {deliveries[result.id]} deliveries")
 
 
 def test_full_lock_store_eager_run_raises_with_the_servers_message(servers, celery_app):
@@ -220,7 +226,10 @@ def test_read_only_replica_is_waited_out_like_an_outage(servers, celery_app, cel
     assert said and "read-only" in said[0], said
     assert sink.value("lock_store_errors_total", task=task.name, kind="readonly") >= 1
     replica.client().execute_command("REPLICAOF", "NO", "ONE")
+    fixed = time.monotonic()
     assert result.get(timeout=15) == "ran"
+    print(f"\nreplica promoted: the run ran {time.monotonic() - fixed:.2f} s later, "
+          f"after {deliveries[result.id]} deliveries")
 
 
 def test_permission_refused_at_run_time_is_an_error_and_loses_nothing(
@@ -241,7 +250,10 @@ def test_permission_refused_at_run_time_is_an_error_and_loses_nothing(
     assert errors and task.name in errors[0], errors
     assert sink.value("lock_store_errors_total", task=task.name, kind="permission") >= 1
     admin.execute_command("ACL", "SETUSER", "locks", "+evalsha", "+eval")
+    fixed = time.monotonic()
     assert result.get(timeout=15) == "ran"
+    print(f"\npermission granted: the run ran {time.monotonic() - fixed:.2f} s later, "
+          f"after {deliveries[result.id]} deliveries")
 
 
 def test_the_documented_acl_user_can_do_everything_the_package_does(
@@ -287,3 +299,15 @@ def test_the_documented_acl_user_can_do_everything_the_package_does(
         result = _cli_status(celery_app, *command)
         assert result.exit_code == 0, (command, result.output, result.stderr)
     assert admin.acl_log() == [], admin.acl_log()
+
+
+def test_an_unreachable_lock_store_does_not_stop_a_worker_from_starting(celery_app, caplog):
+    """A worker may start before its lock store: the start check says so and lets it
+    start, even with redislock_require_noeviction (runs wait for the store)."""
+    from celery_redislock.testing import free_port
+
+    celery_app.conf.redislock_url = f"redis://127.0.0.1:{free_port()}/0"
+    celery_app.conf.redislock_require_noeviction = True
+    with caplog.at_level(logging.WARNING):
+        check_lock_store(celery_app)
+    assert any("unreachable" in r.getMessage() for r in caplog.records)

@@ -18,10 +18,16 @@ import logging
 from typing import Any
 
 from celery import bootsteps
+from redis.exceptions import RedisError
 
 from ..config.settings import read_settings, redis_client
 from ..engine.keys import semaphore_key
-from ..engine.refusal import eviction_warning, lock_store_problems
+from ..engine.refusal import (
+    describe_error,
+    eviction_warning,
+    is_transient,
+    lock_store_problems,
+)
 from ..engine.scripts import HOLDERS
 from ..errors import LockStoreRefused
 
@@ -44,6 +50,13 @@ def check_lock_store(app: Any) -> None:
     if not settings.enabled:
         return
     client = redis_client(app, settings)
+    try:
+        client.ping()
+    except RedisError as exc:
+        if is_transient(exc):  # it may start after the worker: runs wait for it
+            logger.warning("celery-redislock: %s as the worker starts; limited runs wait "
+                           "for it, and its settings are not checked", describe_error(exc))
+            return
     probe_key = semaphore_key(PROBE_NAME, settings.prefix)
     problems = lock_store_problems(client, lambda: HOLDERS.run(client, [probe_key], []))
     if problems:
