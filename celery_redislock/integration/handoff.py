@@ -46,7 +46,9 @@ from celery import signature as make_signature
 from kombu.serialization import dumps, loads, prepare_accept_content
 
 from ..config.settings import read_settings, redis_client
+from ..engine.keys import companion_key
 from ..engine.scripts import ENQUEUE, LEAVE_LINE, WAKE
+from . import signals
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +102,6 @@ class Trust:
 
     @classmethod
     def of(cls, app: Any) -> Trust:
-        from ..config.settings import read_settings
-
         key = read_settings(app).signing_key
         accept = frozenset(prepare_accept_content(app.conf.accept_content or ["json"]))
         return cls(key, accept if key is not None else accept - UNSAFE_CONTENT)
@@ -240,10 +240,6 @@ def publish(app: Any, messages: Iterable[Any]) -> int:
 
 def _reject(app: Any, message: Any, exc: Exception) -> None:
     """Log, count and drop a parked message that failed its check."""
-    from ..config.settings import redis_client
-    from ..engine.keys import companion_key
-    from . import signals
-
     where, _ = where_from(message)
     reason = str(exc) if isinstance(exc, RejectedEntry) else f"it cannot be decoded: {exc!r}"
     logger.error("celery-redislock: dropped the parked message %s from the lock store, never "
