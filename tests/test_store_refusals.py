@@ -311,3 +311,30 @@ def test_an_unreachable_lock_store_does_not_stop_a_worker_from_starting(celery_a
     with caplog.at_level(logging.WARNING):
         check_lock_store(celery_app)
     assert any("unreachable" in r.getMessage() for r in caplog.records)
+
+
+def test_scripts_fall_back_to_no_flags_on_a_redis_that_does_not_know_them():
+    """Redis 6.2 cannot compile a ``#!lua`` first line: the first refusal marks the
+    client, which then gets every script without it."""
+    from redis.exceptions import NoScriptError, ResponseError
+
+    from celery_redislock.engine.scripts import HOLDERS
+
+    class OldRedis:
+        def __init__(self):
+            self.calls = []
+
+        def execute_command(self, *command):
+            self.calls.append(command[:2])
+            if command[0] == "EVALSHA":
+                raise NoScriptError("No matching script")
+            if command[1].startswith("#!"):
+                raise ResponseError("Error compiling script (new function): user_script:1: "
+                                    "unexpected symbol near '#'")
+            return 0
+
+    client = OldRedis()
+    assert HOLDERS.run(client, ["k"], []) == 0
+    assert HOLDERS.run(client, ["k"], []) == 0
+    assert client.calls[-2:] == [("EVALSHA", HOLDERS.plain_sha),
+                                 ("EVAL", HOLDERS.plain_source)]
