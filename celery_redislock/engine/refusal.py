@@ -59,7 +59,7 @@ def acl_setuser(user: str, password: str, prefix: str = "redislock:") -> List[st
     """The ``ACL SETUSER`` arguments for a user that may do what the package needs on
     the keys under ``prefix``, and nothing else.
 
-        >>> " ".join(acl_setuser("locks", "secret"))[:60]
+        >>> " ".join(acl_setuser("locks", "secret")[:8])
         'ACL SETUSER locks reset on >secret ~redislock:* resetchannels'
     """
     return ["ACL", "SETUSER", user, "reset", "on", f">{password}", f"~{prefix}*",
