@@ -26,6 +26,6 @@ app.conf.update(
 )
 
 
-@app.task(base=LimitedTask, lock_slots=1, name="store_app.limited")
+@app.task(base=LimitedTask, lock_slots=1, name="store_app.limited", shared=False)
 def limited() -> str:
     return "ran"

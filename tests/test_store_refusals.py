@@ -301,16 +301,15 @@ def test_the_documented_acl_user_can_do_everything_the_package_does(
     assert admin.acl_log() == [], admin.acl_log()
 
 
-def test_an_unreachable_lock_store_does_not_stop_a_worker_from_starting(celery_app, caplog):
-    """A worker may start before its lock store: the start check says so and lets it
-    start, even with redislock_require_noeviction (runs wait for the store)."""
+def test_an_unreachable_lock_store_does_not_stop_a_worker_from_starting(celery_app):
+    """A worker may start before its lock store: the start check lets it start, even
+    with redislock_require_noeviction (runs wait for the store; the worker's start logs
+    one line saying where the store is and why it cannot be reached)."""
     from celery_redislock.testing import free_port
 
     celery_app.conf.redislock_url = f"redis://127.0.0.1:{free_port()}/0"
     celery_app.conf.redislock_require_noeviction = True
-    with caplog.at_level(logging.WARNING):
-        check_lock_store(celery_app)
-    assert any("unreachable" in r.getMessage() for r in caplog.records)
+    check_lock_store(celery_app)  # does not raise
 
 
 def test_scripts_fall_back_to_no_flags_on_a_redis_that_does_not_know_them():

@@ -15,15 +15,15 @@ for apps with a ``LimitedTask``, when the worker initialises.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, List, NoReturn
 
 from celery import bootsteps
+from celery.exceptions import WorkerShutdown
 from redis.exceptions import RedisError
 
 from ..config.settings import read_settings, redis_client
 from ..engine.keys import semaphore_key
 from ..engine.refusal import (
-    describe_error,
     eviction_warning,
     is_transient,
     lock_store_problems,
@@ -53,10 +53,8 @@ def check_lock_store(app: Any) -> None:
     try:
         client.ping()
     except RedisError as exc:
-        if is_transient(exc):  # it may start after the worker: runs wait for it
-            logger.warning("celery-redislock: %s as the worker starts; limited runs wait "
-                           "for it, and its settings are not checked", describe_error(exc))
-            return
+        if is_transient(exc):  # it may start after the worker: runs wait for it (the
+            return             # worker's start says so, see recovery.py)
     probe_key = semaphore_key(PROBE_NAME, settings.prefix)
     problems = lock_store_problems(client, lambda: HOLDERS.run(client, [probe_key], []))
     if problems:
@@ -77,5 +75,20 @@ class CheckLockStoreAtStart(bootsteps.Step):
     name = "celery_redislock.check_lock_store"
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
-        check_lock_store(worker.app)
+        try:
+            check_lock_store(worker.app)
+        except LockStoreRefused as exc:
+            refuse_to_start([str(exc).removeprefix("celery-redislock: ")])
         super().__init__(worker, **kwargs)
+
+
+def refuse_to_start(problems: List[str]) -> NoReturn:
+    """Stop a starting worker with one log line per problem and no traceback.
+
+    ``WorkerShutdown`` is a ``SystemExit``: the worker exits with status 1 before its
+    banner, and neither Celery nor Python prints a traceback for it.
+    """
+    for problem in problems:
+        logger.critical("celery-redislock: worker not started: %s",
+                        " ".join(problem.split()))
+    raise WorkerShutdown(1)
