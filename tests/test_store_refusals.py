@@ -293,7 +293,7 @@ def test_the_documented_acl_user_can_do_everything_the_package_does(
     assert result.exit_code == 0 and "acl-line" in result.output, result.output
     assert "NOPERM" not in result.stderr + result.output
     assert "maxmemory-policy" not in result.stderr  # CONFIG GET is allowed
-    for command in (["inspect", "acl-line"], ["pause", "acl-line", "--for", "30"],
+    for command in (["inspect", "acl-line"], ["pause", "acl-line", "--for", "30s"],
                     ["resume", "acl-line"], ["set-slots", "acl-line", "2"],
                     ["clear-slots", "acl-line"], ["reap"]):
         result = _cli_status(celery_app, *command)
