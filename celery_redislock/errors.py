@@ -58,3 +58,24 @@ class LockTimeout(RedisLockError):
 
 class LockStoreUnavailable(RedisLockError):
     """The Redis server that holds the semaphores could not be reached."""
+
+
+class LockStoreFull(LockStoreUnavailable):
+    """The lock store refused a write because it is full: it reached ``maxmemory`` under
+    the ``noeviction`` policy (the server's ``OOM`` error). Runs fail closed: they wait,
+    as for an outage, until memory is freed or ``maxmemory`` raised.
+
+    The message names the task and carries the server's own message, for example::
+
+        Task 'proj.tasks.sync': the lock store is full: OOM command not allowed when
+        used memory > 'maxmemory'.
+    """
+
+
+class LockStoreRefused(LockStoreUnavailable):
+    """The lock store answered but refused the package's command: a configuration
+    problem, not an outage (a wrong password, an ACL user lacking a command or key, a
+    command the server does not have, a Redis older than 6.2, a script error). A worker
+    refuses to start with it; at run time runs wait and each refusal is logged as an
+    error with the server's message.
+    """

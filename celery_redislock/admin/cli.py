@@ -47,6 +47,7 @@ from ..engine.keys import (
     companion_key,
     semaphore_key,
 )
+from ..engine.refusal import eviction_warning
 from ..engine.scan import batches, limit_semaphore_keys, split_key
 from ..errors import RedisLockError
 from ..integration.recovery import limits_of
@@ -335,8 +336,12 @@ def status_row(state: LimitState, rate: Optional[str] = None) -> Dict[str, Any]:
 @click.pass_context
 @_cli_errors
 def status(ctx: click.Context, as_json: bool) -> None:
-    entries = status_entries(_store(ctx))
+    store = _store(ctx)
+    entries = status_entries(store)
     rows = [row for _, row in entries]
+    warning = eviction_warning(store.client)
+    if warning:
+        click.echo(f"WARNING: {warning}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

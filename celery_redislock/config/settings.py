@@ -17,6 +17,18 @@
 ``redislock_fail_open``    ``True`` runs a task *without a slot* when the lock store
                            cannot be reached, instead of re-queueing it (the default,
                            ``False``, fails closed). The limit is then not enforced.
+                           A store that answers but refuses (full, permissions) never
+                           fails open.
+``redislock_signing_key``  Secret (``str`` or ``bytes``, at least 16 bytes) shared by
+                           every worker: the messages that waiting runs park in the lock
+                           store are signed with HMAC-SHA256 under it, and one that fails
+                           the check is dropped, never run. Unset (the default): parked
+                           messages are not signed, are never pickle, and are decoded
+                           only with a serializer of ``accept_content``.
+``redislock_require_noeviction``
+                           ``True``: a worker refuses to start unless the lock store's
+                           ``maxmemory-policy`` is ``noeviction`` (default ``False``:
+                           it logs a warning).
 =========================  ==============================================================
 """
 
@@ -46,6 +58,8 @@ class Settings:
     client: Any = None
     transport_options: Mapping[str, Any] = field(default_factory=dict)
     fail_open: bool = False
+    signing_key: Optional[bytes] = field(default=None, repr=False)
+    require_noeviction: bool = False
 
 
 def read_settings(app: Any) -> Settings:
@@ -75,9 +89,33 @@ def read_settings(app: Any) -> Settings:
         raise LockConfigurationError(
             f"setting redislock_fail_open must be True or False, not {fail_open!r}"
         )
+    require_noeviction = conf.get("redislock_require_noeviction", False)
+    if not isinstance(require_noeviction, bool):
+        raise LockConfigurationError("setting redislock_require_noeviction must be True or "
+                                     f"False, not {require_noeviction!r}")
     return Settings(url=url, prefix=prefix, enabled=enabled,
                     client=conf.get("redislock_client"), transport_options=options,
-                    fail_open=fail_open)
+                    fail_open=fail_open, signing_key=_signing_key(conf),
+                    require_noeviction=require_noeviction)
+
+
+#: The shortest signing key accepted (bytes).
+MIN_SIGNING_KEY = 16
+
+
+def _signing_key(conf: Any) -> Optional[bytes]:
+    """``redislock_signing_key`` as bytes, or None when unset."""
+    key = conf.get("redislock_signing_key")
+    if key is None or key == "" or key == b"":
+        return None
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, bytes) or len(key) < MIN_SIGNING_KEY:
+        raise LockConfigurationError(
+            f"setting redislock_signing_key must be a str or bytes of at least "
+            f"{MIN_SIGNING_KEY} bytes (e.g. secrets.token_hex(32)), not a "
+            f"{type(key).__name__} of {len(key) if isinstance(key, bytes) else '?'} bytes")
+    return key
 
 
 def _lock_store_of(conf: Any) -> Tuple[Any, Any]:

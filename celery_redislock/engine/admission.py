@@ -22,6 +22,7 @@ from .channel import channel_for
 from .holder import holder_member
 from .keys import LINE, companion_key, rate_key, semaphore_key
 from .rate import Rate
+from .refusal import describe_error
 from .scripts import ADMIT, REFUND, RELEASE, RENEW, WAKE, by_hash_slot, is_cluster
 
 logger = logging.getLogger(__name__)
@@ -207,9 +208,9 @@ class Lease:
                 on_handoffs(messages)
         except RedisError as exc:
             logger.warning(
-                "celery-redislock: the release of %r by holder %s failed (%r); its slot "
+                "celery-redislock: the release of %r by holder %s failed (%s); its slot "
                 "comes back when its lease ends, within %.0f s",
-                self.name, self.token, exc, self.lease_seconds,
+                self.name, self.token, describe_error(exc), self.lease_seconds,
             )
 
     def _release_uncontended(self) -> bool:

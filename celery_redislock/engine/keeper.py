@@ -34,6 +34,7 @@ from typing import Callable, Dict, List, Optional
 
 from .admission import Lease
 from .channel import oldest_unsettled, settle_all, unsettled, when_unsettled
+from .refusal import describe_error
 
 logger = logging.getLogger(__name__)
 
@@ -170,8 +171,8 @@ class LeaseKeeper:
                 return
             retry_in = min(1.0, lease.lease_seconds / 10)
             logger.warning(
-                "celery-redislock: could not renew the lease on %r of holder %s (%r); "
-                "retrying in %.1f s", lease.name, lease.token, exc, retry_in,
+                "celery-redislock: could not renew the lease on %r of holder %s (%s); "
+                "retrying in %.1f s", lease.name, lease.token, describe_error(exc), retry_in,
             )
             self._reschedule(entry, started + retry_in)
             return

@@ -3,6 +3,13 @@
 Each script is sent once per connection pool with ``EVALSHA``; when the server does not
 know it yet (first use, or after a restart or ``SCRIPT FLUSH``) it is sent whole with
 ``EVAL``, which also caches it. Either way one call is one round trip.
+
+On Redis 7 and later each script declares its flags (a ``#!lua`` first line): a script
+that writes is then refused whole, with ``OOM``, when the server is full under
+``noeviction``. Without flags Redis lets a script write past ``maxmemory`` once its
+first write was a deletion (which every script here starts with), so a full store
+would keep growing. Redis 6.2 does not know the ``#!lua`` line: on the first such
+refusal the connection pool is marked and gets the scripts without it.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from typing import Any, Dict, List, Sequence
 
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .channel import channel_for
 
@@ -27,28 +34,47 @@ class LuaScript:
         released = script.run(client, keys=[semaphore], args=[member])
     """
 
-    def __init__(self, name: str, source: str) -> None:
+    def __init__(self, name: str, source: str, flags: str = "") -> None:
         self.name = name
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        #: For Redis 7 and later: with its flags declared (none: it may write, and is
+        #: refused whole when the server is out of memory).
+        self.source = f"#!lua flags={flags}\n{source}" if flags else f"#!lua\n{source}"
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        #: For Redis 6.2, which does not know flags.
+        self.plain_source = source
+        self.plain_sha = hashlib.sha1(source.encode()).hexdigest()
 
     @classmethod
-    def load(cls, filename: str, *, after: Sequence[str] = ()) -> LuaScript:
+    def load(cls, filename: str, *, after: Sequence[str] = (), flags: str = "") -> LuaScript:
         """The script in ``lua/<filename>``, with the files named in ``after`` (shared
         functions) put in front of it."""
         folder = resources.files(__package__).joinpath("lua")
         parts = [folder.joinpath(name).read_text("utf-8") for name in (*after, filename)]
-        return cls(filename, "\n".join(parts))
+        return cls(filename, "\n".join(parts), flags)
 
     def run(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script on ``client`` (a redis-py client, or a cluster client when every
         key is in one hash slot)."""
         channel = channel_for(client)
         call = channel.call if channel is not None else client.execute_command
+        holder = getattr(client, "connection_pool", client)
+        plain = getattr(holder, _PLAIN, False)
         try:
-            return call("EVALSHA", self.sha, len(keys), *keys, *args)
+            return call("EVALSHA", self.plain_sha if plain else self.sha, len(keys), *keys,
+                        *args)
         except NoScriptError:
-            return call("EVAL", self.source, len(keys), *keys, *args)
+            try:
+                return call("EVAL", self.plain_source if plain else self.source, len(keys),
+                            *keys, *args)
+            except ResponseError as exc:
+                if plain or "Error compiling script" not in str(exc):
+                    raise
+                setattr(holder, _PLAIN, True)  # Redis before 7: no flags
+                return call("EVAL", self.plain_source, len(keys), *keys, *args)
+
+
+#: Marks a connection pool (or cluster client) whose server does not know script flags.
+_PLAIN = "_redislock_plain_scripts"
 
 
 ADMIT = LuaScript.load("admit.lua", after=["line.lua"])
@@ -59,8 +85,8 @@ ENQUEUE = LuaScript.load("enqueue.lua", after=["line.lua"])
 WAKE = LuaScript.load("wake.lua", after=["line.lua"])
 LEAVE_LINE = LuaScript.load("leave_line.lua", after=["line.lua"])
 REFUND = LuaScript.load("refund.lua")
-HOLDERS = LuaScript.load("holders.lua")
-AVAILABLE = LuaScript.load("available.lua", after=["line.lua"])
+HOLDERS = LuaScript.load("holders.lua", flags="no-writes")
+AVAILABLE = LuaScript.load("available.lua", after=["line.lua"], flags="no-writes")
 
 
 def is_cluster(client: Any) -> bool:

@@ -37,7 +37,14 @@ from ..engine.admission import (
 from ..engine.channel import settle_all
 from ..engine.holder import parse_holder
 from ..engine.keeper import lease_keeper
-from ..errors import LockStoreUnavailable, LockWaitTimeout
+from ..engine.refusal import (
+    TRANSIENT,
+    describe_error,
+    error_kind,
+    is_transient,
+    server_message,
+)
+from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable, LockWaitTimeout
 from . import handoff, signals
 from .waiting import SHORT_WAIT, WAIT_HEADER, describe, requeue, wait_state
 
@@ -199,19 +206,16 @@ def _first_outcome(attempt: _Attempt) -> Any:
         return attempt.admit()
     except RedisError as exc:
         names = _names(attempt.limiters)
-        if attempt.setup.settings.fail_open:
-            logger.warning("celery-redislock: task %s[%s] runs WITHOUT A SLOT of %s: the lock "
-                           "store is unreachable (%r) and redislock_fail_open is set",
-                           task.name, request.id, names, exc)
+        if attempt.setup.settings.fail_open and is_transient(exc):
+            logger.warning("celery-redislock: task %s[%s] runs WITHOUT A SLOT of %s: %s, and "
+                           "redislock_fail_open is set", task.name, request.id, names,
+                           describe_error(exc))
             return _WITHOUT_SLOT
+        report_store_error(task, request.id, names, exc)
         if attempt.eager:
-            raise LockStoreUnavailable(
-                f"Task {task.name!r}: the lock store is unreachable: {exc}"
-            ) from exc
+            raise eager_store_error(task.name, exc) from exc
         # Fail closed: never run unlimited, never drop the task; ask again later (the
         # deferral is logged once at INFO; the worker said at start where the store is).
-        logger.debug("celery-redislock: task %s[%s]: lock store unreachable for %s (%r)",
-                     task.name, request.id, names, exc)
         return None
 
 
@@ -228,8 +232,9 @@ def _lease_or_wait(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, 
     if isinstance(outcome, RateLimited) and not attempt.eager:
         try:
             outcome = _wait_briefly_for_start(attempt, outcome)
-        except RedisError:
-            outcome = None  # the lock store went away: ask again later, as above
+        except RedisError as exc:
+            report_store_error(task, request.id, _names(attempt.limiters), exc)
+            outcome = None  # ask again later, as above
         _end_if_another_copy_runs(attempt, outcome)
     if isinstance(outcome, Lease):
         return outcome
@@ -378,6 +383,39 @@ def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequenc
     return outcome
 
 
+def report_store_error(task: Any, task_id: Any, names: str, exc: BaseException) -> None:
+    """Log a failed call to the lock store for a run, by what it means, with the server's
+    message, and send ``lock_store_error``. An outage is logged at DEBUG (the worker said
+    at start where the store is), a fail-over or a server loading its data is a warning:
+    runs wait for them. A full store or a refusal is an
+    error: it will not pass by itself."""
+    kind = error_kind(exc)
+    if kind == "unreachable":  # the worker said at start where the store is; the
+        logger.debug("celery-redislock: task %s[%s]: %s, for %s",  # deferral is at INFO
+                     task.name, task_id, describe_error(exc), names)
+    elif kind in TRANSIENT:
+        logger.warning("celery-redislock: task %s[%s]: %s, for %s; it waits as for an outage",
+                       task.name, task_id, describe_error(exc), names)
+    else:
+        logger.error("celery-redislock: task %s[%s]: %s, for %s; the run waits (never run "
+                     "without its limit) until this is fixed", task.name, task_id,
+                     describe_error(exc), names)
+    signals.lock_store_error.send(sender=task, task_id=task_id, key=names, kind=kind,
+                                  message=server_message(exc))
+
+
+def eager_store_error(task_name: str, exc: BaseException) -> LockStoreUnavailable:
+    """The exception an eager run raises for a failed call to the lock store."""
+    kind = error_kind(exc)
+    if kind == "full":
+        return LockStoreFull(f"Task {task_name!r}: the lock store is full: "
+                             f"{server_message(exc)}")
+    if kind in TRANSIENT:
+        return LockStoreUnavailable(f"Task {task_name!r}: the lock store is unreachable: "
+                                    f"{server_message(exc)}")
+    return LockStoreRefused(f"Task {task_name!r}: {describe_error(exc)}")
+
+
 def _names(limiters: Sequence[Any]) -> str:
     return ", ".join(repr(limiter.name) for limiter in limiters)
 
@@ -408,10 +446,13 @@ def give_back(task: Any, lease: Lease, request: Any,
             lease.release_soon(publish, with_next_request=unnoticed)
     except RedisError as exc:
         logger.warning(
-            "celery-redislock: task %s[%s] could not release its slot of %r (%r); the slot "
+            "celery-redislock: task %s[%s] could not release its slot of %r (%s); the slot "
             "comes back when its lease ends, within %.0f s",
-            task.name, request.id, lease.name, exc, lease.lease_seconds,
+            task.name, request.id, lease.name, describe_error(exc), lease.lease_seconds,
         )
+        if not is_transient(exc):
+            signals.lock_store_error.send(sender=task, task_id=request.id, key=lease.name,
+                                          kind=error_kind(exc), message=server_message(exc))
     else:
         logger.debug("celery-redislock: task %s[%s] released %r", task.name, request.id,
                      lease.name)

@@ -34,16 +34,21 @@ This module builds tickets and messages and re-publishes them; the Lua scripts
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import logging
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from celery import signature as make_signature
-from kombu.serialization import dumps, loads
+from kombu.serialization import dumps, loads, prepare_accept_content
 
 from ..config.settings import read_settings, redis_client
+from ..engine.keys import companion_key
 from ..engine.scripts import ENQUEUE, LEAVE_LINE, WAKE
+from . import signals
 
 logger = logging.getLogger(__name__)
 
@@ -74,26 +79,98 @@ def reservation_ms(lease: float) -> int:
 
 
 
-def pack_message(signature: Any, serializer: str) -> str:
-    """A task signature as text for the line: serialized as the task's messages are.
+#: The first line of a signed parked message: this, then the HMAC-SHA256 (hex).
+SIGNATURE_MARK = "hmac-sha256:"
+
+#: Content types never decoded from the lock store without a valid signature.
+UNSAFE_CONTENT = frozenset({"application/x-python-serialize"})
+
+
+class RejectedEntry(Exception):
+    """A parked message that failed its check: unsigned or wrongly signed while a
+    signing key is set, or in a content type the app does not accept."""
+
+
+@dataclass(frozen=True)
+class Trust:
+    """How parked messages are written and checked for one app: the signing key (or
+    None) and the content types they may be decoded from (the app's
+    ``accept_content``; without a key, never pickle)."""
+
+    key: Optional[bytes]
+    accept: FrozenSet[str]
+
+    @classmethod
+    def of(cls, app: Any) -> Trust:
+        key = read_settings(app).signing_key
+        accept = frozenset(prepare_accept_content(app.conf.accept_content or ["json"]))
+        return cls(key, accept if key is not None else accept - UNSAFE_CONTENT)
+
+
+def pack_message(signature: Any, serializer: str, key: Optional[bytes] = None) -> Optional[str]:
+    """A task signature as text for the line: serialized as the task's messages are,
+    and signed with ``key`` if one is given. Without a key a pickle message is parked
+    as JSON instead (None if it cannot be: the run then waits on its countdown).
 
         >>> from celery import Signature
         >>> unpack_message(pack_message(Signature("t", (1,)), "json"))["args"]
         [1]
     """
-    content_type, encoding, body = dumps(dict(signature), serializer=serializer)
+    if key is None and serializer in ("pickle", *UNSAFE_CONTENT):
+        serializer = "json"
+    try:
+        content_type, encoding, body = dumps(dict(signature), serializer=serializer)
+    except Exception:  # not JSON-serializable: no hand-off for this run
+        return None
     if isinstance(body, bytes):
-        return f"{content_type}\n{encoding}\nb64\n{base64.b64encode(body).decode()}"
-    return f"{content_type}\n{encoding}\ntext\n{body}"
+        text = f"{content_type}\n{encoding}\nb64\n{base64.b64encode(body).decode()}"
+    else:
+        text = f"{content_type}\n{encoding}\ntext\n{body}"
+    if key is None:
+        return text
+    return f"{SIGNATURE_MARK}{_mac(key, text)}\n{text}"
 
 
-def unpack_message(message: Any) -> Mapping[str, Any]:
-    """The signature dict of a message written by :func:`pack_message`."""
+def _mac(key: bytes, text: str) -> str:
+    return hmac.new(key, text.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
+
+
+def where_from(message: Any) -> Tuple[str, str]:
+    """Where a handed-over message was read (``"<hash key> m:<ticket>"``, or "" when
+    the script did not say) and the message itself."""
     if isinstance(message, bytes):
-        message = message.decode()
-    content_type, encoding, form, body = message.split("\n", 3)
+        message = message.decode("utf-8", "surrogateescape")
+    if message.startswith("@"):
+        where, _, message = message.partition("\n")
+        return where[1:], message
+    return "", message
+
+
+def unpack_message(message: Any, trust: Optional[Trust] = None) -> Mapping[str, Any]:
+    """The signature dict of a message written by :func:`pack_message`, checked against
+    ``trust`` (default: no key, JSON only). Raises :class:`RejectedEntry` when the
+    message fails the check; it is then never decoded."""
+    trust = trust or Trust(None, frozenset({"application/json"}))
+    _, text = where_from(message)
+    if text.startswith(SIGNATURE_MARK):
+        mark, _, text = text.partition("\n")
+        if trust.key is not None and not hmac.compare_digest(
+                mark[len(SIGNATURE_MARK):], _mac(trust.key, text)):
+            raise RejectedEntry("its signature does not match redislock_signing_key")
+    elif trust.key is not None:
+        raise RejectedEntry("it is not signed, and redislock_signing_key is set")
+    try:
+        content_type, encoding, form, body = text.split("\n", 3)
+    except ValueError:
+        raise RejectedEntry("it is not a parked message") from None
+    if content_type not in trust.accept:
+        raise RejectedEntry(f"its content type {content_type!r} is not accepted "
+                            f"(accept_content{'' if trust.key else ', never pickle unsigned'})")
     data: Any = base64.b64decode(body) if form == "b64" else body
-    return loads(data, content_type, encoding, accept={content_type})
+    fields = loads(data, content_type, encoding, accept=trust.accept)
+    if not isinstance(fields, dict) or not isinstance(fields.get("task"), str):
+        raise RejectedEntry("it does not hold a task signature")
+    return fields
 
 
 def waiter_record(task_name: str, task_id: str, worker: Optional[str], since_ms: int) -> str:
@@ -131,13 +208,25 @@ def publish(app: Any, messages: Iterable[Any]) -> int:
     """Re-publish the messages of waiters that were handed a slot; returns how many went.
 
     A message that cannot be sent is logged and left: its reservation lapses and its
-    waiting copy comes back on its own countdown.
+    waiting copy comes back on its own countdown. A message that fails its check (see
+    :func:`unpack_message`) is never decoded nor run: it is logged as an error naming
+    where it was read, counted (signal ``lock_store_error``, kind ``rejected_entry``)
+    and taken out of its line. A real run's waiting copy is still in the broker, so no
+    task is lost by it.
     """
+    messages = list(messages)
+    if not messages:
+        return 0
+    trust = Trust.of(app)
     sent = 0
     for message in messages:
         fields: Dict[str, Any] = {}
         try:
-            fields = dict(unpack_message(message))
+            fields = dict(unpack_message(message, trust))
+        except Exception as exc:
+            _reject(app, message, exc)
+            continue
+        try:
             _new_copy(fields)
             make_signature(fields, app=app).apply_async()
             sent += 1
@@ -147,6 +236,25 @@ def publish(app: Any, messages: Iterable[Any]) -> int:
                            fields.get("task"), (fields.get("options") or {}).get("task_id"),
                            exc)
     return sent
+
+
+def _reject(app: Any, message: Any, exc: Exception) -> None:
+    """Log, count and drop a parked message that failed its check."""
+    where, _ = where_from(message)
+    reason = str(exc) if isinstance(exc, RejectedEntry) else f"it cannot be decoded: {exc!r}"
+    logger.error("celery-redislock: dropped the parked message %s from the lock store, never "
+                 "run: %s. Someone who can write to the lock store may have put it there "
+                 "(or the workers do not share one redislock_signing_key)",
+                 where or "(place unknown)", reason)
+    signals.lock_store_error.send(sender=app, task_id=None, key=where or None,
+                                  kind="rejected_entry", message=reason)
+    hash_key, _, field = where.partition(" m:")
+    if hash_key and field:
+        try:
+            LEAVE_LINE.run(redis_client(app), [companion_key(hash_key, "s")], [field])
+        except Exception as drop_error:  # it lapses with its ticket's time
+            logger.warning("celery-redislock: could not take %s out of its line: %r",
+                           where, drop_error)
 
 
 def _new_copy(fields: Dict[str, Any]) -> None:

@@ -11,10 +11,9 @@ there are any.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, NoReturn, Optional
+from typing import Any, Callable, Dict, Optional
 
 from celery import bootsteps
-from celery.exceptions import WorkerShutdown
 
 from ..config.limit import TaskLimits
 from ..config.limits_setting import (
@@ -26,6 +25,7 @@ from ..config.limits_setting import (
 )
 from .execution import run_limited
 from .recovery import DEFAULT_REQUEST, LIMITED_REQUEST
+from .startup import CheckLockStoreAtStart, refuse_to_start
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ def install(app: Any) -> None:
     app.conf.task_annotations = [*current, annotation]
     app.__dict__.pop("annotations", None)  # Celery caches the prepared annotations
     app.steps["worker"].add(CheckLimitsAtStart)
+    app.steps["worker"].add(CheckLockStoreAtStart)
     if app.finalized:
         for task in list(app._tasks.values()):
             annotation.apply_to(type(task))
@@ -127,15 +128,3 @@ class CheckLimitsAtStart(bootsteps.Step):
         if problems:
             refuse_to_start(problems)
         super().__init__(worker, **kwargs)
-
-
-def refuse_to_start(problems: List[str]) -> NoReturn:
-    """Stop a starting worker with one log line per problem and no traceback.
-
-    ``WorkerShutdown`` is a ``SystemExit``: the worker exits with status 1 before its
-    banner, and neither Celery nor Python prints a traceback for it.
-    """
-    for problem in problems:
-        logger.critical("celery-redislock: worker not started: %s",
-                        " ".join(problem.split()))
-    raise WorkerShutdown(1)

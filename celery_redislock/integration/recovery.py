@@ -35,9 +35,11 @@ from ..config.settings import read_settings, redis_client
 from ..engine.admission import SlotLimit, owner_prefix
 from ..engine.holder import parse_holder
 from ..engine.reach import unreachable_reason
+from ..engine.refusal import error_text
 from ..engine.scan import batches, semaphore_keys
 from ..engine.scripts import RELEASE_OWNER, by_hash_slot
 from . import handoff
+from .startup import CheckLockStoreAtStart
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +138,8 @@ def _free_after_exit(pids: List[int], lease: float, free: Any, what: str) -> Non
     try:
         freed = free()
     except Exception as exc:
-        logger.warning("celery-redislock: could not free the slots of %s: %r", what, exc)
+        logger.warning("celery-redislock: could not free the slots of %s: %s", what,
+                       error_text(exc))
         return
     if freed:
         logger.info("celery-redislock: freed %d slot(s) of %s once its process exited",
@@ -176,6 +179,7 @@ def _forget_previous_life(sender: Any = None, **_: Any) -> None:
     except Exception as exc:  # never stop a worker from starting over this
         logger.warning("celery-redislock: could not look at the tasks of %s: %r", worker, exc)
         return
+    app.steps["worker"].add(CheckLockStoreAtStart)  # runs as the worker's blueprint is made
     atexit.register(_free_what_is_left, app, worker, os.getpid())
     _free_worker_slots_saying(app, worker, AT_START)
 
@@ -197,8 +201,8 @@ def _free_worker_slots_saying(app: Any, worker: str, whose: str) -> None:
                            unreachable_reason(redis_client(app), exc))
         return
     except Exception as exc:
-        logger.warning("celery-redislock: could not free the slots %s %s: %r",
-                       whose, worker, exc)
+        logger.warning("celery-redislock: could not free the slots %s %s: %s",
+                       whose, worker, error_text(exc))
         return
     if freed:
         logger.warning("celery-redislock: freed %d slot(s) %s %s", freed, whose, worker)
@@ -221,8 +225,9 @@ def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str
     try:
         freed = free_run_slots(task, task_id, args, kwargs, worker)
     except Exception as exc:
-        logger.warning("celery-redislock: could not free the slots of %s[%s] (%s): %r; they "
-                       "come back when their leases end", task.name, task_id, why, exc)
+        logger.warning("celery-redislock: could not free the slots of %s[%s] (%s): %s; they "
+                       "come back when their leases end", task.name, task_id, why,
+                       error_text(exc))
         return
     if freed:
         logger.info("celery-redislock: freed %d slot(s) of %s[%s] (%s)",
@@ -300,7 +305,7 @@ def _leave_lines(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
             handoff.leave_line(client, group, task_id)
     except Exception as exc:  # a revoke must never fail because of this
         logger.warning("celery-redislock: could not take revoked task %s out of its waiting "
-                       "line: %r", task_id, exc)
+                       "line: %s", task_id, error_text(exc))
 
 
 def _free_what_is_left(app: Any, worker: str, main_pid: int) -> None:

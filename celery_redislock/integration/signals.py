@@ -19,6 +19,14 @@ Connect to them like Celery's own signals; ``sender`` is the task::
 ``lock_released``   a run gave its slots back: ``task_id``, ``lease``, ``held`` (s)
 ``lease_lost``      a renewal found a running task's lease gone: ``task_id``,
                     ``lease``
+``lock_store_error`` the lock store refused or failed a call, or held a parked
+                    message that failed its check: ``task_id`` (None if no run),
+                    ``key`` (the Redis key or limit concerned, or None), ``kind``
+                    (``full``, ``readonly``, ``loading``, ``auth``,
+                    ``permission``, ``unknown_command``, ``script``,
+                    ``rejected_entry``), ``message`` (the server's, or why the
+                    entry was rejected). ``sender`` is the task, or the app when
+                    no task is concerned (a hand-off by an operator)
 ==================  ===========================================================
 
 Receivers run inside the task's process; Celery logs and swallows their exceptions.
@@ -37,3 +45,6 @@ rate_limited = Signal(
 )
 lock_released = Signal(name="lock_released", providing_args={"task_id", "lease", "held"})
 lease_lost = Signal(name="lease_lost", providing_args={"task_id", "lease"})
+lock_store_error = Signal(
+    name="lock_store_error", providing_args={"task_id", "key", "kind", "message"}
+)

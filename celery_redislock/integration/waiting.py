@@ -25,8 +25,10 @@ from celery.exceptions import Ignore
 from redis.exceptions import RedisError
 
 from ..config.retry import RetryPolicy
+from ..config.settings import read_settings
 from ..engine.admission import Busy, Paused, RateLimited
 from ..engine.keys import SEMAPHORE_MARK
+from ..engine.refusal import describe_error, error_kind, server_message
 from ..errors import LockWaitTimeout
 from . import handoff, signals
 from .handoff import WAIT_HEADER
@@ -229,7 +231,8 @@ def _join_line(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str
                headers: Dict[str, Any], refusal: Union[Busy, Paused], client: Any, ticket: str,
                since: int, keep_ms: int, reserve_ms: int) -> list:
     """Put the run in the semaphore's waiting line, with the express copy of its message
-    to hand a freed slot to; the hand-offs the line made meanwhile, to publish."""
+    to hand a freed slot to (signed with the app's ``redislock_signing_key`` if it has
+    one); the hand-offs the line made meanwhile, to publish."""
     wait = headers[WAIT_HEADER]
     express = task.signature_from_request(
         request, args, kwargs,
@@ -238,18 +241,28 @@ def _join_line(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str
     )
     express.options.pop("countdown", None)
     express.options.pop("eta", None)
+    settings = getattr(task, "_redislock_settings", None) or read_settings(task._get_app())
+    message = handoff.pack_message(express, task.serializer or task.app.conf.task_serializer,
+                                   settings.signing_key)
+    if message is None:
+        logger.warning("celery-redislock: task %s[%s] is serialized with pickle and cannot "
+                       "be parked as JSON; with no redislock_signing_key it does not join "
+                       "the waiting line of %r and comes back on its countdown", task.name,
+                       request.id, refusal.name)
+        return []
     try:
         _, handoffs = handoff.join_line(
             client, refusal.key, ticket, since,
             handoff.waiter_record(task.name, request.id, request.hostname, since),
-            handoff.pack_message(express, task.serializer or task.app.conf.task_serializer),
-            keep_ms=keep_ms, reserve_ms=reserve_ms,
+            message, keep_ms=keep_ms, reserve_ms=reserve_ms,
         )
     except RedisError as exc:
         # The copy sent back carries the run; it joins the line next time.
         logger.warning("celery-redislock: task %s[%s] could not join the waiting line of "
-                       "%r (%r); it comes back on its countdown", task.name, request.id,
-                       refusal.name, exc)
+                       "%r (%s); it comes back on its countdown", task.name, request.id,
+                       refusal.name, describe_error(exc))
+        signals.lock_store_error.send(sender=task, task_id=request.id, key=refusal.name,
+                                      kind=error_kind(exc), message=server_message(exc))
         return []
     return list(handoffs)
 

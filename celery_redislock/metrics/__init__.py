@@ -95,10 +95,15 @@ COUNTDOWN = MetricSpec("countdown_seconds", "histogram",
                        "slots, rate, paused or unreachable.",
                        labels=("task", "limit", "cause"), buckets=COUNTDOWN_BUCKETS)
 HOLDING = MetricSpec("holding", "gauge", "Runs holding their slots now.")
+STORE_ERRORS = MetricSpec("lock_store_errors_total", "counter",
+                          "Calls the lock store refused or failed, by kind (full, readonly, "
+                          "loading, auth, permission, unknown_command, script), and parked "
+                          "messages dropped because they failed their check "
+                          "(rejected_entry).", labels=("task", "kind"))
 
 #: Every metric recorded, in the order they are documented.
 METRICS: Tuple[MetricSpec, ...] = (ACQUISITIONS, CONTENTIONS, RATE_LIMITED, LEASES_LOST,
-                                   WAIT, HOLD, COUNTDOWN, HOLDING)
+                                   WAIT, HOLD, COUNTDOWN, HOLDING, STORE_ERRORS)
 
 
 # --- where the numbers go -------------------------------------------------------------
@@ -394,6 +399,7 @@ class MetricsRecorder:
             (signals.lock_contended, self.on_contended),
             (signals.rate_limited, self.on_rate_limited),
             (signals.lease_lost, self.on_lease_lost),
+            (signals.lock_store_error, self.on_lock_store_error),
         ]
         self._label_failed = False
 
@@ -472,6 +478,14 @@ class MetricsRecorder:
         if not self._mine(sender):
             return
         self.sink.inc(LEASES_LOST, self.labels(sender, getattr(lease, "name", "")))
+
+
+    def on_lock_store_error(self, sender: Any = None, kind: str = "", **_: Any) -> None:
+        is_app = hasattr(sender, "send_task")  # no task concerned: the app sent it
+        if not (self.app in (None, sender) if is_app else self._mine(sender)):
+            return
+        task = "" if is_app else str(getattr(sender, "name", "") or "")
+        self.sink.inc(STORE_ERRORS, {"task": task, "kind": str(kind or "")})
 
 
 def _holds_slots(lease: Any) -> bool:

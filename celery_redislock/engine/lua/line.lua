@@ -100,7 +100,7 @@ local function hand_over(key, free, now, reserve_ms, me, out)
         local message = redis.call('HGET', wkey, 'm:' .. ticket)
         if message then
           redis.call('ZADD', key, now + reserve_ms, RESERVED .. ticket)
-          out[#out + 1] = message
+          out[#out + 1] = '@' .. wkey .. ' m:' .. ticket .. '\n' .. message
           free = free - 1
         else
           forget_ticket(key, ticket)  -- nothing to re-publish: not a waiter any more
