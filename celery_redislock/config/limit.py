@@ -28,6 +28,7 @@ from ..engine.rate import Rate
 from ..engine.semaphore import DEFAULT_LEASE, check_lease, check_slots
 from ..errors import LockConfigurationError
 from .retry import MIN_COUNTDOWN, RetryPolicy
+from .unique import ONCE_FIELDS, PeriodRule, UniqueRule, once_rules
 
 #: Fields of one limit, and their defaults.
 LIMIT_FIELDS: Mapping[str, Any] = {
@@ -48,7 +49,8 @@ RETRY_FIELDS: Mapping[str, Any] = {
 
 #: The task options of :class:`~celery_redislock.LimitedTask`, with their defaults.
 OPTION_DEFAULTS: Mapping[str, Any] = {
-    f"lock_{name}": default for name, default in {**LIMIT_FIELDS, **RETRY_FIELDS}.items()
+    f"lock_{name}": default
+    for name, default in {**LIMIT_FIELDS, **RETRY_FIELDS, **ONCE_FIELDS}.items()
 }
 
 
@@ -90,6 +92,10 @@ class TaskLimits:
     rules: Tuple[LimitRule, ...]
     retry: RetryPolicy
     source: str
+    #: At most one queued-or-running task per key (``lock_unique``), if set.
+    unique: Optional[UniqueRule] = None
+    #: At most one run per key per period (``lock_period``), if set.
+    period: Optional[PeriodRule] = None
     _constant: Dict[str, List[Limiter]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -143,14 +149,26 @@ class TaskLimits:
                 continue
             problems.extend(_unknown_fields(owner, entry, option_prefix))
             problems.extend(_take_retry_fields(owner, entry, retry_set, option_prefix))
-            rules.append(_rule(problems, owner, task_name, func, entry, default_slots,
-                               option_prefix))
+            if _limits_runs(entry, default_slots):
+                rules.append(_rule(problems, owner, task_name, func, entry, default_slots,
+                                   option_prefix))
         retry_values.update(retry_set)
         retry = _retry_policy(problems, owner, retry_values, option_prefix)
-        if problems or retry is None:
+        valid = [entry for entry in entries if isinstance(entry, Mapping)]
+        once = _checked(problems, once_rules, owner, task_name, func, valid, option_prefix)
+        if problems or retry is None or once is None:
             raise LockConfigurationError.listing(owner, problems)
         return cls(owner=owner, rules=tuple(rule for rule in rules if rule is not None),
-                   retry=retry, source=source)
+                   retry=retry, source=source, unique=once[0], period=once[1])
+
+
+def _limits_runs(entry: Mapping[str, Any], default_slots: Optional[int]) -> bool:
+    """False for a ``redislock_limits`` entry that only makes a task unique or once per
+    period (``{"unique": True}``): it limits no slots nor rate."""
+    if default_slots is not None or entry.get("slots") is not None \
+            or entry.get("rate") is not None:
+        return True
+    return not any(entry.get(name) is not None for name in ("unique", "period"))
 
 
 #: The longest countdown: beyond a Redis broker's default ``visibility_timeout`` (one
@@ -175,7 +193,7 @@ def _checked(problems: List[str], check: Callable[..., _T], *args: Any,
 
 def _unknown_fields(owner: str, entry: Mapping[str, Any], prefix: str) -> List[str]:
     """A problem per unknown field of ``entry``, with the closest known one as a hint."""
-    known = [*LIMIT_FIELDS, *RETRY_FIELDS]
+    known = [*LIMIT_FIELDS, *RETRY_FIELDS, *ONCE_FIELDS]
     word = "option" if prefix else "field"
     problems = []
     for name in sorted((name for name in entry if name not in known), key=repr):

@@ -61,6 +61,7 @@ LEAVE_LINE = LuaScript.load("leave_line.lua", after=["line.lua"])
 REFUND = LuaScript.load("refund.lua")
 HOLDERS = LuaScript.load("holders.lua")
 AVAILABLE = LuaScript.load("available.lua", after=["line.lua"])
+OWNED = LuaScript.load("owned.lua")
 
 
 def is_cluster(client: Any) -> bool:
