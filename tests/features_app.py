@@ -100,7 +100,7 @@ def create_app(urls: AppUrls) -> Celery:
     @app.task(base=LimitedTask, bind=True, shared=False, name=RATED, lock_rate="20/s",
               lock_burst=0, lock_key=RATED_KEY, ignore_result=True)
     def rated(self: Any) -> None:
-        recorder(self.app.conf.features_record_url).run(self.request.id, [RATED_KEY], 0)
+        _run(self, RATED_KEY, 0)
 
     @app.task(bind=True, shared=False, name=PERIODIC_DROP)
     def periodic_drop(self: Any, job: str) -> str:
