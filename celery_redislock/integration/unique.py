@@ -1,4 +1,4 @@
-"""Unique tasks at enqueue (``lock_unique``) and at most one run per period (``lock_period``).
+"""Unique tasks at enqueue (``lock_unique``), and the run of a task with task-wide options.
 
 **Unique.** While a task with the same key is queued or running, sending it again does
 not enqueue a second one: the send returns the queued task's ``AsyncResult``
@@ -17,10 +17,8 @@ id still owns it) when the body ends however it ends — except by the task's ow
     first = build_report.delay(7)
     assert build_report.delay(7).id == first.id      # while it is queued or running
 
-**Period.** A run that starts takes the key ``<name>`` for ``lock_period`` on the Redis
-server's clock (``SET NX PX``); a run of another task id within that period is dropped
-(its state ``IGNORED``) or, with ``lock_period_mode="defer"``, sent back to the queue to
-come back when the period ends.
+The run side also checks ``lock_period`` (see :mod:`.period`): :func:`run_task` is what
+a limited task's ``__call__`` runs.
 """
 
 from __future__ import annotations
@@ -30,27 +28,23 @@ import datetime
 import logging
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from celery import states
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Retry
 from celery.signals import task_revoked
 from kombu.utils.uuid import uuid
 from redis.exceptions import RedisError
 
 from ..config.limit import TaskLimits
 from ..config.settings import redis_client
-from ..config.unique import PeriodRule, UniqueRule
+from ..config.unique import UniqueRule
 from ..engine.keeper import lease_keeper
-from ..engine.keys import period_key, unique_key
+from ..engine.keys import unique_key
 from ..engine.owned import OwnedLease
 from ..errors import AlreadyQueued, LockStoreUnavailable
 from .execution import run_limited, task_settings
+from .period import Deferred, check_period
 from .waiting import WAIT_HEADER
 
 logger = logging.getLogger(__name__)
-
-#: How long a deferred run waits beyond the end of the period (s): the broker's delay.
-DEFER_MARGIN = 0.05
-
 
 def _client(task: Any) -> Any:
     client = task.__dict__.get("_redislock_owned_client")
@@ -140,9 +134,15 @@ def run_task(task: Any, limits: TaskLimits, args: Sequence[Any], kwargs: Mapping
 
 def _guarded(task: Any, limits: TaskLimits, args: Sequence[Any], kwargs: Mapping[str, Any],
              body: Callable[[], Any], request: Any) -> Callable[[], Any]:
+    period = limits.period
+    if period is not None:
+        unchecked = body
+
+        def body() -> Any:
+            check_period(task, period, args, kwargs, request)
+            return unchecked()
+
     def guarded() -> Any:
-        if limits.period is not None:
-            _check_period(task, limits.period, args, kwargs, request)
         if limits.unique is None:
             return body()
         return _hold_unique(task, limits, args, kwargs, body, request)
@@ -153,7 +153,8 @@ def _guarded(task: Any, limits: TaskLimits, args: Sequence[Any], kwargs: Mapping
 def _hold_unique(task: Any, limits: TaskLimits, args: Sequence[Any],
                  kwargs: Mapping[str, Any], body: Callable[[], Any], request: Any) -> Any:
     """Hold the unique lock on the run's lease while ``body`` runs; give it up after,
-    unless the body retried itself (its re-send took the lock for the queue)."""
+    unless the run was sent again (its own ``self.retry()``, or deferred to the end of its
+    period): its re-send took the lock for the queue, which it keeps."""
     assert limits.unique is not None
     settings = task_settings(task)
     name = limits.unique.key.render(args, kwargs)
@@ -172,71 +173,34 @@ def _hold_unique(task: Any, limits: TaskLimits, args: Sequence[Any],
                        task.name, request.id, name, exc)
     if kept:
         lease_keeper().keep(lock)
-    retried: Optional[Retry] = None
+    queued_again: Optional[float] = None
     try:
         return body()
     except Retry as exc:
-        retried = exc
+        when = exc.when
+        queued_again = _delay_of({"eta": when} if isinstance(when, datetime.datetime)
+                                 else {"countdown": when})
+        raise
+    except Deferred as exc:
+        queued_again = exc.countdown
         raise
     finally:
         if kept:
             lease_keeper().forget(lock)
-            _let_go(task, lock, limits.unique.queue_lease, retried)
+            _let_go(task, lock, limits.unique.queue_lease, queued_again)
 
 
-def _let_go(task: Any, lock: OwnedLease, queue_lease: float, retried: Optional[Retry]) -> None:
+def _let_go(task: Any, lock: OwnedLease, queue_lease: float,
+            queued_again: Optional[float]) -> None:
     try:
-        if retried is None:
+        if queued_again is None:
             lock.release()
         else:
-            when = retried.when
-            delay = _delay_of({"countdown": when} if not isinstance(when, datetime.datetime)
-                              else {"eta": when})
-            lock.renew(queue_lease + delay)  # queued again, for its retry
+            lock.renew(queue_lease + queued_again)  # queued again, with this countdown
     except RedisError as exc:
         logger.warning("celery-redislock: task %s[%s] could not give up its unique key %r "
                        "(%r); it runs out within %.0f s", task.name, lock.owner, lock.name,
                        exc, lock.lease_seconds)
-
-
-def _check_period(task: Any, rule: PeriodRule, args: Sequence[Any],
-                  kwargs: Mapping[str, Any], request: Any) -> None:
-    """Let the run go on if no other run of its key started within the period; else drop
-    it (``IGNORED``) or send it back to the queue until the period ends (``defer``)."""
-    settings = task_settings(task)
-    name = rule.key.render(args, kwargs)
-    mark = OwnedLease(_client(task), period_key(name, settings.prefix), name,
-                      request.id or "", rule.period)
-    try:
-        found = mark.once()
-    except RedisError as exc:
-        if settings.fail_open or request.is_eager:
-            logger.warning("celery-redislock: task %s[%s] runs without checking its period "
-                           "of %r (%r)", task.name, request.id, name, exc)
-            return
-        _send_back(task, request, args, kwargs, 1.0)
-        raise Ignore() from exc
-    if found is None:
-        return
-    other, left = found
-    if rule.mode == "defer" and not request.is_eager:
-        _send_back(task, request, args, kwargs, left + DEFER_MARGIN)
-        logger.info("celery-redislock: task %s[%s] deferred %.2f s: %s ran %r within its "
-                    "period", task.name, request.id, left, other, name)
-        raise Ignore()
-    logger.info("celery-redislock: task %s[%s] dropped: %s ran %r within its period (%.2f s "
-                "left)", task.name, request.id, other, name, left)
-    if not request.is_eager and not task.ignore_result:
-        task.backend.store_result(
-            request.id, {"dropped": name, "ran": other, "period_left": left},
-            states.IGNORED, request=request)
-    raise Ignore()
-
-
-def _send_back(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
-               countdown: float) -> None:
-    task.signature_from_request(request, args, kwargs, countdown=countdown,
-                                retries=request.retries).apply_async()
 
 
 @task_revoked.connect
