@@ -28,6 +28,7 @@ RATED = "features_app.rated"
 RATED_KEY = "rated"
 PERIODIC_DROP = "features_app.periodic_drop"
 PERIODIC_DEFER = "features_app.periodic_defer"
+UNIQUE_PERIOD = "features_app.unique_period"
 
 #: Small countdowns when every slot is taken, so that the tests run fast.
 FAST_RETRY = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
@@ -113,6 +114,12 @@ def create_app(urls: AppUrls) -> Celery:
     def periodic_defer(self: Any, job: str) -> str:
         """At most once per 2 s per job; later runs wait for the end of the period."""
         return _run(self, f"defer:{job}", 0)
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=UNIQUE_PERIOD, lock_unique=True,
+              lock_period="60s", lock_key="up:{job}", lock_slots=5)
+    def unique_period(self: Any, job: str) -> str:
+        """Unique while queued or running, and at most once a minute per job."""
+        return _run(self, f"up:{job}", 0)
 
     celery_redislock.install(app)
     return app

@@ -11,7 +11,7 @@ import pytest
 
 import features_app
 from cluster_checks import record_store, wait_for_results, wait_until
-from features_app import PERIODIC_DEFER, PERIODIC_DROP
+from features_app import PERIODIC_DEFER, PERIODIC_DROP, UNIQUE_PERIOD
 from worker_cluster import WorkerCluster
 
 pytestmark = pytest.mark.slow
@@ -69,3 +69,16 @@ def test_runs_within_the_period_are_deferred_to_its_end(cluster: WorkerCluster) 
     print(f"\ndeferred runs' gaps: {', '.join(f'{gap:.2f}' for gap in gaps)} s (period 2 s)")
     assert all(gap >= 2.0 - 0.1 for gap in gaps), gaps  # as above: recording's jitter
     assert all(record.get(f"runs:{result.id}") == "1" for result in sent)
+
+
+def test_unique_task_dropped_by_its_period_frees_its_unique_key(cluster: WorkerCluster) -> None:
+    """lock_unique with lock_period: a send after the period's run ended is enqueued, and
+    dropped; it does not keep the unique key for the queue lease (a later send is a new
+    task, not the dropped one)."""
+    task = cluster.app.tasks[UNIQUE_PERIOD]
+    assert wait_for_results(cluster, [task.delay("x")])
+    second = task.delay("x")
+    wait_until(lambda: second.state == "IGNORED", 30, "the second run to be dropped")
+    third = task.delay("x")
+    assert third.id != second.id
+    wait_until(lambda: third.state == "IGNORED", 30, "the third run to be dropped")
