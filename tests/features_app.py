@@ -29,6 +29,8 @@ RATED_KEY = "rated"
 PERIODIC_DROP = "features_app.periodic_drop"
 PERIODIC_DEFER = "features_app.periodic_defer"
 UNIQUE_PERIOD = "features_app.unique_period"
+WEIGHTED = "features_app.weighted"
+WEIGHTED_KEY = "weighted"
 
 #: Small countdowns when every slot is taken, so that the tests run fast.
 FAST_RETRY = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
@@ -120,6 +122,12 @@ def create_app(urls: AppUrls) -> Celery:
     def unique_period(self: Any, job: str) -> str:
         """Unique while queued or running, and at most once a minute per job."""
         return _run(self, f"up:{job}", 0)
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=WEIGHTED, lock_rate="10/s",
+              lock_burst=1, lock_cost=2, lock_key=WEIGHTED_KEY, ignore_result=True)
+    def weighted(self: Any) -> None:
+        """Each run uses 2 starts of 10/s: 5 runs a second, 200 ms apart."""
+        _run(self, WEIGHTED_KEY, 0)
 
     celery_redislock.install(app)
     return app

@@ -37,6 +37,7 @@ LIMIT_FIELDS: Mapping[str, Any] = {
     "burst": 1,
     "key": None,
     "lease": DEFAULT_LEASE,
+    "cost": 1,
 }
 
 #: Fields about waiting, which apply to the task as a whole, and their defaults.
@@ -62,6 +63,8 @@ class LimitRule:
     slots: Optional[int]
     rate: Optional[Rate]
     lease: float
+    #: Starts of the rate one run uses at once (``lock_cost``).
+    cost: int = 1
 
     def limiters(self, args: Sequence[Any], kwargs: Mapping[str, Any],
                  prefix: str) -> List[Limiter]:
@@ -70,7 +73,7 @@ class LimitRule:
         if self.slots is not None:
             limiters.append(SlotLimit(name, self.slots, prefix))
         if self.rate is not None:
-            limiters.append(RateLimit(name, self.rate, prefix))
+            limiters.append(RateLimit(name, self.rate, prefix, self.cost))
         return limiters
 
 
@@ -175,6 +178,9 @@ def _limits_runs(entry: Mapping[str, Any], default_slots: Optional[int]) -> bool
 #: hour) a message with a countdown is delivered twice.
 MAX_COUNTDOWN = 3600.0
 
+#: The highest ``cost``: the highest burst + 1.
+MAX_COST = 1_000_001
+
 #: The longest ``max_wait``: 30 days.
 MAX_WAIT = 30 * 86400.0
 
@@ -243,7 +249,29 @@ def _rule(problems: List[str], owner: str, task_name: str, func: Callable[..., A
     lease = _checked(problems, check_lease, values["lease"], owner, f"{prefix}lease")
     if len(problems) > before or key is None or lease is None:
         return None
-    return LimitRule(key=key, slots=slots, rate=rate, lease=lease)
+    cost = _checked(problems, _cost, owner, values["cost"], slots, rate, prefix)
+    if cost is None:
+        return None
+    return LimitRule(key=key, slots=slots, rate=rate, lease=lease, cost=cost)
+
+
+def _cost(owner: str, cost: Any, slots: Any, rate: Optional[Rate], prefix: str) -> int:
+    """``lock_cost``: the starts of the rate one run uses, all at once or not at all."""
+    if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
+        raise LockConfigurationError(
+            f"{owner}: {prefix}cost must be a whole number, 1 to {MAX_COST}, not {cost!r}")
+    if cost == 1:
+        return cost
+    if rate is None or slots is not None:
+        raise LockConfigurationError(
+            f"{owner}: {prefix}cost weighs the starts of a '{prefix}rate' only; a limit "
+            f"with '{prefix}slots' cannot have one (runs take one slot each)")
+    if cost > rate.burst + 1:
+        raise LockConfigurationError(
+            f"{owner}: {prefix}cost {cost} is above what the rate lets start at once "
+            f"({prefix}burst + 1 = {rate.burst + 1}), so no run could ever start; raise "
+            f"{prefix}burst to at least {cost - 1}")
+    return cost
 
 
 def _retry_policy(problems: List[str], owner: str, values: Mapping[str, Any],

@@ -47,6 +47,8 @@ class LimitedTask(Task):
                                Tasks naming the same key share its slots.
     ``lock_lease``             seconds a slot stays taken without renewal, 0.1 to 86400
                                (default 30); a running task renews it every third of that
+    ``lock_cost``              starts of ``lock_rate`` one run uses, all at once (default 1;
+                               at most ``lock_burst + 1``)
     ``lock_retry_backoff``     first countdown when no slot is free, 0 to 3600 s (default 1)
     ``lock_retry_backoff_max`` longest countdown, 0.05 to 3600 s (default 30)
     ``lock_retry_jitter``      spread countdowns randomly (default True)
@@ -79,6 +81,7 @@ class LimitedTask(Task):
     lock_burst: int = OPTION_DEFAULTS["lock_burst"]
     lock_key: KeySource = OPTION_DEFAULTS["lock_key"]
     lock_lease: float = OPTION_DEFAULTS["lock_lease"]
+    lock_cost: int = OPTION_DEFAULTS["lock_cost"]
     lock_retry_backoff: float = OPTION_DEFAULTS["lock_retry_backoff"]
     lock_retry_backoff_max: float = OPTION_DEFAULTS["lock_retry_backoff_max"]
     lock_retry_jitter: bool = OPTION_DEFAULTS["lock_retry_jitter"]

@@ -26,7 +26,8 @@
 -- ARGV[6]     how long a served ticket is remembered (ms)
 -- ARGV[7]     how long a slot handed to a waiter stays reserved for it (ms); 0 for a
 --             caller that cannot re-publish a waiter's message
--- ARGV[7+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise>', the
+-- ARGV[7+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise>'
+--             (followed by ':<cost>' for a run that uses <cost> starts at once), the
 --             promise being the start time (us) promised earlier, 0 for none, or -1 for
 --             a caller that will not wait (refused, it is told when to try, promised
 --             nothing)
@@ -156,7 +157,8 @@ for i = 1, #KEYS do
   else
     local paused, interval_override = rate_control(key)
     if paused then return reply(3, i, paused, 0, 0, 0) end
-    local interval, tolerance, promise = string.match(spec, '^r:([^:]+):([^:]+):([^:]+)$')
+    local interval, tolerance, promise, cost = string.match(spec,
+      '^r:([^:]+):([^:]+):([^:]+):?(%d*)$')
     limiter.interval = tonumber(interval)
     tolerance = tonumber(tolerance)
     if interval_override and interval_override > 0 then
@@ -164,6 +166,12 @@ for i = 1, #KEYS do
         tolerance = tolerance / limiter.interval * interval_override
       end
       limiter.interval = interval_override
+    end
+    cost = tonumber(cost)
+    if cost and cost > 1 then
+      -- A run that costs N starts: it needs N intervals of room at once, and takes them.
+      tolerance = tolerance - (cost - 1) * limiter.interval
+      limiter.interval = limiter.interval * cost
     end
     promise = tonumber(promise)
     limiter.no_promise = promise < 0  -- a caller that will not wait: make it no promise
