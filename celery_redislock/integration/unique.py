@@ -46,6 +46,7 @@ from .waiting import WAIT_HEADER
 
 logger = logging.getLogger(__name__)
 
+
 def _client(task: Any) -> Any:
     client = task.__dict__.get("_redislock_owned_client")
     if client is None:
@@ -114,7 +115,7 @@ def send_unique(task: Any, rule: UniqueRule, send: Callable[..., Any],
     try:
         return send(args, kwargs, **options)
     except BaseException:
-        if holder is None:
+        if not resend:  # a re-send's earlier message may still be queued: keep the key
             with contextlib.suppress(RedisError):  # else it runs out with its lease
                 lock.release()  # nothing was sent: the key is free again
         raise
