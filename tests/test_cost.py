@@ -28,7 +28,7 @@ def _task(**options):
 
 @pytest.mark.parametrize("options, problem", [
     ({"lock_rate": "10/s", "lock_cost": 3}, r"lock_cost 3 is above .* \(lock_burst \+ 1 = 2\)"),
-    ({"lock_rate": "10/s", "lock_cost": 0}, "lock_cost must be a whole number, 1 or more"),
+    ({"lock_rate": "10/s", "lock_cost": 0}, "lock_cost must be a whole number, 1 to 1000001"),
     ({"lock_rate": "10/s", "lock_cost": 2.5}, "lock_cost must be a whole number"),
     ({"lock_slots": 3, "lock_cost": 2}, "a limit with 'lock_slots' cannot have one"),
 ])

@@ -27,10 +27,15 @@ def job(job_id, full=False): ...
     ({"lock_unique": True, "lock_unique_lease": "soon"},
      "lock_unique_lease must be a duration"),
     ({"lock_period": "10x"}, "lock_period must be a duration"),
-    ({"lock_period": 0}, "lock_period must be more than 0"),
+    ({"lock_period": 0}, "lock_period must be a duration from 0.001 to 2592000 s"),
+    ({"lock_period": float("nan")}, "lock_period must be a duration from"),
+    ({"lock_unique": True, "lock_unique_lease": 0.5},
+     "lock_unique_lease must be a duration from 1 to"),
     ({"lock_period": "1m", "lock_period_mode": "later"}, "'drop' or 'defer'"),
     ({"lock_period_mode": "defer"}, "'lock_period_mode' is given without 'lock_period'"),
     ({"lock_unique": True, "lock_key": "job:{jobid}"}, "names argument 'jobid'"),
+    ({"lock_uniqe": True}, "did you mean lock_unique?"),
+    ({"lock_period_mod": "defer"}, "did you mean lock_period_mode?"),
 ])
 def test_bad_options_fail_at_definition(options, problem) -> None:
     app = _app()

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
+from ..engine.bounds import in_range, shown, span
 from ..engine.keys import KeyTemplate
 from ..errors import LockConfigurationError
 
@@ -38,6 +39,11 @@ ONCE_FIELDS: Mapping[str, Any] = {
 UNIQUE_MODES = {True: "return", "return": "return", "raise": "raise"}
 PERIOD_MODES = ("drop", "defer")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+#: The longest unique lease and period: 30 days.
+MAX_DURATION = 30 * 86400.0
+#: The shortest unique lease (s) and period (s).
+MIN_UNIQUE_LEASE, MIN_PERIOD = 1.0, 0.001
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
@@ -62,24 +68,27 @@ class PeriodRule:
     mode: str
 
 
-def parse_duration(value: Any, owner: str, option: str) -> float:
-    """Seconds from ``"10m"``, ``"30s"``, ``"500ms"``, ``"2h"``, ``"1d"`` or a number.
+def parse_duration(value: Any, owner: str, option: str, low: float = MIN_PERIOD,
+                   high: float = MAX_DURATION) -> float:
+    """Seconds from ``"10m"``, ``"30s"``, ``"500ms"``, ``"2h"``, ``"1d"`` or a number, from
+    ``low`` to ``high``.
 
         >>> parse_duration("10m", "Task 'x'", "lock_period")
         600.0
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
+        seconds = value
     else:
         found = _DURATION.match(value) if isinstance(value, str) else None
         if found is None:
             raise LockConfigurationError(
                 f"{owner}: {option} must be a duration such as '10m', '30s', '2h' or a "
-                f"number of seconds, not {value!r}")
+                f"number of seconds, not {shown(value)}")
         seconds = float(found.group(1)) * _UNITS[found.group(2) or "s"]
-    if not seconds > 0 or seconds == float("inf"):
-        raise LockConfigurationError(f"{owner}: {option} must be more than 0, not {value!r}")
-    return seconds
+    if not in_range(seconds, low, high):
+        raise LockConfigurationError(
+            f"{owner}: {option} must be a duration {span(low, high)} s, not {shown(value)}")
+    return float(seconds)
 
 
 def once_rules(owner: str, task_name: str, func: Callable[..., Any],
@@ -117,8 +126,10 @@ def _unique(owner: str, task_name: str, func: Callable[..., Any],
     if not isinstance(value, (bool, str)) or value not in UNIQUE_MODES:
         raise LockConfigurationError(
             f"{owner}: {prefix}unique must be True or 'raise', not {value!r}")
-    lease = parse_duration(_value(given, "unique_lease"), owner, f"{prefix}unique_lease")
-    key = KeyTemplate(given["unique"][1].get("key"), func, owner=owner, default=task_name)
+    lease = parse_duration(_value(given, "unique_lease"), owner, f"{prefix}unique_lease",
+                           MIN_UNIQUE_LEASE)
+    key = KeyTemplate(given["unique"][1].get("key"), func, owner=owner, default=task_name,
+                      option=f"{prefix}key")
     return UniqueRule(key=key, mode=UNIQUE_MODES[value], queue_lease=lease)
 
 
@@ -135,6 +146,7 @@ def _period(owner: str, task_name: str, func: Callable[..., Any],
     if mode not in PERIOD_MODES:
         raise LockConfigurationError(
             f"{owner}: {prefix}period_mode must be 'drop' or 'defer', not {mode!r}")
-    key = KeyTemplate(given["period"][1].get("key"), func, owner=owner, default=task_name)
+    key = KeyTemplate(given["period"][1].get("key"), func, owner=owner, default=task_name,
+                      option=f"{prefix}key")
     return PeriodRule(key=key, period=parse_duration(value, owner, f"{prefix}period"),
                       mode=mode)
