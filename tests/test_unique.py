@@ -69,7 +69,8 @@ def test_twenty_concurrent_senders_enqueue_one_run(cluster: WorkerCluster) -> No
     task = cluster.app.tasks[UNIQUE_SLEEP]
     record = record_store(cluster)
 
-    results = _send_at_once(lambda: task.delay("same", 0.5))
+    # The body lasts 3 s, far longer than 20 sends take even on a loaded machine.
+    results = _send_at_once(lambda: task.delay("same", 3.0))
 
     ids = {result.id for result in results}
     assert len(ids) == 1, ids
@@ -92,7 +93,7 @@ def test_other_keys_are_not_deduplicated(cluster: WorkerCluster) -> None:
 
 def test_raise_mode_names_key_and_existing_task(cluster: WorkerCluster) -> None:
     task = cluster.app.tasks[UNIQUE_RAISE]
-    first = task.delay("r1", 1.0)
+    first = task.delay("r1", 2.0)
     with pytest.raises(AlreadyQueued) as raised:
         task.apply_async(("r1",), {"seconds": 0.1})
     assert raised.value.key == "job:r1"
@@ -119,7 +120,7 @@ def test_self_retry_keeps_the_lock_and_is_not_refused_by_it(cluster: WorkerClust
 
 def test_plain_task_unique_through_the_setting(cluster: WorkerCluster) -> None:
     task = cluster.app.tasks[PLAIN_UNIQUE]
-    results = _send_at_once(lambda: task.delay("p", 0.3), senders=8)
+    results = _send_at_once(lambda: task.delay("p", 2.0), senders=8)
     assert len({result.id for result in results}) == 1
     wait_for_results(cluster, results[:1])
     assert record_store(cluster).llen("peaks:plain:p") == 1
@@ -127,7 +128,7 @@ def test_plain_task_unique_through_the_setting(cluster: WorkerCluster) -> None:
 
 def test_singleton_task_with_lock_unique(cluster: WorkerCluster) -> None:
     task = cluster.app.tasks[UNIQUE_SINGLETON]
-    results = _send_at_once(lambda: task.delay(0.3), senders=6)
+    results = _send_at_once(lambda: task.delay(2.0), senders=6)
     assert len({result.id for result in results}) == 1
     wait_for_results(cluster, results[:1])
 
@@ -136,7 +137,7 @@ def test_unique_while_queued_limited_while_running(cluster: WorkerCluster) -> No
     """Unique per job, one run at a time across jobs: 3 jobs sent 4 times each give 3
     tasks, which run one after another."""
     task = cluster.app.tasks[PLAIN_UNIQUE_LIMITED]
-    results = [task.delay(job, 0.2) for _ in range(4) for job in "abc"]
+    results = [task.delay(job, 1.0) for _ in range(4) for job in "abc"]
     distinct = {result.id: result for result in results}
     assert len(distinct) == 3
     wait_for_results(cluster, list(distinct.values()))
