@@ -40,6 +40,7 @@ from .engine.rate import Rate
 from .engine.rate_limiter import RateLimiter
 from .engine.semaphore import Semaphore
 from .errors import (
+    AlreadyQueued,
     LockConfigurationError,
     LockKeyError,
     LockStoreUnavailable,
@@ -62,6 +63,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "AlreadyQueued",
     "Busy",
     "Lease",
     "LimitedTask",

@@ -79,3 +79,28 @@ class LockStoreRefused(LockStoreUnavailable):
     refuses to start with it; at run time runs wait and each refusal is logged as an
     error with the server's message.
     """
+
+
+class AlreadyQueued(RedisLockError):
+    """A task with ``lock_unique="raise"`` was sent while a task of the same key is queued
+    or running.
+
+    ``key`` is the unique key (the task's rendered ``lock_key``), ``task_id`` the id of the
+    task queued or running, ``task_name`` the task's name::
+
+        try:
+            build_report.delay(7)
+        except AlreadyQueued as exc:
+            print(exc.key, exc.task_id)      # report:7 4f1c...
+    """
+
+    def __init__(self, key: str, task_id: str, task_name: str = "") -> None:
+        self.key = key
+        self.task_id = task_id
+        self.task_name = task_name
+        super().__init__(key, task_id, task_name)
+
+    def __str__(self) -> str:
+        task = f"Task {self.task_name!r}: " if self.task_name else ""
+        return (f"{task}a task of unique key {self.key!r} is queued or running already: "
+                f"{self.task_id}")

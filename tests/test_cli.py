@@ -31,7 +31,8 @@ TESTS = Path(__file__).resolve().parent
 DESCRIPTION = '{"task": "proj.t", "worker": "w1@host", "pid": 123, "id": "task-1"}'
 STATUS_FIELDS = {"key", "name", "holders", "reserved", "used", "limit", "configured_limit",
                  "slots_override", "waiting", "paused", "paused_until", "pause_left_seconds",
-                 "contended", "oldest_age_seconds", "rate_limiter", "rate"}
+                 "contended", "oldest_age_seconds", "rate_limiter", "rate",
+                 "rate_override"}
 INSPECT_FIELDS = {"key", "name", "used", "limit", "configured_limit", "slots_override",
                   "paused", "paused_until", "pause_left_seconds", "holders", "reservations",
                   "waiting", "waiters"}

@@ -8,7 +8,6 @@ at once. The task bodies record when they ran (see :mod:`worker_app`).
 
 from __future__ import annotations
 
-import statistics
 from typing import TYPE_CHECKING, Dict, List
 
 import pytest
@@ -163,15 +162,14 @@ def test_hand_off_lost_with_its_releaser_still_runs_every_task(
 
 
 def test_waits_are_short_and_fair_under_a_burst(cluster: WorkerCluster) -> None:
-    """20 runs sent at once on 2 slots: they start in the order they were sent, give or
-    take the slots, and no slot waits for a countdown."""
+    """20 runs sent at once on 2 slots: no slot waits for a countdown, so the burst drains
+    as fast as hand-offs travel. (The order of starts is
+    ``test_waiters_start_in_the_order_they_asked``'s.)"""
     task = cluster.app.tasks[HANDOFF_PATIENT]
     results = [task.delay(0.1) for _ in range(20)]
     wait_for_results(cluster, results)
+    assert_each_ran_once(record_store(cluster), results)
     started, ended = times(cluster, "started"), times(cluster, "ended")
-    order = sorted(started, key=started.__getitem__)
-    overtaken = [abs(order.index(result.id) - sent) for sent, result in enumerate(results)]
-    assert statistics.median(overtaken) <= 2, overtaken
     stretch = longest_stretch_with_a_slot_free(started, ended, 2)
     assert stretch < PATIENT_BACKOFF / 2, f"a slot stood free for {stretch:.2f} s"
 

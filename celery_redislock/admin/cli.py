@@ -10,6 +10,8 @@ against the app given with ``-A`` and the lock store its ``redislock_*`` setting
     celery -A proj redislock reap              # drop holder entries whose lease ran out
     celery -A proj redislock set-slots crawler 5   # override the slot count
     celery -A proj redislock clear-slots crawler   # back to the configured count
+    celery -A proj redislock set-rate partner:acme 100/m   # override the rate
+    celery -A proj redislock clear-rate partner:acme       # back to the configured rate
     celery -A proj redislock pause api:t1 --for 30s  # refuse every run for 30 s
     celery -A proj redislock resume api:t1
     celery -A proj redislock watch             # live view
@@ -63,7 +65,7 @@ JSON schema of `status --json`: a list with one object per key:
  "slots_override": int or null, "waiting": int, "paused": bool,
  "paused_until": float or null, "pause_left_seconds": float or null,
  "contended": bool, "oldest_age_seconds": float or null,
- "rate_limiter": bool, "rate": str or null}.
+ "rate_limiter": bool, "rate": str or null, "rate_override": str or null}.
 "used" = live "holders" + "reserved" (slots kept for waiters); "limit" is the
 count admission applies now: "slots_override" if set, else "configured_limit"
 (null when unknown); "paused_until" is Unix seconds on the Redis server's clock,
@@ -327,6 +329,7 @@ def status_row(state: LimitState, rate: Optional[str] = None) -> Dict[str, Any]:
         "oldest_age_seconds": round(max(h.age(now) for h in live), 3) if live else None,
         "rate_limiter": state.rate_limiter,
         "rate": rate,
+        "rate_override": state.rate_override,
     }
 
 
@@ -355,7 +358,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
          str(row["waiting"]), pause_text(state),
          "yes" if row["contended"] else "no",
          "-" if row["oldest_age_seconds"] is None else f"{row['oldest_age_seconds']:.1f}s",
-         row["rate"] or ("yes" if row["rate_limiter"] else "-")]
+         _rate_text(row)]
         for state, row in entries
     ])
 
@@ -534,6 +537,43 @@ def clear_slots(ctx: click.Context, name: str) -> None:
     removed = control.clear_slots(store.app, key)
     name = semaphore_name(key, store.prefix)
     click.echo(f"{name}: slot override cleared" if removed else f"{name}: had no slot override")
+
+
+def _rate_text(row: Dict[str, Any]) -> str:
+    """The RATE column: the rate set at run time (``set-rate``), else the configured one."""
+    if row.get("rate_override"):
+        return f"{row['rate_override']} (set-rate)"
+    return row["rate"] or ("yes" if row["rate_limiter"] else "-")
+
+
+@redislock.command(name="set-rate")
+@click.argument("name")
+@click.argument("rate", metavar="RATE")
+@click.option("--force", is_flag=True,
+              help="Also for a name no run has used yet and no registered task uses.")
+@click.pass_context
+@_cli_errors
+def set_rate(ctx: click.Context, name: str, rate: str, force: bool) -> None:
+    """Override the rate of limit NAME with RATE (100/m, 10/s, 5/10s) on every
+    worker, until clear-rate; the next admission anywhere uses it."""
+    control.check_rate_value(rate, name)
+    store = _store(ctx)
+    key = store.key_of(name, force=force)
+    control.set_rate(store.app, key, rate)
+    click.echo(f"{semaphore_name(key, store.prefix)}: rate set to {rate}")
+
+
+@redislock.command(name="clear-rate")
+@click.argument("name")
+@click.pass_context
+@_cli_errors
+def clear_rate(ctx: click.Context, name: str) -> None:
+    """Drop the rate override of limit NAME: the configured rate applies again."""
+    store = _store(ctx)
+    key = store.key_of(name)
+    removed = control.clear_rate(store.app, key)
+    name = semaphore_name(key, store.prefix)
+    click.echo(f"{name}: rate override cleared" if removed else f"{name}: had no rate override")
 
 
 @redislock.command()

@@ -51,10 +51,11 @@ from ..engine.keys import (
     companion_key,
     semaphore_key,
 )
+from ..engine.rate import Rate
 from ..engine.scan import split_key
 from ..engine.scripts import RELEASE_OWNER, LuaScript
 from ..engine.semaphore import MAX_SLOTS, MIN_SLOTS
-from ..errors import RedisLockError
+from ..errors import LockConfigurationError, RedisLockError
 from ..integration.handoff import wake_waiters
 from ..integration.recovery import free_owner_slots, limits_of
 from .state import FOREVER, LimitState, read_states
@@ -64,6 +65,7 @@ When = Union[datetime.datetime, float, int]
 __all__ = [
     "LimitControlError",
     "LimitState",
+    "clear_rate",
     "clear_slots",
     "limit_keys",
     "limit_state",
@@ -71,6 +73,7 @@ __all__ = [
     "pause_key_of",
     "release_holder",
     "resume",
+    "set_rate",
     "set_slots",
 ]
 
@@ -208,6 +211,47 @@ def _free_exactly(app: Any, client: Any, key: str, token: str) -> int:
     if app is None:
         return int(RELEASE_OWNER.run(client, [key], [token + " ", 0])[0])
     return free_owner_slots(app, client, [key], token + " ")
+
+
+def check_rate_value(rate: Any, name: str) -> Rate:
+    """``rate`` (``"100/m"``, ``"10/s"``, ``"5/10s"``) as a :class:`Rate`, or
+    :class:`LimitControlError`.
+
+        >>> check_rate_value("100/m", "api").interval
+        0.6
+    """
+    try:
+        return Rate.parse(rate, owner=f"rate of {name!r}")
+    except LockConfigurationError as exc:
+        raise LimitControlError(str(exc)) from None
+
+
+def set_rate(app_or_client: Any, name: str, rate: str, *,
+             prefix: Optional[str] = None) -> None:
+    """Override the rate of rate limiter ``name`` on every worker until
+    :func:`clear_rate`: the next admission of every run under it, on any worker, uses
+    ``rate`` (read inside the admission script, so at once); the burst stays the task's.
+    Runs promised a start under the old rate start at the new one's pace.
+
+        set_rate(app, "partner:acme", "100/m")
+        set_rate(app, "proj.tasks.call_api", "5/s")    # what the task's lock_key renders
+    """
+    parsed = check_rate_value(rate, name)
+    client, prefix, _ = _target(app_or_client, prefix)
+    _, rate_key = limit_keys(name, prefix)
+    client.hset(companion_key(rate_key, RATE_CONTROL),
+                mapping={"rate": str(rate).strip(), "interval": repr(parsed.interval * 1e6)})
+
+
+def clear_rate(app_or_client: Any, name: str, *, prefix: Optional[str] = None) -> bool:
+    """Drop the override of :func:`set_rate`: the configured rate applies again.
+    Returns whether there was one.
+
+        clear_rate(app, "partner:acme")
+    """
+    client, prefix, _ = _target(app_or_client, prefix)
+    _, rate_key = limit_keys(name, prefix)
+    return bool(client.hdel(companion_key(rate_key, RATE_CONTROL), "rate", "interval"))
 
 
 def _pause_arguments(name: str, until: Optional[When],

@@ -91,6 +91,8 @@ class LimitState:
     paused_until_ms: Optional[int] = None
     #: True when the name has a rate limiter's state in Redis (it limits starts now).
     rate_limiter: bool = False
+    #: The rate set at run time ('rate' of the rate limiter's control hash), if any.
+    rate_override: Optional[str] = None
 
     @property
     def live_holders(self) -> List[Holder]:
@@ -118,7 +120,7 @@ class LimitState:
     def active(self) -> bool:
         """True if anything is going on: holders, waiters, an override or a pause."""
         return bool(self.used or self.waiting or self.slots_override is not None
-                    or self.paused)
+                    or self.paused or self.rate_override is not None)
 
 
 def pause_text(state: LimitState) -> str:
@@ -203,7 +205,7 @@ def read_states(client: Any, keys: Sequence[str], now_ms: int, *, prefix: str = 
     for key in keys:
         pipe.zrange(key, 0, -1, withscores=True)
         pipe.hmget(companion_key(key, SEMAPHORE_CONTROL), ["slots", "paused_until"])
-        pipe.hget(companion_key(key, RATE_CONTROL), "paused_until")
+        pipe.hmget(companion_key(key, RATE_CONTROL), ["paused_until", "rate"])
         pipe.zcard(companion_key(key, LINE))
         pipe.exists(companion_key(key, RATE))
         if waiters != 0:
@@ -214,10 +216,11 @@ def read_states(client: Any, keys: Sequence[str], now_ms: int, *, prefix: str = 
     states: List[LimitState] = []
     lines: Dict[str, List[Tuple[str, int]]] = {}
     for index, key in enumerate(keys):
-        entries, control, rate_pause, waiting, rate = replies[step * index: step * index + 5]
+        entries, control, rate_control, waiting, rate = replies[step * index: step * index + 5]
         if waiters != 0:
             lines[key] = [(text(t), int(s)) for t, s in replies[step * index + 5]]
-        state = _state(key, prefix, now_ms, entries, control, rate_pause, int(waiting))
+        state = _state(key, prefix, now_ms, entries, control, rate_control,
+                       int(waiting))
         states.append(replace(state, rate_limiter=bool(rate)) if rate else state)
     if not lines or not any(lines.values()):
         return states
@@ -225,7 +228,7 @@ def read_states(client: Any, keys: Sequence[str], now_ms: int, *, prefix: str = 
 
 
 def _state(key: str, prefix: str, now_ms: int, entries: List[Tuple[Any, float]],
-           control: List[Any], rate_pause: Any, waiting: int) -> LimitState:
+           control: List[Any], rate_control: List[Any], waiting: int) -> LimitState:
     holders: List[Holder] = []
     reservations: List[Reservation] = []
     statistics: Dict[str, float] = {}
@@ -240,7 +243,8 @@ def _state(key: str, prefix: str, now_ms: int, entries: List[Tuple[Any, float]],
             holders.append(parse_holder(member, score))
     holders.sort(key=lambda holder: (holder.acquired_ms, holder.token))
     slots = statistics.get("#slots")
-    paused, until = _merge_pauses(pause_of(control[1], now_ms), pause_of(rate_pause, now_ms))
+    paused, until = _merge_pauses(pause_of(control[1], now_ms),
+                                  pause_of(rate_control[0], now_ms))
     split = split_key(key, prefix)
     return LimitState(
         name=split[1] if split else key,
@@ -255,6 +259,7 @@ def _state(key: str, prefix: str, now_ms: int, entries: List[Tuple[Any, float]],
         contended="#hold" in statistics or waiting > 0,
         paused=paused,
         paused_until_ms=until,
+        rate_override=None if rate_control[1] is None else text(rate_control[1]),
     )
 
 

@@ -28,6 +28,7 @@ from ..engine.rate import Rate
 from ..engine.semaphore import DEFAULT_LEASE, check_lease, check_slots
 from ..errors import LockConfigurationError
 from .retry import MIN_COUNTDOWN, RetryPolicy
+from .unique import ONCE_FIELDS, PeriodRule, UniqueRule, once_rules
 
 #: Fields of one limit, and their defaults.
 LIMIT_FIELDS: Mapping[str, Any] = {
@@ -36,6 +37,7 @@ LIMIT_FIELDS: Mapping[str, Any] = {
     "burst": 1,
     "key": None,
     "lease": DEFAULT_LEASE,
+    "cost": 1,
 }
 
 #: Fields about waiting, which apply to the task as a whole, and their defaults.
@@ -48,7 +50,8 @@ RETRY_FIELDS: Mapping[str, Any] = {
 
 #: The task options of :class:`~celery_redislock.LimitedTask`, with their defaults.
 OPTION_DEFAULTS: Mapping[str, Any] = {
-    f"lock_{name}": default for name, default in {**LIMIT_FIELDS, **RETRY_FIELDS}.items()
+    f"lock_{name}": default
+    for name, default in {**LIMIT_FIELDS, **RETRY_FIELDS, **ONCE_FIELDS}.items()
 }
 
 
@@ -60,6 +63,8 @@ class LimitRule:
     slots: Optional[int]
     rate: Optional[Rate]
     lease: float
+    #: Starts of the rate one run uses at once (``lock_cost``).
+    cost: int = 1
 
     def limiters(self, args: Sequence[Any], kwargs: Mapping[str, Any],
                  prefix: str) -> List[Limiter]:
@@ -68,7 +73,7 @@ class LimitRule:
         if self.slots is not None:
             limiters.append(SlotLimit(name, self.slots, prefix))
         if self.rate is not None:
-            limiters.append(RateLimit(name, self.rate, prefix))
+            limiters.append(RateLimit(name, self.rate, prefix, self.cost))
         return limiters
 
 
@@ -90,6 +95,10 @@ class TaskLimits:
     rules: Tuple[LimitRule, ...]
     retry: RetryPolicy
     source: str
+    #: At most one queued-or-running task per key (``lock_unique``), if set.
+    unique: Optional[UniqueRule] = None
+    #: At most one run per key per period (``lock_period``), if set.
+    period: Optional[PeriodRule] = None
     _constant: Dict[str, List[Limiter]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -143,19 +152,34 @@ class TaskLimits:
                 continue
             problems.extend(_unknown_fields(owner, entry, option_prefix))
             problems.extend(_take_retry_fields(owner, entry, retry_set, option_prefix))
-            rules.append(_rule(problems, owner, task_name, func, entry, default_slots,
-                               option_prefix))
+            if _limits_runs(entry, default_slots):
+                rules.append(_rule(problems, owner, task_name, func, entry, default_slots,
+                                   option_prefix))
         retry_values.update(retry_set)
         retry = _retry_policy(problems, owner, retry_values, option_prefix)
-        if problems or retry is None:
+        valid = [entry for entry in entries if isinstance(entry, Mapping)]
+        once = _checked(problems, once_rules, owner, task_name, func, valid, option_prefix)
+        if problems or retry is None or once is None:
             raise LockConfigurationError.listing(owner, problems)
         return cls(owner=owner, rules=tuple(rule for rule in rules if rule is not None),
-                   retry=retry, source=source)
+                   retry=retry, source=source, unique=once[0], period=once[1])
+
+
+def _limits_runs(entry: Mapping[str, Any], default_slots: Optional[int]) -> bool:
+    """False for a ``redislock_limits`` entry that only makes a task unique or once per
+    period (``{"unique": True}``): it limits no slots nor rate."""
+    if default_slots is not None or entry.get("slots") is not None \
+            or entry.get("rate") is not None:
+        return True
+    return not any(entry.get(name) is not None for name in ("unique", "period"))
 
 
 #: The longest countdown: beyond a Redis broker's default ``visibility_timeout`` (one
 #: hour) a message with a countdown is delivered twice.
 MAX_COUNTDOWN = 3600.0
+
+#: The highest ``cost``: the highest burst + 1.
+MAX_COST = 1_000_001
 
 #: The longest ``max_wait``: 30 days.
 MAX_WAIT = 30 * 86400.0
@@ -175,7 +199,7 @@ def _checked(problems: List[str], check: Callable[..., _T], *args: Any,
 
 def _unknown_fields(owner: str, entry: Mapping[str, Any], prefix: str) -> List[str]:
     """A problem per unknown field of ``entry``, with the closest known one as a hint."""
-    known = [*LIMIT_FIELDS, *RETRY_FIELDS]
+    known = [*LIMIT_FIELDS, *RETRY_FIELDS, *ONCE_FIELDS]
     word = "option" if prefix else "field"
     problems = []
     for name in sorted((name for name in entry if name not in known), key=repr):
@@ -225,7 +249,29 @@ def _rule(problems: List[str], owner: str, task_name: str, func: Callable[..., A
     lease = _checked(problems, check_lease, values["lease"], owner, f"{prefix}lease")
     if len(problems) > before or key is None or lease is None:
         return None
-    return LimitRule(key=key, slots=slots, rate=rate, lease=lease)
+    cost = _checked(problems, _cost, owner, values["cost"], slots, rate, prefix)
+    if cost is None:
+        return None
+    return LimitRule(key=key, slots=slots, rate=rate, lease=lease, cost=cost)
+
+
+def _cost(owner: str, cost: Any, slots: Any, rate: Optional[Rate], prefix: str) -> int:
+    """``lock_cost``: the starts of the rate one run uses, all at once or not at all."""
+    if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
+        raise LockConfigurationError(
+            f"{owner}: {prefix}cost must be a whole number, 1 to {MAX_COST}, not {cost!r}")
+    if cost == 1:
+        return cost
+    if rate is None or slots is not None:
+        raise LockConfigurationError(
+            f"{owner}: {prefix}cost weighs the starts of a '{prefix}rate' only; a limit "
+            f"with '{prefix}slots' cannot have one (runs take one slot each)")
+    if cost > rate.burst + 1:
+        raise LockConfigurationError(
+            f"{owner}: {prefix}cost {cost} is above what the rate lets start at once "
+            f"({prefix}burst + 1 = {rate.burst + 1}), so no run could ever start; raise "
+            f"{prefix}burst to at least {cost - 1}")
+    return cost
 
 
 def _retry_policy(problems: List[str], owner: str, values: Mapping[str, Any],

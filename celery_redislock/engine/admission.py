@@ -48,20 +48,24 @@ class SlotLimit:
 
 @dataclass(frozen=True)
 class RateLimit:
-    """Starts of ``name`` spaced to ``rate``, across every process."""
+    """Starts of ``name`` spaced to ``rate``, across every process; a start of this
+    limiter uses ``cost`` of the rate's starts at once (at most ``burst + 1``)."""
 
     name: str
     rate: Rate
     prefix: str
+    cost: int = 1
     key: str = field(init=False, repr=False, compare=False)
+    _cost: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", rate_key(self.name, self.prefix))
+        object.__setattr__(self, "_cost", "" if self.cost == 1 else f":{self.cost}")
 
     def spec(self, promises: Mapping[str, int]) -> str:
         interval = self.rate.interval * 1_000_000
         tolerance = interval * self.rate.burst
-        return f"r:{interval!r}:{tolerance!r}:{int(promises.get(self.key, 0))}"
+        return f"r:{interval!r}:{tolerance!r}:{int(promises.get(self.key, 0))}{self._cost}"
 
 
 Limiter = Union[SlotLimit, RateLimit]

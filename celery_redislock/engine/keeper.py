@@ -30,15 +30,29 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
-from .admission import Lease
 from .channel import oldest_unsettled, settle_all, unsettled, when_unsettled
 from .refusal import describe_error
 
 logger = logging.getLogger(__name__)
 
-LostCallback = Callable[[Lease], None]
+class Renewable(Protocol):
+    """What the keeper needs of a lease: a :class:`Lease`, or any lease of the same shape
+    (the unique-send lease of :mod:`celery_redislock.engine.owned`)."""
+
+    name: str
+    lease_seconds: float
+    lost: bool
+    fence: int
+
+    @property
+    def token(self) -> str: ...
+
+    def renew(self) -> bool: ...
+
+
+LostCallback = Callable[[Any], None]
 
 #: Seconds between two looks of an idle keeper.
 IDLE_WAKE = 1.0
@@ -53,7 +67,7 @@ PAUSE_AFTER_FAILURE = 1.0
 
 @dataclass
 class _Kept:
-    lease: Lease
+    lease: Renewable
     due: float
     last_renewed: float
     on_lost: List[LostCallback] = field(default_factory=list)
@@ -82,7 +96,7 @@ class LeaseKeeper:
         self._thread: Optional[threading.Thread] = None
         self._next_due = 0.0
 
-    def keep(self, lease: Lease, on_lost: Optional[LostCallback] = None) -> None:
+    def keep(self, lease: Renewable, on_lost: Optional[LostCallback] = None) -> None:
         """Renew ``lease`` in the background from now on."""
         now = time.monotonic()
         due = now + lease.lease_seconds / 3
@@ -106,12 +120,12 @@ class LeaseKeeper:
                 self._next_due = soon
                 self._wakeup.notify()
 
-    def forget(self, lease: Lease) -> None:
+    def forget(self, lease: Renewable) -> None:
         """Stop renewing ``lease`` (it is about to be released, or was lost)."""
         with self._lock:
             self._kept.pop(lease.token, None)
 
-    def kept(self) -> List[Lease]:
+    def kept(self) -> List[Renewable]:
         """The leases being renewed now."""
         with self._wakeup:
             return [entry.lease for entry in self._kept.values()]

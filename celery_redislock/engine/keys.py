@@ -74,6 +74,26 @@ def semaphore_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}{{{name_digest(name)}}}:s:{_readable(name)}"
 
 
+def unique_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The Redis key of the unique lock of ``name`` (``lock_unique``):
+    ``{prefix}{<digest>}:u:<name>``, in the hash slot of the name's semaphore.
+
+        >>> unique_key("customer:42")
+        'redislock:{85280b862f4ca735}:u:customer:42'
+    """
+    return f"{prefix}{{{name_digest(name)}}}:{UNIQUE}:{_readable(name)}"
+
+
+def period_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The Redis key that marks a run of ``name`` within its period (``lock_period``):
+    ``{prefix}{<digest>}:p:<name>``.
+
+        >>> period_key("customer:42")
+        'redislock:{85280b862f4ca735}:p:customer:42'
+    """
+    return f"{prefix}{{{name_digest(name)}}}:{PERIOD}:{_readable(name)}"
+
+
 #: What every semaphore key holds after its hash tag.
 SEMAPHORE_MARK = "}:s:"
 
@@ -82,6 +102,10 @@ SEMAPHORE_MARK = "}:s:"
 #: forgotten, its operators' controls; the rate limiter and its operators' controls.
 SEMAPHORE, LINE, WAITERS, TICKETS, SEMAPHORE_CONTROL, RATE, RATE_CONTROL = (
     "s", "q", "w", "x", "cs", "r", "cr")
+
+#: The marks of a name's unique lock (owned by the queued or running task id) and of its
+#: last run's period.
+UNIQUE, PERIOD = "u", "p"
 
 
 def companion_key(key: str, mark: str) -> str:

@@ -9,7 +9,8 @@ Every Redis key of a limit name is ``<prefix>{<16 hex digest>}:<mark>:<readable 
 ``w``   its waiter records: hash, ticket -> JSON ``{"task", "id", "worker", "since"}``
 ``cs``  its control hash (operators): ``slots``, ``paused_until``
 ``r``   the rate limiter of the same name
-``cr``  the rate limiter's control hash (operators): ``paused_until``
+``cr``  the rate limiter's control hash (operators): ``paused_until``, ``rate`` and
+        ``interval`` (µs) of a rate set at run time
 ======  ==============================================================================
 
     >>> companion_key("redislock:{85280b862f4ca735}:s:customer:42", "cs")

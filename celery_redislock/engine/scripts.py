@@ -87,6 +87,7 @@ LEAVE_LINE = LuaScript.load("leave_line.lua", after=["line.lua"])
 REFUND = LuaScript.load("refund.lua")
 HOLDERS = LuaScript.load("holders.lua", flags="no-writes")
 AVAILABLE = LuaScript.load("available.lua", after=["line.lua"], flags="no-writes")
+OWNED = LuaScript.load("owned.lua")
 
 
 def is_cluster(client: Any) -> bool:

@@ -2,16 +2,18 @@
 
 Plain ``@app.task`` functions get their ``__call__`` wrapped through Celery's own task
 annotations (``task_annotations`` with an ``@__call__`` entry), which is how Celery lets
-configuration change how a task runs; ``LimitedTask`` reads the setting itself. A worker
-bootstep runs :func:`~celery_redislock.check_limits` when a worker starts, after the task
-modules are imported, and stops the worker with one line per problem (no traceback) if
-there are any.
+configuration change how a task runs (and, for an entry with ``unique``, their
+``apply_async``, the same way, so that sends are deduplicated); ``LimitedTask`` reads the
+setting itself. A worker bootstep runs :func:`~celery_redislock.check_limits` when a
+worker starts, after the task modules are imported, and stops the worker with one line per
+problem (no traceback) if there are any.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from celery import bootsteps
 
@@ -19,13 +21,14 @@ from ..config.limit import TaskLimits
 from ..config.limits_setting import (
     config_limits,
     configuration_problems,
+    entry_limits,
     limits_setting,
     matching_entry,
     task_function,
 )
-from .execution import run_limited
 from .recovery import DEFAULT_REQUEST, LIMITED_REQUEST
 from .startup import CheckLockStoreAtStart, refuse_to_start
+from .unique import run_task, send_unique
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +74,15 @@ class LimitsAnnotation:
     def annotate(self, task_class: Any) -> Optional[Dict[str, Callable[..., Any]]]:
         if getattr(task_class, "_redislock_limited", False):
             return None
-        if matching_entry(limits_setting(self.app), task_class.name or "") is None:
+        found = matching_entry(limits_setting(self.app), task_class.name or "")
+        if found is None:
             return None
         task_class._redislock_wrapped = True
         task_class._redislock_limited = True
         task_class.task_limits = _limits_of
         annotation: Dict[str, Any] = {"@__call__": _limited_call}
+        if _makes_unique(*found):
+            annotation["@apply_async"] = _unique_send
         if task_class.Request == DEFAULT_REQUEST:
             annotation["Request"] = LIMITED_REQUEST  # frees a lost child's slots at once
         return annotation
@@ -105,9 +111,29 @@ def _limited_call(original_call: Callable[..., Any]) -> Callable[..., Any]:
         else:
             def body() -> Any:
                 return self.run(*args, **kwargs)
-        return run_limited(self, _limits_of(self), args, kwargs, body, request)
+        return run_task(self, _limits_of(self), args, kwargs, body, request)
 
     return __call__
+
+
+def _makes_unique(pattern: str, entry: Any) -> bool:
+    try:
+        limits = entry_limits(pattern, entry)
+    except Exception:
+        return False  # check_limits reports it
+    return any(isinstance(limit, Mapping) and limit.get("unique") not in (None, False)
+               for limit in limits)
+
+
+def _unique_send(original_send: Callable[..., Any]) -> Callable[..., Any]:
+    def apply_async(self: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        unique = _limits_of(self).unique
+        send = functools.partial(original_send, self)
+        if unique is None:
+            return send(args, kwargs, **options)
+        return send_unique(self, unique, send, args, kwargs, options)
+
+    return apply_async
 
 
 def _limits_of(task: Any) -> TaskLimits:

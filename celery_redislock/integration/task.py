@@ -11,8 +11,8 @@ from ..config.limit import OPTION_DEFAULTS, RETRY_FIELDS, TaskLimits
 from ..config.limits_setting import config_limits, task_function
 from ..engine.keys import KeySource
 from ..errors import LockConfigurationError
-from .execution import run_limited
 from .recovery import LIMITED_REQUEST
+from .unique import run_task, send_unique
 
 
 class LimitedTask(Task):
@@ -47,12 +47,21 @@ class LimitedTask(Task):
                                Tasks naming the same key share its slots.
     ``lock_lease``             seconds a slot stays taken without renewal, 0.1 to 86400
                                (default 30); a running task renews it every third of that
+    ``lock_cost``              starts of ``lock_rate`` one run uses, all at once (default 1;
+                               at most ``lock_burst + 1``)
     ``lock_retry_backoff``     first countdown when no slot is free, 0 to 3600 s (default 1)
     ``lock_retry_backoff_max`` longest countdown, 0.05 to 3600 s (default 30)
     ``lock_retry_jitter``      spread countdowns randomly (default True)
     ``lock_max_wait``          give up after waiting this many seconds in all (0 to 30
                                days), failing the task with :class:`LockWaitTimeout`
                                (default None: never)
+    ``lock_unique``            ``True``: while a task of the same key is queued or running,
+                               ``delay()``/``apply_async()`` return its result instead of
+                               sending another; ``"raise"``: they raise
+                               :class:`~celery_redislock.AlreadyQueued` (default None)
+    ``lock_unique_lease``      seconds the unique lock lasts while queued (default 600)
+    ``lock_period``            at most one run per key per period, e.g. ``"10m"``
+    ``lock_period_mode``       ``"drop"`` (default) or ``"defer"`` runs within the period
 
     Any other ``lock_*`` attribute is refused as a misspelt option, and every problem of
     the definition is listed in one :class:`LockConfigurationError`.
@@ -72,10 +81,15 @@ class LimitedTask(Task):
     lock_burst: int = OPTION_DEFAULTS["lock_burst"]
     lock_key: KeySource = OPTION_DEFAULTS["lock_key"]
     lock_lease: float = OPTION_DEFAULTS["lock_lease"]
+    lock_cost: int = OPTION_DEFAULTS["lock_cost"]
     lock_retry_backoff: float = OPTION_DEFAULTS["lock_retry_backoff"]
     lock_retry_backoff_max: float = OPTION_DEFAULTS["lock_retry_backoff_max"]
     lock_retry_jitter: bool = OPTION_DEFAULTS["lock_retry_jitter"]
     lock_max_wait: Optional[float] = OPTION_DEFAULTS["lock_max_wait"]
+    lock_unique: Any = OPTION_DEFAULTS["lock_unique"]
+    lock_unique_lease: float = OPTION_DEFAULTS["lock_unique_lease"]
+    lock_period: Any = OPTION_DEFAULTS["lock_period"]
+    lock_period_mode: str = OPTION_DEFAULTS["lock_period_mode"]
 
     _redislock_own_limits: Optional[TaskLimits] = None
     _redislock_limits: Optional[TaskLimits] = None
@@ -127,8 +141,16 @@ class LimitedTask(Task):
             return super().__call__(*args, **kwargs)
         # The tracer has pushed this run's request already: call the body directly, as
         # Celery's worker does, so that apply() and eager runs see the right request.
-        return run_limited(self, self.task_limits(), args, kwargs,
-                           lambda: self.run(*args, **kwargs), request)
+        return run_task(self, self.task_limits(), args, kwargs,
+                        lambda: self.run(*args, **kwargs), request)
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Celery's ``apply_async``; with ``lock_unique``, a task whose key is queued or
+        running already is not sent again (see :mod:`celery_redislock.integration.unique`)."""
+        unique = self.task_limits().unique
+        if unique is None:
+            return super().apply_async(args, kwargs, **options)
+        return send_unique(self, unique, super().apply_async, args, kwargs, options)
 
 
 class SingletonTask(LimitedTask):

@@ -26,7 +26,8 @@
 -- ARGV[6]     how long a served ticket is remembered (ms)
 -- ARGV[7]     how long a slot handed to a waiter stays reserved for it (ms); 0 for a
 --             caller that cannot re-publish a waiter's message
--- ARGV[7+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise>', the
+-- ARGV[7+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise>'
+--             (followed by ':<cost>' for a run that uses <cost> starts at once), the
 --             promise being the start time (us) promised earlier, 0 for none, or -1 for
 --             a caller that will not wait (refused, it is told when to try, promised
 --             nothing)
@@ -81,9 +82,13 @@ local function reply(status, i, a, b, c, d)
   return answer
 end
 
-local function rate_pause(key)
+-- The operators' control hash of a rate limiter: its pause, and the interval (us) of a
+-- rate set at run time ('set-rate'), which replaces the configured one (the burst, in
+-- intervals, stays the task's).
+local function rate_control(key)
   local control = string.gsub(key, '}:r:', '}:cr:', 1)
-  return pause_end(redis.call('HGET', control, 'paused_until'), now)
+  local fields = redis.call('HMGET', control, 'paused_until', 'interval')
+  return pause_end(fields[1], now), tonumber(fields[2])
 end
 
 -- Phase 1: look at every limiter; stop at the first one that refuses the run.
@@ -150,11 +155,24 @@ for i = 1, #KEYS do
       end
     end
   else
-    local paused = rate_pause(key)
+    local paused, interval_override = rate_control(key)
     if paused then return reply(3, i, paused, 0, 0, 0) end
-    local interval, tolerance, promise = string.match(spec, '^r:([^:]+):([^:]+):([^:]+)$')
+    local interval, tolerance, promise, cost = string.match(spec,
+      '^r:([^:]+):([^:]+):([^:]+):?(%d*)$')
     limiter.interval = tonumber(interval)
     tolerance = tonumber(tolerance)
+    if interval_override and interval_override > 0 then
+      if limiter.interval > 0 then
+        tolerance = tolerance / limiter.interval * interval_override
+      end
+      limiter.interval = interval_override
+    end
+    cost = tonumber(cost)
+    if cost and cost > 1 then
+      -- A run that costs N starts: it needs N intervals of room at once, and takes them.
+      tolerance = tolerance - (cost - 1) * limiter.interval
+      limiter.interval = limiter.interval * cost
+    end
     promise = tonumber(promise)
     limiter.no_promise = promise < 0  -- a caller that will not wait: make it no promise
     if limiter.no_promise then promise = 0 end

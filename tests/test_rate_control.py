@@ -1,0 +1,113 @@
+"""Rates changed at run time: ``set-rate`` / ``clear-rate`` and ``control.set_rate``.
+
+The override lives in the rate limiter's control hash and is read by the admission script
+itself, so every worker's next admission uses it. The end-to-end test lowers a rate while
+a real prefork worker starts tasks, and measures the start times recorded in the bodies.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator, List
+
+import pytest
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
+
+from celery_redislock import RateLimiter
+from celery_redislock.admin import control
+from celery_redislock.admin.cli import redislock
+from celery_redislock.engine.keys import rate_key
+
+import features_app
+from cli_app import CRAWL, create_app
+from cluster_checks import record_store, wait_until
+from features_app import RATED, RATED_KEY
+from support import LOCK_DB
+from worker_cluster import WorkerCluster
+
+
+@pytest.fixture
+def app(redis_server, lock_client):
+    return create_app(f"redis://127.0.0.1:{redis_server.port}/{LOCK_DB}")
+
+
+def invoke(app, *args):
+    obj = CLIContext(app=app, no_color=True, workdir=None, quiet=True)
+    return CliRunner().invoke(redislock, list(args), obj=obj)
+
+
+def test_set_rate_paces_the_engine_limiter_at_once(lock_client) -> None:
+    """10/s with no burst; overridden to 1/s, the next start is a whole second later."""
+    limiter = RateLimiter(lock_client, "partner", rate="10/s", burst=0)
+    assert limiter.try_acquire()
+    control.set_rate(lock_client, "partner", "1/s")
+    wait = limiter.try_acquire()
+    assert not wait
+    state = lock_client.hgetall(rate_key("partner").replace("}:r:", "}:cr:"))
+    assert state[b"rate"] == b"1/s" and float(state[b"interval"]) == 1e6
+    assert control.clear_rate(lock_client, "partner")
+    assert not control.clear_rate(lock_client, "partner")
+
+
+def test_bad_rate_is_refused(lock_client) -> None:
+    with pytest.raises(control.LimitControlError, match="not a rate"):
+        control.set_rate(lock_client, "partner", "fast")
+    with pytest.raises(control.LimitControlError, match="above zero"):
+        control.set_rate(lock_client, "partner", "0/s")
+
+
+def test_cli_set_rate_shows_in_status_and_clears(app) -> None:
+    result = invoke(app, "set-rate", CRAWL, "100/m")
+    assert result.exit_code == 0, result.output
+    assert "rate set to 100/m" in result.output
+    rows = {row["name"]: row for row in json.loads(invoke(app, "status", "--json").output)}
+    assert rows[CRAWL]["rate_override"] == "100/m"
+    assert "100/m (set-rate)" in invoke(app, "status").output
+    assert control.limit_state(app, CRAWL).rate_override == "100/m"
+    result = invoke(app, "clear-rate", CRAWL)
+    assert result.exit_code == 0 and "rate override cleared" in result.output
+    assert control.limit_state(app, CRAWL).rate_override is None
+    bad = invoke(app, "set-rate", CRAWL, "lots")
+    assert bad.exit_code != 0 and "not a rate" in bad.output
+
+
+@pytest.fixture
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerCluster]:
+    with WorkerCluster(tmp_path_factory.mktemp("rate-workers"), app_module="features_app",
+                       app_factory=features_app.create_app, workers=2,
+                       concurrency=2) as started:
+        yield started
+
+
+def _starts(record) -> List[float]:
+    return sorted(int(value) / 1e6 for value in record.hvals("started"))
+
+
+@pytest.mark.slow
+def test_rate_lowered_at_run_time_slows_starts_on_every_worker(cluster: WorkerCluster) -> None:
+    """A backlog runs at 20/s (no burst) on two workers; set_rate lowers it to 4/s: the
+    starts after the change (a second allowed for runs admitted just before) are spaced
+    at least ~250 ms apart, whichever worker runs them."""
+    task = cluster.app.tasks[RATED]
+    record = record_store(cluster)
+    for _ in range(30):
+        task.delay()
+    wait_until(lambda: record.hlen("started") >= 8, 30, "8 starts at 20/s")
+    control.set_rate(cluster.app, RATED_KEY, "4/s")
+    seconds, micros = cluster.redis.client().time()
+    changed_at = seconds + micros / 1e6
+    wait_until(lambda: len([t for t in _starts(record) if t > changed_at + 1]) >= 7, 30,
+               "7 starts at the new rate")
+    starts = _starts(record)
+    before = [t for t in starts if t < changed_at]
+    slow = [t for t in starts if t > changed_at + 1]
+    gaps = [b - a for a, b in zip(slow, slow[1:])]
+    hosts = {record.get(f"host:{task_id}") for task_id in record.hkeys("started")}
+    print(f"\nstarts/s before {(len(before) - 1) / (before[-1] - before[0]):.1f}, "
+          f"after lowering to 4/s {(len(slow) - 1) / (slow[-1] - slow[0]):.2f}; smallest gap "
+          f"after {min(gaps) * 1000:.0f} ms; workers {len(hosts)}")
+    assert min(b - a for a, b in zip(before, before[1:])) < 0.15  # faster than 4/s before
+    assert min(gaps) > 0.2, gaps  # 250 ms apart, less the recording's jitter
+    assert (len(slow) - 1) / (slow[-1] - slow[0]) < 4.5
+    control.clear_rate(cluster.app, RATED_KEY)
