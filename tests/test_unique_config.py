@@ -95,3 +95,38 @@ def test_owned_lease_compare_and_delete(redis_client) -> None:
     owner, left = mine.once(1)
     assert owner == "task-2" and 0 < left <= 1
     assert theirs.once(30) is None and redis_client.pttl(unique_key("k")) <= 1000
+
+
+def test_unique_send_fails_closed_when_the_lock_store_is_unreachable() -> None:
+    """The key cannot be checked: the send raises LockStoreUnavailable and nothing is
+    published; with redislock_fail_open the task is sent without the check."""
+    from celery_redislock import LockStoreUnavailable
+    from celery_redislock.testing import free_port
+
+    app = _app()
+    app.conf.redislock_url = f"redis://127.0.0.1:{free_port()}/0"
+    app.conf.redislock_transport_options = {}
+    task = app.task(base=LimitedTask, name="proj.job", shared=False, lock_unique=True,
+                    lock_key="job:{job_id}")(job)
+    with pytest.raises(LockStoreUnavailable, match="job:7"):
+        task.delay(7)
+    app.conf.redislock_fail_open = True
+    task._redislock_settings = None  # settings are read once per task
+    assert task.delay(7).id
+
+
+def test_unique_send_in_eager_mode_runs_at_once(redis_client) -> None:
+    app = _app()
+    app.conf.task_always_eager = True
+    app.conf.redislock_client = redis_client
+    ran = []
+
+    def body(job_id):
+        ran.append(job_id)
+
+    task = app.task(base=LimitedTask, name="proj.eager", shared=False, lock_unique=True,
+                    lock_key="job:{job_id}")(body)
+    task.delay(1)
+    task.delay(1)
+    assert ran == [1, 1]  # nothing is queued in eager mode: nothing to deduplicate
+    assert not redis_client.keys("*:u:*")
