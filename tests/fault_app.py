@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from celery import Celery
 from celery.signals import task_failure
 
-from celery_redislock import SingletonTask
+from celery_redislock import LimitedTask, SingletonTask
 from celery_redislock.integration.signals import lease_lost, lock_contended
 
 from worker_app import BROKER_URL_ENV, FAST_RETRY, AppUrls, Recorder
@@ -56,14 +56,20 @@ HOLD = "fault_app.hold"
 TIME_LIMITED = "fault_app.time_limited"
 SLOW_REPORTED = "fault_app.slow_reported"
 SHORT_LEASE = "fault_app.short_lease"
+PAIR = "fault_app.pair"
 
 #: Every task takes its limit key from its ``key`` argument: ``"<prefix><key>"``.
 HOLD_PREFIX = "hold:"
 SHORT_PREFIX = "short:"
+PAIR_PREFIX = "pair:"
 
 #: Leases: long enough that a slot coming back quickly cannot be the lease running out.
 LONG_LEASE = 30.0
 SHORT_LEASE_SECONDS = 1.0
+
+#: ``pair``: two at a time per key, on a lease short enough for a test to wait one out.
+PAIR_SLOTS = 2
+PAIR_LEASE = 4.0
 
 #: The hard time limit of ``time_limited`` and ``slow_reported`` (seconds).
 TIME_LIMIT = 1
@@ -220,6 +226,12 @@ def create_app(urls: AppUrls) -> Celery:
     def short_lease(self: Any, seconds: float, key: str = "a") -> str:
         """One at a time per key, on a 1 s lease renewed every third of a second."""
         return record().work(self, [SHORT_PREFIX + key], seconds)
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=PAIR, lock_slots=PAIR_SLOTS,
+              lock_key=PAIR_PREFIX + "{key}", lock_lease=PAIR_LEASE, **FAST_RETRY)
+    def pair(self: Any, seconds: float, key: str = "a") -> str:
+        """Two at a time per key, on a 4 s lease renewed every 1.3 s."""
+        return record().work(self, [PAIR_PREFIX + key], seconds)
 
     def ours(sender: Any) -> bool:
         return getattr(sender, "app", None) is app

@@ -22,6 +22,7 @@ the end of the test, and its Redis server with it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import shutil
@@ -59,8 +60,10 @@ class WorkerProcess:
     """One ``celery worker`` subprocess, in a process group of its own, logging to a file."""
 
     def __init__(self, name: str, command: List[str], env: Dict[str, str],
-                 log_path: Path) -> None:
+                 log_path: Path, node: Optional[str] = None) -> None:
         self.name = name
+        #: The node name before the ``@`` (``-n``): ``name`` unless it is a namesake's.
+        self.node = node or name
         self.command = command
         self.env = env
         self.log_path = log_path
@@ -158,6 +161,7 @@ class WorkerCluster:
         workers: int = 3,
         concurrency: int = 3,
         extra_args: Optional[List[str]] = None,
+        separate_lock_store: bool = False,
         start_timeout: float = 60.0,
         stop_timeout: float = 20.0,
     ) -> None:
@@ -167,6 +171,10 @@ class WorkerCluster:
         self.workers = workers
         self.concurrency = concurrency
         self.extra_args = list(extra_args or [])
+        self.separate_lock_store = separate_lock_store
+        #: With ``separate_lock_store``: the lock store's own server, which a test may
+        #: kill and restart without touching the broker.
+        self.lock_redis: Optional[RedisServer] = None
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.redis: Optional[RedisServer] = None
@@ -183,8 +191,8 @@ class WorkerCluster:
 
     @property
     def names(self) -> List[str]:
-        """The worker node names before the ``@``."""
-        return [process.name for process in self.processes]
+        """The worker node names before the ``@`` (each once, namesakes share one)."""
+        return list(dict.fromkeys(process.node for process in self.processes))
 
     def start(self) -> WorkerCluster:
         """Start Redis and the workers, and wait until every worker answers a ping.
@@ -197,6 +205,9 @@ class WorkerCluster:
         try:
             self.redis = RedisServer().start()
             self.urls = AppUrls.on_server(self.redis.url)
+            if self.separate_lock_store:
+                self.lock_redis = RedisServer().start()
+                self.urls = dataclasses.replace(self.urls, lock=self.lock_redis.url)
             self._app = self.app_factory(self.urls)
             # A result still referred to after the cluster stopped (say, by a failed
             # test's traceback) must not spend seconds retrying when it is collected.
@@ -217,6 +228,35 @@ class WorkerCluster:
             self.stop()
             raise
         return self
+
+    def add_namesake(self, name: str, of: str) -> WorkerProcess:
+        """Start one more worker, known to the test as ``name``, under the node name of
+        worker ``of`` (two ``celery worker`` processes with the same ``-n``), and wait
+        until it logs that it is ready."""
+        assert self.urls is not None
+        process = WorkerProcess(name, self._worker_command(of),
+                                self._worker_environment(self.urls),
+                                self.log_directory / f"{name}.log", node=of)
+        self.processes.append(process)
+        self.start_process_and_wait(process)
+        return process
+
+    def start_process_and_wait(self, process: WorkerProcess,
+                               timeout: Optional[float] = None) -> None:
+        """(Re)start ``process`` once it has exited, and wait until its log says it is
+        ready (a namesake cannot be told apart by a ping)."""
+        if process.returncode is None and process.process is not None:
+            raise RuntimeError(f"worker {process.name} is still running")
+        process.reap_children()
+        process.close_log()
+        offset = process.log_size()
+        process.start()
+        deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
+        while " ready." not in process.log_text(offset):
+            self.check_running()
+            if time.monotonic() > deadline:
+                raise WorkerStartError(f"worker {process.name} did not start\n{self.logs()}")
+            time.sleep(0.05)
 
     def _worker_command(self, name: str) -> List[str]:
         return [
@@ -298,6 +338,9 @@ class WorkerCluster:
         if self.redis is not None:
             self.redis.cleanup()
             self.redis = None
+        if self.lock_redis is not None:
+            self.lock_redis.cleanup()
+            self.lock_redis = None
 
     def log_offsets(self) -> Dict[str, int]:
         """Each worker's current log length, to show later only what came after."""

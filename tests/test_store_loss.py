@@ -1,0 +1,84 @@
+"""End to end: a lock store that loses its data does not admit runs beside live holders.
+
+The lock store (a Redis server of its own here, so that the broker keeps its messages)
+is SIGKILLed while two runs hold both slots of a key and started again, empty, on the
+same port; more runs of the key are sent at once. The holders' keepers re-assert their
+leases, and no new slot is granted until they have or a whole lease has passed, so no
+more than 2 bodies ever run at once (counted from inside the bodies, see
+:mod:`fault_app`). Times are on the record store's clock; ``pytest -s`` prints them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import TYPE_CHECKING, List
+
+import pytest
+from celery.result import AsyncResult
+
+from cluster_checks import (
+    assert_each_ran_once,
+    holders,
+    lock_store,
+    peaks,
+    record_store,
+    server_time_us,
+    wait_until,
+)
+from fault_app import PAIR, PAIR_LEASE, PAIR_PREFIX, PAIR_SLOTS, create_app
+
+if TYPE_CHECKING:
+    from worker_cluster import WorkerCluster, WorkerClusterFactory
+
+pytest_plugins = ["worker_cluster"]
+
+pytestmark = pytest.mark.slow
+
+#: Longest wait for anything the test waits for.
+TIMEOUT = 60.0
+
+#: How long the first holders run: well past a lease after the lock store came back.
+HOLD_SECONDS = 3 * PAIR_LEASE
+
+
+def started(record, results: List[AsyncResult]) -> List[int]:
+    return [int(record.hget("started", result.id)) for result in results]
+
+
+def restart_lock_store_empty(cluster: WorkerCluster) -> None:
+    """SIGKILL the lock store's server and start it again, empty, on the same port."""
+    server = cluster.lock_redis
+    assert server is not None and server.process is not None
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+    server.start()
+
+
+def test_lock_store_restarted_empty_under_live_holders(
+        worker_cluster_factory: WorkerClusterFactory) -> None:
+    cluster = worker_cluster_factory(workers=2, concurrency=3, app_module="fault_app",
+                                     app_factory=create_app, separate_lock_store=True)
+    record = record_store(cluster)
+    pair = cluster.app.tasks[PAIR]
+    key = PAIR_PREFIX + "loss"
+    first = [pair.delay(HOLD_SECONDS, key="loss") for _ in range(PAIR_SLOTS)]
+    wait_until(lambda: all(record.hexists("started", r.id) for r in first), TIMEOUT,
+               "the first holders to start")
+
+    restart_lock_store_empty(cluster)
+    back_at = server_time_us(record)
+    assert lock_store(cluster).dbsize() == 0
+    more = [pair.delay(0.3, key="loss") for _ in range(6)]
+
+    results = first + more
+    assert [r.get(timeout=TIMEOUT + HOLD_SECONDS) for r in results] == [r.id for r in results]
+    assert max(peaks(record, key)) <= PAIR_SLOTS, f"peaks: {peaks(record, key)}"
+    assert_each_ran_once(record, results)
+    next_start = (min(started(record, more)) - back_at) / 1e6
+    first_end = (min(int(record.hget("ended", r.id)) for r in first) - back_at) / 1e6
+    print(f"\nlock store restarted empty: next start {next_start:.3f} s after it was back; "
+          f"the first holders ended {first_end:.3f} s after")
+    # The holders kept their slots: re-asserted, not lost.
+    assert [record.hget("lost", r.id) for r in first] == ["0"] * PAIR_SLOTS
+    assert holders(cluster, key) == 0
