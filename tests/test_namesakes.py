@@ -56,7 +56,8 @@ def test_namesake_started_stopped_and_restarted_beside_live_holders(
     assert holders(cluster, key) == PAIR_SLOTS, "the namesake freed live slots at start"
 
     waiters = [pair.delay(0.3, key="twin") for _ in range(4)]
-    wait_until(lambda: record.hexists("refused", waiters[0].id), TIMEOUT,
+    # worker1 may keep two of them in its prefetch buffer: the namesake gets the others.
+    wait_until(lambda: any(record.hexists("refused", r.id) for r in waiters), TIMEOUT,
                "a waiter to be refused")
 
     twin.terminate()

@@ -496,15 +496,25 @@ _new_process_id()
 os.register_at_fork(after_in_child=_new_process_id)
 
 
-def owner_prefix(worker: str, task_id: str = "") -> str:
+def owner_prefix(worker: str, task_id: str = "", start: str = "") -> str:
     """The start of the holder tokens of a worker's runs, or of one task's runs on it.
 
-    Tokens of task runs are ``"<worker node>|<task id>|<random>"``, so the worker's main
-    process can free what a pool child that died held, and a restarted worker what its
-    previous life held (see :mod:`celery_redislock.integration.recovery`).
+    Tokens of task runs are ``"<worker node>|<task id>|<start id>:<random>"``, the start
+    id naming one start of the worker (see :mod:`celery_redislock.engine.workers`), so the
+    worker's main process can free what a pool child that died held, and a restarted
+    worker what its previous life held, never what a live worker of the same node name
+    holds (see :mod:`celery_redislock.integration.recovery`). Without a start id the
+    token is ``"<worker node>|<task id>|<random>"``::
+
+        >>> owner_prefix("w1@host", "task-1", "5eed")
+        'w1@host|task-1|5eed:'
+        >>> owner_prefix("w1@host")
+        'w1@host|'
     """
     worker = _token_safe(worker)
-    return f"{worker}|{_token_safe(task_id)}|" if task_id else f"{worker}|"
+    if not task_id:
+        return f"{worker}|"
+    return f"{worker}|{_token_safe(task_id)}|" + (f"{_token_safe(start)}:" if start else "")
 
 
 def _token_safe(text: str) -> str:

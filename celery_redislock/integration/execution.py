@@ -46,6 +46,7 @@ from ..engine.refusal import (
 )
 from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable, LockWaitTimeout
 from . import handoff, signals
+from .recovery import this_start
 from .waiting import SHORT_WAIT, WAIT_HEADER, describe, requeue, wait_state
 
 try:
@@ -152,7 +153,8 @@ class _Attempt:
             task=task, setup=setup, request=request,
             limiters=setup.limits.limiters(args, kwargs, setup.settings.prefix),
             description=_describe(task.name, request.hostname, request.id),
-            owner=owner_prefix(request.hostname or "", request.id or ""),
+            owner=owner_prefix(request.hostname or "", request.id or "",
+                               this_start(request.hostname)),
             waited=waited, promises=dict(waited.get("promises") or {}), ticket=ticket,
             eager=eager, reserve_ms=0 if eager else setup.reserve_ms,
         )

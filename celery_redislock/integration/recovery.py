@@ -4,14 +4,19 @@ A pool child killed by SIGKILL, the OOM killer, a hard ``time_limit`` or
 ``revoke(terminate=True)`` never runs its ``finally``. The worker's main process sees it
 happen (``task_failure`` with ``WorkerLostError`` or ``TimeLimitExceeded``, or
 ``task_revoked`` with ``terminated=True``) and frees that run's slots at once, by the
-holder token prefix ``"<worker node>|<task id>|"``, instead of leaving them until their
-leases run out.
+holder token prefix ``"<worker node>|<task id>|<start id>:"``, instead of leaving them
+until their leases run out.
 
-A worker that starts frees what its previous life under the same node name still held
-(``"<worker node>|"``): node names are unique in a Celery cluster, so those holders are
-dead; and as its main process exits (after a warm or a cold shutdown) it frees what it
-still holds. Slots of other workers are never touched. The receivers are connected when the
-package is imported; they act only in apps that use ``LimitedTask`` or ``install()``.
+Celery lets two workers share a node name, so a holder's owner is one *start* of a worker:
+each start draws a random start id, registers itself in the lock store with a lease that
+its lease keeper renews (see :mod:`celery_redislock.engine.workers`), and its runs' tokens
+carry the start id. A worker that starts frees what its previous lives under the same node
+name still held: the holders of that node whose start is not registered, or whose
+registration names a process of this host that is gone (its registration is removed);
+as its main process exits (after a warm or a cold shutdown) it frees what this start still
+holds. Slots of other workers, and of a live worker of the same name, are never touched.
+The receivers are connected when the package is imported; they act only in apps that use
+``LimitedTask`` or ``install()``.
 """
 
 from __future__ import annotations
@@ -21,30 +26,45 @@ import logging
 import os
 import threading
 import time
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import redis
 from billiard.exceptions import WorkerLostError
 from celery import Task
 from celery.exceptions import TimeLimitExceeded
-from celery.signals import task_failure, task_revoked, worker_init
+from celery.signals import task_failure, task_revoked, worker_init, worker_shutdown
 from celery.worker.request import Request
 
 from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
 from ..engine.admission import SlotLimit, owner_prefix
 from ..engine.holder import parse_holder
+from ..engine.keeper import lease_keeper
 from ..engine.reach import unreachable_reason
 from ..engine.refusal import error_text
 from ..engine.scan import batches, semaphore_keys
-from ..engine.scripts import RELEASE_OWNER, by_hash_slot
+from ..engine.scripts import RELEASE_OWNER, by_hash_slot, is_cluster
+from ..engine.workers import (
+    WorkerRegistration,
+    live_starts,
+    new_start_id,
+    registry_prefix,
+)
 from . import handoff
 from .startup import CheckLockStoreAtStart
 
 logger = logging.getLogger(__name__)
 
-#: The node name of the worker whose main process this is, once it has started.
+#: The node name (``name``) and start id (``start``) of the worker whose main process
+#: this is (or whose pool child: they are inherited through ``fork``), once it started.
 _this_worker: dict = {}
+
+
+def this_start(worker: Optional[str]) -> str:
+    """The start id of this process's worker if it is node ``worker``, else ``""``."""
+    if worker and worker == _this_worker.get("name"):
+        return str(_this_worker.get("start") or "")
+    return ""
 
 
 def is_limited(task: Any) -> bool:
@@ -85,7 +105,7 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
     if not slot_keys:
         return 0
     client = redis_client(task._get_app(), settings)
-    prefix = owner_prefix(worker, task_id)
+    prefix = owner_prefix(worker, task_id, this_start(worker))
 
     def free() -> int:
         return sum(free_owner_slots(task._get_app(), client, keys, prefix, limits.lease)
@@ -147,23 +167,40 @@ def _free_after_exit(pids: List[int], lease: float, free: Any, what: str) -> Non
 
 
 def free_owner_slots(app: Any, client: Any, keys: Sequence[str], prefix: str,
-                     lease: float = handoff.RESERVATION) -> int:
-    """Free the slots of ``keys`` whose holder tokens start with ``prefix``, hand them to
-    the oldest waiters (re-publishing their messages), and return how many were freed."""
-    reply = RELEASE_OWNER.run(client, list(keys), [prefix, handoff.reservation_ms(lease)])
+                     lease: float = handoff.RESERVATION, mode: Sequence[str] = ()) -> int:
+    """Free the slots of ``keys`` whose holder tokens start with ``prefix`` (and that
+    ``mode`` selects, see ``release_owner.lua``), hand them to the oldest waiters
+    (re-publishing their messages), and return how many were freed."""
+    reply = RELEASE_OWNER.run(client, list(keys),
+                              [prefix, handoff.reservation_ms(lease), *mode])
     if len(reply) > 1:
         handoff.publish(app, reply[1:])
     return int(reply[0])
 
 
-def free_worker_slots(app: Any, worker: str) -> int:
-    """Free every slot held by runs of worker ``worker`` (a node name), on any key."""
+def free_worker_slots(app: Any, worker: str, live: Sequence[str] = ()) -> int:
+    """Free, on any key, the slots held by runs of worker ``worker`` (a node name) whose
+    start is neither registered nor in ``live``: the dead lives of that worker."""
+    settings = read_settings(app)
+    client = redis_client(app, settings)
+    registry = "" if is_cluster(client) else registry_prefix(settings.prefix, worker)
+    mode = ["dead", registry, *live]
+    freed = 0
+    for batch in batches(semaphore_keys(client, settings.prefix)):
+        for keys in by_hash_slot(client, batch):
+            freed += free_owner_slots(app, client, keys, owner_prefix(worker), mode=mode)
+    return freed
+
+
+def free_start_slots(app: Any, worker: str, start: str) -> int:
+    """Free, on any key, the slots held by runs of start ``start`` of worker ``worker``."""
     settings = read_settings(app)
     client = redis_client(app, settings)
     freed = 0
     for batch in batches(semaphore_keys(client, settings.prefix)):
         for keys in by_hash_slot(client, batch):
-            freed += free_owner_slots(app, client, keys, owner_prefix(worker))
+            freed += free_owner_slots(app, client, keys, owner_prefix(worker),
+                                      mode=["own", start])
     return freed
 
 
@@ -172,7 +209,8 @@ def _forget_previous_life(sender: Any = None, **_: Any) -> None:
     app, worker = getattr(sender, "app", None), getattr(sender, "hostname", None)
     if app is None or not worker:
         return
-    _this_worker["name"] = worker
+    start = new_start_id()
+    _this_worker.update(name=worker, start=start)
     try:
         if not uses_limits(app):
             return
@@ -180,18 +218,23 @@ def _forget_previous_life(sender: Any = None, **_: Any) -> None:
         logger.warning("celery-redislock: could not look at the tasks of %s: %r", worker, exc)
         return
     app.steps["worker"].add(CheckLockStoreAtStart)  # runs as the worker's blueprint is made
-    atexit.register(_free_what_is_left, app, worker, os.getpid())
-    _free_worker_slots_saying(app, worker, AT_START)
+    registration = _register(app, worker, start)
+    atexit.register(_free_what_is_left, app, worker, start, os.getpid(), registration)
+    _free_worker_slots_saying(app, worker, AT_START, lambda: free_worker_slots(
+        app, worker, [*live_starts(redis_client(app), read_settings(app).prefix, worker),
+                      start]))
 
 
 #: How the start-up call of :func:`_free_worker_slots_saying` names the slots it frees.
 AT_START = "still held by a previous run of"
 
 
-def _free_worker_slots_saying(app: Any, worker: str, whose: str) -> None:
-    """:func:`free_worker_slots`, logging what it did; it never raises."""
+def _free_worker_slots_saying(app: Any, worker: str, whose: str,
+                              free: Callable[[], int]) -> None:
+    """Call ``free`` (which frees slots of worker ``worker``), logging what it did; it
+    never raises."""
     try:
-        freed = free_worker_slots(app, worker)
+        freed = free()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         if whose == AT_START:
             log_unreachable_lock_store(app, exc)
@@ -206,6 +249,27 @@ def _free_worker_slots_saying(app: Any, worker: str, whose: str) -> None:
         return
     if freed:
         logger.warning("celery-redislock: freed %d slot(s) %s %s", freed, whose, worker)
+
+
+def _register(app: Any, worker: str, start: str) -> Optional[WorkerRegistration]:
+    """Register this start of ``worker`` and have the lease keeper keep it alive."""
+    registration = WorkerRegistration(redis_client(app), read_settings(app).prefix,
+                                      worker, start)
+    try:
+        registration.renew()
+    except Exception as exc:  # the keeper registers it once the lock store answers
+        logger.warning("celery-redislock: could not register %s (start %s): %r",
+                       worker, start, exc)
+    lease_keeper().keep(registration)
+    _this_worker["registration"] = registration
+    return registration
+
+
+@worker_shutdown.connect
+def _stop_renewing_registration(sender: Any = None, **_: Any) -> None:
+    registration = _this_worker.get("registration")
+    if registration is not None and getattr(sender, "hostname", None) == registration.node:
+        lease_keeper().forget(registration)
 
 
 def log_unreachable_lock_store(app: Any, exc: BaseException) -> None:
@@ -308,10 +372,20 @@ def _leave_lines(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
                        "line: %s", task_id, error_text(exc))
 
 
-def _free_what_is_left(app: Any, worker: str, main_pid: int) -> None:
+def _free_what_is_left(app: Any, worker: str, start: str, main_pid: int,
+                       registration: Optional[WorkerRegistration] = None) -> None:
     """At the exit of the worker's main process — after a warm or a cold shutdown, whose
-    pool children were killed without their ``finally`` — free what the worker still
-    holds. (Pool children inherit this hook through ``fork``; only the main process runs
-    it.)"""
-    if os.getpid() == main_pid:
-        _free_worker_slots_saying(app, worker, "left by")
+    pool children were killed without their ``finally`` — free what this start of the
+    worker still holds, then remove its registration. (Pool children inherit this hook
+    through ``fork``; only the main process runs it.)"""
+    if os.getpid() != main_pid:
+        return
+
+    def free_and_leave() -> int:
+        freed = free_start_slots(app, worker, start)
+        if registration is not None:
+            lease_keeper().forget(registration)
+            registration.unregister()
+        return freed
+
+    _free_worker_slots_saying(app, worker, "left by", free_and_leave)

@@ -1,26 +1,57 @@
 -- Give back every slot held by members that start with a prefix, in N leased semaphores,
 -- and hand the freed slots to the waiting lines (line.lua is put in front of this script).
 --
--- Holder members of task runs start "<worker node>|<task id>|", so a worker's main process
--- can free the slots of a pool child that died without running its own cleanup (prefix
--- "<node>|<task id>|"), or of its own previous life after a restart ("<node>|").
+-- Holder members of task runs start "<worker node>|<task id>|<start id>:", the start id
+-- being one start of that worker (older members have no "<start id>:"), so a worker's
+-- main process can free the slots of a pool child that died without running its own
+-- cleanup (prefix "<node>|<task id>|<start id>:"), what it still holds as it exits
+-- (mode 'own'), or what its previous lives held (mode 'dead'), never touching the slots of
+-- a live worker of the same node name.
 --
 -- KEYS[i]   semaphore i (see admit.lua)
 -- ARGV[1]   member prefix
 -- ARGV[2]   how long a slot handed to a waiter stays reserved for it (ms), or 0
+-- ARGV[3]   '' (every member with the prefix), 'own' (only those of start ARGV[4]) or
+--           'dead' (only those of a start that is not live, or of no start)
+-- ARGV[4]   'own': the start id; 'dead': the start of the registry keys of the node's
+--           starts ('<prefix>worker:<node>:'; a start is live while its key exists), or ''
+--           (on Redis Cluster, where those keys may live on another node)
+-- ARGV[5..] 'dead': start ids to take as live whatever the registry says
 --
 -- Returns {freed, message...}: how many slots were freed, and the messages of waiters
 -- handed a slot, for the caller to re-publish.
 
 local prefix = ARGV[1]
 local reserve = tonumber(ARGV[2] or '0')
+local mode = ARGV[3] or ''
 local freed = 0
 local handed = {}
 local now = server_now()
+local live = {}
+for i = 5, #ARGV do live[ARGV[i]] = true end
+
+local function start_of(member)
+  return string.match(member, '^[^|]*|[^|]*|([^:| ]*):')
+end
+
+local function is_live(start)
+  if live[start] == nil then
+    live[start] = ARGV[4] ~= '' and redis.call('EXISTS', ARGV[4] .. start) == 1
+  end
+  return live[start]
+end
+
+local function frees(member)
+  if string.sub(member, 1, #prefix) ~= prefix then return false end
+  if mode == '' then return true end
+  local start = start_of(member)
+  if mode == 'own' then return start == ARGV[4] end
+  return start == nil or not is_live(start)
+end
 
 for i = 1, #KEYS do
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[i], 0, '+inf')) do
-    if string.sub(member, 1, #prefix) == prefix then
+    if frees(member) then
       redis.call('ZREM', KEYS[i], member)
       freed = freed + 1
     end
