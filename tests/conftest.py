@@ -11,6 +11,8 @@ import pytest
 from celery.contrib.pytest import celery_worker  # noqa: F401
 from celery.signals import task_prerun
 
+from celery_redislock.engine.admission import declare_fresh
+
 from redis_process import RedisServer
 from support import BROKER_DB, LOCK_DB
 
@@ -28,6 +30,7 @@ def redis_server(redislock_server):
 def redis_client(redis_server):
     client = redis_server.client()
     client.flushall()
+    declare_fresh(client)  # emptied on purpose: not a store that lost its data
     yield client
     client.close()
 
@@ -59,6 +62,7 @@ def lock_client(redis_server):
     """A client of the lock store database, emptied for each test."""
     client = redis_server.client(db=LOCK_DB)
     client.flushdb()
+    declare_fresh(client)  # emptied on purpose: not a store that lost its data
     yield client
     client.close()
 

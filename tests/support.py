@@ -8,6 +8,10 @@ from typing import Callable
 #: Databases of the session's private redis-server used by the in-process Celery tests.
 LOCK_DB, BROKER_DB = 0, 1
 
+#: The lock store's incarnation key under the default prefix: written once per key space,
+#: it never expires (see ``store.lua``).
+INCARNATION = b"redislock:incarnation"
+
 #: Task options that make a waiting task ask again quickly.
 FAST_RETRY = {"lock_retry_backoff": 0.02, "lock_retry_backoff_max": 0.05}
 

@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -23,7 +24,7 @@ from .holder import holder_member
 from .keys import LINE, companion_key, rate_key, semaphore_key
 from .rate import Rate
 from .refusal import describe_error
-from .scripts import ADMIT, REFUND, RELEASE, RENEW, WAKE, by_hash_slot, is_cluster
+from .scripts import ADMIT, FRESH, REFUND, RELEASE, RENEW, WAKE, by_hash_slot, is_cluster
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ class Lease:
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
     #: On Redis Cluster, one lease per hash slot that the run's limits span.
     _parts: List[Lease] = field(default_factory=list, repr=False, compare=False)
+    #: The store's incarnation this lease belongs to (see ``store.lua``): 0 for the
+    #: one it was granted in (its fence says when), else the one it was re-asserted in.
+    _epoch: int = field(default=0, repr=False, compare=False)
 
     @property
     def token(self) -> str:
@@ -122,12 +126,21 @@ class Lease:
             return all(renewed)
         if not self._keys:
             return True
-        lease_end, lost = RENEW.run(
-            self._client, self._keys, [self._member, milliseconds(self.lease_seconds)]
+        lease_end, lost, *reasserted = RENEW.run(
+            self._client, self._keys,
+            [self._member, milliseconds(self.lease_seconds), self._epoch or self.fence],
         )
         if lost:
             self.lost = True
             return False
+        if reasserted and int(reasserted[0]):
+            # The store lost its data; this lease was written back into the new one.
+            self._epoch = int(reasserted[0])
+            saw_incarnation(self._client, self._epoch)
+            logger.warning(
+                "celery-redislock: the lock store lost its data; holder %s re-asserted "
+                "its lease on %r (fence %s)", self.token, self.name, self.fence,
+            )
         self.expires_at_ms = int(lease_end)
         return True
 
@@ -417,16 +430,19 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
         client,
         [limiter.key for limiter in limiters],
         [token, milliseconds(lease), description, ticket.id, ticket.mode, ticket.keep_ms,
-         reserve_ms, *(limiter.spec(promises) for limiter in limiters)],
+         reserve_ms, *(limiter.spec(promises) for limiter in limiters),
+         seen_incarnation(client)],
     )
     if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended last"
         now_ms, lease_end, fence, contended, last = map(int, reply.split())
+        saw_incarnation(client, fence)
         return _lease(client, limiters, token, lease, description, reserve_ms,
                       now_ms, lease_end, fence, contended, last, [])
     status, now_ms, index = int(reply[0]), int(reply[1]), int(reply[2])
     a, b, c, d = reply[3:7]
     handoffs = list(reply[7:])
     if status == 1:
+        saw_incarnation(client, int(b))
         return _lease(client, limiters, token, lease, description, reserve_ms,
                       now_ms, int(a), int(b), int(c), int(d), handoffs)
     limiter = limiters[index - 1]
@@ -478,6 +494,48 @@ def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
         _reserve_ms=reserve_ms,
         handoffs=handoffs,
     )
+
+
+#: Per client of a lock store: the latest incarnation of the store this process saw (the
+#: incarnation's ``born``, or a fencing number granted in it, µs). An admission passes it,
+#: so that a store found without an incarnation is known to have lost its data (see
+#: ``store.lua``). Pool children inherit it through ``fork``.
+_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def seen_incarnation(client: Any) -> int:
+    """The latest incarnation of the lock store behind ``client`` seen here, 0 if none."""
+    try:
+        return _seen.get(client, 0)
+    except TypeError:  # a client that cannot be referred to weakly
+        return 0
+
+
+def saw_incarnation(client: Any, value: int) -> None:
+    """Remember that the lock store behind ``client`` was seen in incarnation ``value``
+    (its ``born``, or a fencing number granted in it), if later than what was seen.
+
+        >>> class Client: ...
+        >>> client = Client()
+        >>> saw_incarnation(client, 5); saw_incarnation(client, 3); seen_incarnation(client)
+        5
+    """
+    try:
+        if value > _seen.get(client, 0):
+            _seen[client] = value
+    except TypeError:
+        pass
+
+
+def declare_fresh(client: Any, prefix: str = "redislock:") -> None:
+    """Tell the lock store behind ``client`` that it was emptied on purpose (say, between
+    two tests): a new incarnation without a grace, so that no process takes the empty
+    store for one that lost its data. One script::
+
+        client.flushdb()
+        declare_fresh(client)
+    """
+    FRESH.run(client, [f"{prefix}incarnation"], [])
 
 
 def new_token() -> str:

@@ -77,13 +77,19 @@ class LuaScript:
 _PLAIN = "_redislock_plain_scripts"
 
 
-ADMIT = LuaScript.load("admit.lua", after=["line.lua"])
-RELEASE = LuaScript.load("release.lua", after=["line.lua"])
-RENEW = LuaScript.load("renew.lua")
-RELEASE_OWNER = LuaScript.load("release_owner.lua", after=["line.lua"])
-ENQUEUE = LuaScript.load("enqueue.lua", after=["line.lua"])
-WAKE = LuaScript.load("wake.lua", after=["line.lua"])
-LEAVE_LINE = LuaScript.load("leave_line.lua", after=["line.lua"])
+#: Shared functions put in front of the scripts that hand out slots: the store's
+#: incarnation (store.lua), then the waiting line (line.lua).
+LINE = ["store.lua", "line.lua"]
+
+ADMIT = LuaScript.load("admit.lua", after=LINE)
+RELEASE = LuaScript.load("release.lua", after=LINE)
+RENEW = LuaScript.load("renew.lua", after=["store.lua"])
+REGISTER = LuaScript.load("register.lua", after=["store.lua"])
+FRESH = LuaScript.load("fresh.lua", after=["store.lua"])
+RELEASE_OWNER = LuaScript.load("release_owner.lua", after=LINE)
+ENQUEUE = LuaScript.load("enqueue.lua", after=LINE)
+WAKE = LuaScript.load("wake.lua", after=LINE)
+LEAVE_LINE = LuaScript.load("leave_line.lua", after=LINE)
 REFUND = LuaScript.load("refund.lua")
 HOLDERS = LuaScript.load("holders.lua", flags="no-writes")
 AVAILABLE = LuaScript.load("available.lua", after=["line.lua"], flags="no-writes")

@@ -27,10 +27,17 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from redis.exceptions import RedisError
 
+from .admission import saw_incarnation, seen_incarnation
+from .scripts import REGISTER
+
 logger = logging.getLogger(__name__)
 
 #: Seconds a worker's registration lives without renewal (renewed every third of it).
 REGISTRATION_LEASE = 30.0
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def new_start_id() -> str:
@@ -76,12 +83,16 @@ class WorkerRegistration:
     """
 
     def __init__(self, client: Any, prefix: str, node: str, start: str,
-                 lease: float = REGISTRATION_LEASE) -> None:
+                 lease: float = REGISTRATION_LEASE, grace: float = REGISTRATION_LEASE) -> None:
         self.client = client
         self.node = node
         self.start = start
+        self.prefix = prefix
         self.key = registry_prefix(prefix, node) + start
         self.lease_seconds = lease
+        #: The grace after a loss of the store's data that a renewal finds (seconds):
+        #: the longest lease of the worker's limits.
+        self.grace = grace
         self.name = f"worker registration {node} ({start})"
         self.token = self.key
         self.fence = 0
@@ -91,14 +102,18 @@ class WorkerRegistration:
                                        "since": process_since(pid)})
 
     def renew(self) -> bool:
-        """Write the registration with a fresh lease (one ``SET ... PX``). Always True: a
-        registration is never given up; one that could not be written is logged and
-        written at the next renewal."""
+        """Write the registration with a fresh lease, and learn the store's incarnation
+        (one script, see ``register.lua``). Always True: a registration is never given
+        up; one that could not be written is logged and written at the next renewal."""
         try:
-            self.client.set(self.key, self.description,
-                            px=max(1, round(self.lease_seconds * 1000)))
+            born = REGISTER.run(self.client, [self.key], [
+                self.description, _ms(self.lease_seconds), seen_incarnation(self.client),
+                _ms(self.grace), self.prefix + "{",
+            ])
         except RedisError as exc:
             logger.warning("celery-redislock: could not renew the %s: %r", self.name, exc)
+            return True
+        saw_incarnation(self.client, int(born))
         return True
 
     def unregister(self) -> None:

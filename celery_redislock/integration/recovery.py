@@ -253,8 +253,9 @@ def _free_worker_slots_saying(app: Any, worker: str, whose: str,
 
 def _register(app: Any, worker: str, start: str) -> Optional[WorkerRegistration]:
     """Register this start of ``worker`` and have the lease keeper keep it alive."""
+    leases = [limits.lease for limits in map(limits_of, app.tasks.values()) if limits]
     registration = WorkerRegistration(redis_client(app), read_settings(app).prefix,
-                                      worker, start)
+                                      worker, start, grace=max(leases, default=30.0))
     try:
         registration.renew()
     except Exception as exc:  # the keeper registers it once the lock store answers

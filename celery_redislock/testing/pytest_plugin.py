@@ -34,8 +34,16 @@ def redislock_server() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def redislock_url(redislock_server: RedisServer) -> str:
-    """The URL of the private server, emptied for this test."""
-    redislock_server.client().flushall()
+    """The URL of the private server, emptied for this test, and said to be emptied on
+    purpose: an app that used it in an earlier test must not take the empty store for one
+    that lost its data and wait out a grace (what
+    :func:`celery_redislock.engine.admission.declare_fresh` does, for the default prefix;
+    this layer does not import the engine)."""
+    client = redislock_server.client()
+    client.flushall()
+    seconds, micros = client.time()
+    client.hset("redislock:incarnation",
+                mapping={"born": seconds * 1_000_000 + micros, "grace": 0})
     return redislock_server.url
 
 

@@ -31,6 +31,9 @@
 --             promise being the start time (us) promised earlier, 0 for none, or -1 for
 --             a caller that will not wait (refused, it is told when to try, promised
 --             nothing)
+-- ARGV[8+#KEYS]  the latest incarnation of the store the caller saw (its 'born', or a
+--             fencing number it was given; 0 if none, see store.lua): a semaphore is
+--             refused (status 0) during the grace that follows a loss of the store's data
 --
 -- Replies:
 --   "now_ms lease_end_ms fence contended last"   admitted, nothing else to do. The
@@ -66,6 +69,7 @@ local express = string.sub(copy, 1, 1) == 'e'
 local keep_ticket = tonumber(ARGV[6])
 local reserve = tonumber(ARGV[7])
 local STATISTICS_TTL = 60000
+local seen = tonumber(ARGV[8 + #KEYS] or '0') or 0
 local now, now_us = server_now()
 -- Numbers go to Redis and into the reply as text made here with '%d': Lua's own number
 -- to text conversion (and '%.0f') takes the C library's slow floating-point path.
@@ -122,7 +126,9 @@ for i = 1, #KEYS do
       limiter.waiting = waiting and true or false
       local used = redis.call('ZCOUNT', key, '(' .. now_text, '+inf')
       local free = slots - used
-      local blocked = free <= 0
+      -- After a loss of the store's data, no slot is granted until the grace ends.
+      local grace = grace_of(key, now, now_us, seen, lease)
+      local blocked = free <= 0 or grace ~= nil
       if not blocked and has_line then
         -- Free slots go to the line first, oldest first; the run gets one only if some
         -- are left when its own turn (or the end of the line) comes.
@@ -136,6 +142,7 @@ for i = 1, #KEYS do
                                  'LIMIT', 0, 1)
         local until_first_end = 0
         if first[2] then until_first_end = tonumber(first[2]) - now end
+        if grace then until_first_end = math.max(until_first_end, grace - now) end
         local hold = redis.call('ZSCORE', key, '#hold')
         if hold then
           hold = -tonumber(hold) - 1

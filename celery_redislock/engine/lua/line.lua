@@ -115,6 +115,7 @@ end
 -- Hand the free slots of semaphore `key` to its line, if it has one.
 local function serve_line(key, now, reserve_ms, out)
   if reserve_ms <= 0 or redis.call('EXISTS', companion(key, 'q')) == 0 then return end
+  if grace_of(key, now) then return end  -- after a loss of the store: nothing afresh yet
   prune_tickets(key, now)
   redis.call('ZREMRANGEBYSCORE', key, 0, now)
   local slots, paused = semaphore_limit(key, nil, now)

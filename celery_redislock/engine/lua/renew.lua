@@ -1,32 +1,74 @@
--- Extend one holder's leases in N leased semaphores (see admit.lua).
+-- Extend one holder's leases in N leased semaphores (see admit.lua; store.lua is put in
+-- front of this script).
 --
 -- KEYS[i]   semaphore i
 -- ARGV[1]   the holder's member
 -- ARGV[2]   new lease length (ms), counted from now on the server's clock
+-- ARGV[3]   the incarnation of the store the lease belongs to: its fencing number, or the
+--           'born' of the incarnation it was re-asserted in (us); 0: never re-assert
 --
--- Returns {lease_end_ms, lost}: lost counts the semaphores where the holder no longer had
--- a live lease (released, expired, or wiped by a flush or failover). A lease that ran out
--- is never revived, since another holder may have been admitted in its place; its entry
--- is removed.
+-- Returns {lease_end_ms, lost, born}: lost counts the semaphores where the holder no
+-- longer had a live lease (released, expired, or wiped by a flush or failover). A lease
+-- that ran out is never revived, since another holder may have been admitted in its
+-- place; its entry is removed. But a lease missing because the store lost its data since
+-- the lease was granted (the store's incarnation is newer than the lease, see store.lua)
+-- is re-asserted: written back with its token and fencing number, while the grace that
+-- follows the loss lasts (one lease from the new incarnation) and a slot is free; born is
+-- then that incarnation's 'born', else 0.
 
 local member = ARGV[1]
 local lease = tonumber(ARGV[2])
+local epoch = tonumber(ARGV[3] or '0') or 0
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local lease_end = now + lease
 local lost = 0
+local reasserted = 0
+
+local function keep_alive(key)
+  if redis.call('PTTL', key) < lease then
+    redis.call('PEXPIRE', key, lease)  -- never shorter: PTTL was below the lease
+  end
+end
+
+-- Write the member back into `key` after a loss of the store's data; the new
+-- incarnation's 'born', or nil if it may not be.
+local function reassert(key)
+  local marker = incarnation_key(key)
+  if epoch <= 0 or not marker then return nil end
+  local state = incarnation(marker)
+  if state == false then return nil end
+  local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  if state == nil then state = new_incarnation(marker, now, now_us, lease) end
+  local born_ms = math.floor(state[1] / 1000)
+  if state[1] <= epoch or now >= born_ms + lease then return nil end
+  local slots = redis.call('ZSCORE', key, '#slots')
+  if slots and redis.call('ZCOUNT', key, '(' .. now, '+inf') >= -tonumber(slots) then
+    return nil  -- granted afresh meanwhile (by a caller that had seen no incarnation)
+  end
+  if state[2] < born_ms + lease then  -- no slot afresh until this lease's grace ends
+    redis.call('HSET', marker, 'grace', string.format('%d', born_ms + lease))
+  end
+  local fence = tonumber(string.match(member, '^%S+ %S+ (%d+)') or '0')
+  local last = redis.call('ZSCORE', key, '#fence')
+  if not last or -tonumber(last) < fence then
+    redis.call('ZADD', key, '-' .. string.format('%d', fence), '#fence')
+  end
+  redis.call('ZADD', key, lease_end, member)
+  keep_alive(key)
+  return state[1]
+end
 
 for i = 1, #KEYS do
   local key = KEYS[i]
   local current = redis.call('ZSCORE', key, member)
   if current and tonumber(current) > now then
     redis.call('ZADD', key, 'XX', lease_end, member)
-    if redis.call('PTTL', key) < lease then
-      redis.call('PEXPIRE', key, lease)  -- never shorter: PTTL was below the lease
-    end
+    keep_alive(key)
   else
-    lost = lost + 1
     if current then redis.call('ZREM', key, member) end
+    local born = not current and reassert(key)
+    if born then reasserted = born else lost = lost + 1 end
   end
 end
-return {lease_end, lost}
+return {lease_end, lost, reasserted}

@@ -1,0 +1,58 @@
+-- The lock store's incarnation: shared by the scripts that grant or renew slots. (This
+-- text is put in front of those scripts when they are loaded; see scripts.py.)
+--
+-- '<prefix>incarnation' is a hash written once per key space, by the first script that
+-- finds it missing; a restart of Redis that lost its data, or a flush, erases it:
+--
+--   'born'   when it was written (server time, us)
+--   'grace'  0, or the end (ms) of the grace that follows a loss of the store's data:
+--            until then no slot is granted afresh, while the holders of before the loss
+--            re-assert their leases (renew.lua), as Chubby's new master does
+--
+-- A missing incarnation means a loss when the caller has seen an earlier one (it passes
+-- the latest 'born' or fencing number it saw, 0 if none: a first start of a deployment).
+-- On Redis Cluster the hash lives in another slot than the semaphore: scripts cannot
+-- read it there, and there is no grace.
+
+-- The incarnation key of the key space of `key` ('<prefix>{...}...'), or nil.
+local function incarnation_key(key)
+  local at = string.find(key, '{', 1, true)
+  if not at then return nil end
+  return string.sub(key, 1, at - 1) .. 'incarnation'
+end
+
+-- {born_us, grace_end_ms} of incarnation key `marker`; nil if it is missing; false if it
+-- cannot be read from this script (Redis Cluster).
+local function incarnation(marker)
+  local state = redis.pcall('HMGET', marker, 'born', 'grace')
+  if type(state) ~= 'table' or state.err then return false end
+  if not state[1] then return nil end
+  return {tonumber(state[1]), tonumber(state[2] or '0') or 0}
+end
+
+-- Write a new incarnation; `grace_ms` > 0 after a loss. Returns it as incarnation() does.
+local function new_incarnation(marker, now, now_us, grace_ms)
+  local grace = 0
+  if grace_ms > 0 then grace = now + grace_ms end
+  redis.call('HSET', marker, 'born', string.format('%d', now_us),
+             'grace', string.format('%d', grace))
+  return {now_us, grace}
+end
+
+-- The end (ms) of the grace of the key space of `key` if it is on now, else nil. With
+-- `seen` (a number, see above) a missing incarnation is written (a loss if seen > 0, then
+-- with a grace of `grace_ms`); without it nothing is written.
+local function grace_of(key, now, now_us, seen, grace_ms)
+  local marker = incarnation_key(key)
+  if not marker then return nil end
+  local state = incarnation(marker)
+  if state == false then return nil end
+  if state == nil then
+    if not seen then return nil end
+    local lost = 0
+    if seen > 0 then lost = grace_ms end
+    state = new_incarnation(marker, now, now_us, lost)
+  end
+  if state[2] > now then return state[2] end
+  return nil
+end
