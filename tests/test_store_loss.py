@@ -82,3 +82,30 @@ def test_lock_store_restarted_empty_under_live_holders(
     # The holders kept their slots: re-asserted, not lost.
     assert [record.hget("lost", r.id) for r in first] == ["0"] * PAIR_SLOTS
     assert holders(cluster, key) == 0
+
+
+def test_lock_store_flushed_grants_afresh_after_one_lease(
+        worker_cluster_factory: WorkerClusterFactory) -> None:
+    """One run holds one of the two slots when the lock store is flushed: the free slot is
+    granted again only once a whole lease has passed (the holders of before had that long
+    to re-assert theirs), and then beside the holder, which kept its slot."""
+    cluster = worker_cluster_factory(workers=2, concurrency=2, app_module="fault_app",
+                                     app_factory=create_app)
+    record = record_store(cluster)
+    pair = cluster.app.tasks[PAIR]
+    key = PAIR_PREFIX + "grace"
+    holder = pair.delay(HOLD_SECONDS, key="grace")
+    wait_until(lambda: record.hexists("started", holder.id), TIMEOUT, "the holder to start")
+
+    flushed_at = server_time_us(record)
+    lock_store(cluster).flushdb()
+    newcomer = pair.delay(0.3, key="grace")
+    assert newcomer.get(timeout=TIMEOUT) == newcomer.id
+    waited = (started(record, [newcomer])[0] - flushed_at) / 1e6
+    print(f"\nlock store flushed under 1 of 2 holders: next start {waited:.3f} s after")
+    assert waited >= PAIR_LEASE, "a slot was granted afresh before a whole lease had passed"
+    assert not record.hexists("ended", holder.id), "the holder ended first: nothing shown"
+    assert holder.get(timeout=TIMEOUT + HOLD_SECONDS) == holder.id
+    assert peaks(record, key) == [1, 2]
+    assert record.hget("lost", holder.id) == "0"
+    assert holders(cluster, key) == 0
