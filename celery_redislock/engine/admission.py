@@ -128,7 +128,8 @@ class Lease:
             return True
         lease_end, lost, *reasserted = RENEW.run(
             self._client, self._keys,
-            [self._member, milliseconds(self.lease_seconds), self._epoch or self.fence],
+            [self._member, milliseconds(self.lease_seconds),
+             0 if is_cluster(self._client) else self._epoch or self.fence],
         )
         if lost:
             self.lost = True
@@ -431,7 +432,7 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
         [limiter.key for limiter in limiters],
         [token, milliseconds(lease), description, ticket.id, ticket.mode, ticket.keep_ms,
          reserve_ms, *(limiter.spec(promises) for limiter in limiters),
-         seen_incarnation(client)],
+         -1 if is_cluster(client) else seen_incarnation(client)],
     )
     if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended last"
         now_ms, lease_end, fence, contended, last = map(int, reply.split())

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from redis.exceptions import RedisError
 
 from .admission import saw_incarnation, seen_incarnation
-from .scripts import REGISTER
+from .scripts import REGISTER, is_cluster
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class WorkerRegistration:
         try:
             born = REGISTER.run(self.client, [self.key], [
                 self.description, _ms(self.lease_seconds), seen_incarnation(self.client),
-                _ms(self.grace), self.prefix + "{",
+                _ms(self.grace), "" if is_cluster(self.client) else self.prefix + "{",
             ])
         except RedisError as exc:
             logger.warning("celery-redislock: could not renew the %s: %r", self.name, exc)

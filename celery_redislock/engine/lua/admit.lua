@@ -32,8 +32,9 @@
 --             a caller that will not wait (refused, it is told when to try, promised
 --             nothing)
 -- ARGV[8+#KEYS]  the latest incarnation of the store the caller saw (its 'born', or a
---             fencing number it was given; 0 if none, see store.lua): a semaphore is
---             refused (status 0) during the grace that follows a loss of the store's data
+--             fencing number it was given; 0 if none; -1 on Redis Cluster; see
+--             store.lua): a semaphore refuses (status 0) during the grace that follows
+--             a loss of the store's data
 --
 -- Replies:
 --   "now_ms lease_end_ms fence contended last"   admitted, nothing else to do. The

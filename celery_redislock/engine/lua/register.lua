@@ -6,7 +6,8 @@
 -- ARGV[2]   its lease (ms)
 -- ARGV[3]   the latest incarnation of the store the worker saw (0 if none, see store.lua)
 -- ARGV[4]   the grace after a loss (ms): the longest lease of the worker's limits
--- ARGV[5]   a semaphore key of the key space ('<prefix>{...}'), to find its incarnation
+-- ARGV[5]   the start of the key space's keys ('<prefix>{'), to find its incarnation;
+--           '' on Redis Cluster (none)
 --
 -- Returns the incarnation's 'born' (us), or 0 where it cannot be read (Redis Cluster).
 

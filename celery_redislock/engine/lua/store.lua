@@ -11,8 +11,8 @@
 --
 -- A missing incarnation means a loss when the caller has seen an earlier one (it passes
 -- the latest 'born' or fencing number it saw, 0 if none: a first start of a deployment).
--- On Redis Cluster the hash lives in another slot than the semaphore: scripts cannot
--- read it there, and there is no grace.
+-- On Redis Cluster the hash would live in another slot than the semaphores: callers say
+-- so (seen -1, epoch 0, no key space), nothing writes it, and there is no grace.
 
 -- The incarnation key of the key space of `key` ('<prefix>{...}...'), or nil.
 local function incarnation_key(key)
@@ -44,7 +44,7 @@ end
 -- with a grace of `grace_ms`); without it nothing is written.
 local function grace_of(key, now, now_us, seen, grace_ms)
   local marker = incarnation_key(key)
-  if not marker then return nil end
+  if not marker or (seen and seen < 0) then return nil end
   local state = incarnation(marker)
   if state == false then return nil end
   if state == nil then
