@@ -1,6 +1,7 @@
 """A holder's entry in a semaphore: ``"<token> <acquired_ms> <fence> <description>"``.
 
-The token of a task run is ``"<worker node>|<task id>|<random>"``; the description is
+The token of a task run is ``"<worker node>|<task id>|<start id>:<random>"`` (the start
+id names one start of the worker; tokens of older versions have none); the description is
 JSON with the task, its id, the worker and the process id (see
 :mod:`celery_redislock.integration.execution`). ``admit.lua`` writes the entry; this module
 is the one

@@ -8,9 +8,10 @@ holder tokens are ``"<node>|<task id>|<start id>:<random>"`` (see
 :func:`~celery_redislock.engine.admission.owner_prefix`), and the start registers itself
 under ``<prefix>worker:<node>:<start id>`` with a lease that the lease keeper renews (a
 :class:`WorkerRegistration` is kept like a lease). A registration says where the worker
-runs (host, main process id and its start time), so that a worker restarted on the same
-host knows at once that a namesake's registration whose process is gone is dead, without
-waiting for its lease to run out.
+runs (host, the space of process ids it sees, main process id and its start time), so
+that a worker restarted where it ran knows at once that a namesake's registration whose
+process is gone is dead, without waiting for its lease to run out; a registration from
+elsewhere (another host or container) is taken as live until its lease runs out.
 
     >>> registry_prefix("redislock:", "celery@host")
     'redislock:worker:celery@host:'
@@ -98,8 +99,8 @@ class WorkerRegistration:
         self.fence = 0
         self.lost = False
         pid = os.getpid()
-        self.description = json.dumps({"host": socket.gethostname(), "pid": pid,
-                                       "since": process_since(pid)})
+        self.description = json.dumps({"host": socket.gethostname(), "space": process_space(),
+                                       "pid": pid, "since": process_since(pid)})
 
     def renew(self) -> bool:
         """Write the registration with a fresh lease, and learn the store's incarnation
@@ -137,10 +138,23 @@ def registrations(client: Any, prefix: str, node: str) -> Iterator[Tuple[str, st
         yield key, key[len(start_at):], description if isinstance(description, dict) else {}
 
 
+def process_space() -> str:
+    """Which process ids this process can see: the kernel's boot id and this process's
+    pid namespace (two containers of one host, even with the same host name, differ), or
+    the host name where ``/proc`` does not tell."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return socket.gethostname()
+
+
 def is_dead_here(description: Dict) -> bool:
-    """Whether a registration describes a worker on this host whose main process is gone
-    (or is another process now)."""
+    """Whether a registration describes a worker whose main process ran where this one
+    runs (same host, same process ids) and is gone (or is another process now)."""
     if description.get("host") != socket.gethostname():
+        return False
+    if description.get("space") != process_space():
         return False
     try:
         pid = int(description.get("pid"))
