@@ -501,13 +501,13 @@ def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
 #: incarnation's ``born``, or a fencing number granted in it, µs). An admission passes it,
 #: so that a store found without an incarnation is known to have lost its data (see
 #: ``store.lua``). Pool children inherit it through ``fork``.
-_seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def seen_incarnation(client: Any) -> int:
     """The latest incarnation of the lock store behind ``client`` seen here, 0 if none."""
     try:
-        return _seen.get(client, 0)
+        return int(_seen.get(client, 0))
     except TypeError:  # a client that cannot be referred to weakly
         return 0
 

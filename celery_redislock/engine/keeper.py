@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 class Renewable(Protocol):
     """What the keeper needs of a lease: a :class:`Lease`, or any lease of the same shape
-    (the unique-send lease of :mod:`celery_redislock.engine.owned`)."""
+    (the unique-send lease of :mod:`celery_redislock.engine.owned`, a worker's
+    registration of :mod:`celery_redislock.engine.workers`)."""
 
     name: str
     lease_seconds: float

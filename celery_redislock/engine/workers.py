@@ -122,7 +122,7 @@ class WorkerRegistration:
         self.client.delete(self.key)
 
 
-def registrations(client: Any, prefix: str, node: str) -> Iterator[Tuple[str, str, Dict]]:
+def registrations(client: Any, prefix: str, node: str) -> Iterator[Tuple[str, str, Dict[str, Any]]]:
     """``(key, start id, description)`` of every registered start of worker ``node``."""
     start_at = registry_prefix(prefix, node)
     pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in start_at) + "*"
@@ -149,7 +149,7 @@ def process_space() -> str:
         return socket.gethostname()
 
 
-def is_dead_here(description: Dict) -> bool:
+def is_dead_here(description: Dict[str, Any]) -> bool:
     """Whether a registration describes a worker whose main process ran where this one
     runs (same host, same process ids) and is gone (or is another process now)."""
     if description.get("host") != socket.gethostname():
@@ -157,7 +157,7 @@ def is_dead_here(description: Dict) -> bool:
     if description.get("space") != process_space():
         return False
     try:
-        pid = int(description.get("pid"))
+        pid = int(str(description.get("pid")))
     except (TypeError, ValueError):
         return False
     since = process_since(pid)
