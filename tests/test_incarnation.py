@@ -79,6 +79,7 @@ def test_a_store_new_to_this_client_or_emptied_on_purpose_admits_at_once(
     semaphore = Semaphore(redis_client, "fresh", slots=1, lease=30)
     assert semaphore.acquire() is not None
     assert redis_client.keys("*incarnation") == [INCARNATION]
+    assert 0 < redis_client.pttl(INCARNATION) <= 7 * 24 * 3600 * 1000  # it never lingers
     redis_client.flushdb()
     declare_fresh(redis_client)
     assert semaphore.acquire() is not None  # said to be emptied on purpose

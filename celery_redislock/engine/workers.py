@@ -105,14 +105,15 @@ class WorkerRegistration:
     def renew(self) -> bool:
         """Write the registration with a fresh lease, and learn the store's incarnation
         (one script, see ``register.lua``). Always True: a registration is never given
-        up; one that could not be written is logged and written at the next renewal."""
+        up; one that could not be written (the lock store unreachable, which the worker
+        reports otherwise) is written at the next renewal."""
         try:
             born = REGISTER.run(self.client, [self.key], [
                 self.description, _ms(self.lease_seconds), seen_incarnation(self.client),
                 _ms(self.grace), "" if is_cluster(self.client) else self.prefix + "{",
             ])
-        except RedisError as exc:
-            logger.warning("celery-redislock: could not renew the %s: %r", self.name, exc)
+        except RedisError as exc:  # the lock store's state is reported elsewhere
+            logger.debug("celery-redislock: could not renew the %s: %r", self.name, exc)
             return True
         saw_incarnation(self.client, int(born))
         return True

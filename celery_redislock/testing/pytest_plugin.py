@@ -43,7 +43,8 @@ def redislock_url(redislock_server: RedisServer) -> str:
     client.flushall()
     seconds, micros = client.time()
     client.hset("redislock:incarnation",
-                mapping={"born": seconds * 1_000_000 + micros, "grace": 0})
+                mapping={"born": seconds * 1_000_000 + micros, "grace": 0, "keep": 0})
+    client.pexpire("redislock:incarnation", 7 * 24 * 3600 * 1000)
     return redislock_server.url
 
 

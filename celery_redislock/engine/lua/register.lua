@@ -15,13 +15,14 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local marker = incarnation_key(ARGV[5])
 if not marker then return 0 end
 local state = incarnation(marker)
+if state == false then return 0 end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 if state == nil then
-  local clock = redis.call('TIME')
-  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-  local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local grace = 0
   if tonumber(ARGV[3]) > 0 then grace = tonumber(ARGV[4]) end
-  state = new_incarnation(marker, now, now_us, grace)
+  state = new_incarnation(marker, now, tonumber(clock[1]) * 1000000 + tonumber(clock[2]), grace)
+elseif state[3] < now then
+  keep_incarnation(marker, now)
 end
-if not state then return 0 end
 return state[1]

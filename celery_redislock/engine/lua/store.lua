@@ -8,6 +8,10 @@
 --   'grace'  0, or the end (ms) of the grace that follows a loss of the store's data:
 --            until then no slot is granted afresh, while the holders of before the loss
 --            re-assert their leases (renew.lua), as Chubby's new master does
+--   'keep'   when (ms) its time to live is next extended: it lives 7 days, extended by
+--            admissions and worker registrations once half of that has passed, so a key
+--            space left idle for a week leaves nothing behind (a process that used it
+--            before then waits one lease at its next admission)
 --
 -- A missing incarnation means a loss when the caller has seen an earlier one (it passes
 -- the latest 'born' or fencing number it saw, 0 if none: a first start of a deployment).
@@ -21,13 +25,21 @@ local function incarnation_key(key)
   return string.sub(key, 1, at - 1) .. 'incarnation'
 end
 
--- {born_us, grace_end_ms} of incarnation key `marker`; nil if it is missing; false if it
--- cannot be read from this script (Redis Cluster).
+local INCARNATION_TTL = 7 * 24 * 3600 * 1000
+
+-- {born_us, grace_end_ms, keep_ms} of incarnation key `marker`; nil if it is missing;
+-- false if it cannot be read from this script (Redis Cluster).
 local function incarnation(marker)
-  local state = redis.pcall('HMGET', marker, 'born', 'grace')
+  local state = redis.pcall('HMGET', marker, 'born', 'grace', 'keep')
   if type(state) ~= 'table' or state.err then return false end
   if not state[1] then return nil end
-  return {tonumber(state[1]), tonumber(state[2] or '0') or 0}
+  return {tonumber(state[1]), tonumber(state[2] or '0') or 0, tonumber(state[3] or '0') or 0}
+end
+
+-- Extend the incarnation's time to live (see 'keep').
+local function keep_incarnation(marker, now)
+  redis.call('PEXPIRE', marker, INCARNATION_TTL)
+  redis.call('HSET', marker, 'keep', string.format('%d', now + INCARNATION_TTL / 2))
 end
 
 -- Write a new incarnation; `grace_ms` > 0 after a loss. Returns it as incarnation() does.
@@ -36,7 +48,8 @@ local function new_incarnation(marker, now, now_us, grace_ms)
   if grace_ms > 0 then grace = now + grace_ms end
   redis.call('HSET', marker, 'born', string.format('%d', now_us),
              'grace', string.format('%d', grace))
-  return {now_us, grace}
+  keep_incarnation(marker, now)
+  return {now_us, grace, now + INCARNATION_TTL / 2}
 end
 
 -- The end (ms) of the grace of the key space of `key` if it is on now, else nil. With
@@ -52,6 +65,8 @@ local function grace_of(key, now, now_us, seen, grace_ms)
     local lost = 0
     if seen > 0 then lost = grace_ms end
     state = new_incarnation(marker, now, now_us, lost)
+  elseif seen and state[3] < now then
+    keep_incarnation(marker, now)
   end
   if state[2] > now then return state[2] end
   return nil
