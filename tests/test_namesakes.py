@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from celery_redislock import Semaphore
+
 from cluster_checks import (
     assert_each_ran_once,
     holders,
+    lock_store,
     peaks,
     record_store,
     wait_until,
@@ -74,3 +77,36 @@ def test_namesake_started_stopped_and_restarted_beside_live_holders(
     assert_each_ran_once(record, results)
     assert holders(cluster, key) == 0
     assert "LEASE LOST" not in cluster.logs()
+
+
+def test_killed_worker_restarted_frees_only_its_dead_life_beside_a_live_namesake(
+        worker_cluster_factory: WorkerClusterFactory) -> None:
+    """worker1 holds both slots of key A and is SIGKILLed whole; its namesake holds a slot
+    of key B meanwhile; worker1 restarted frees the two slots its dead life left (its
+    registration names a process that is gone) and leaves the live namesake's alone."""
+    cluster = worker_cluster_factory(workers=1, concurrency=2, app_module="fault_app",
+                                     app_factory=create_app)
+    record = record_store(cluster)
+    pair = cluster.app.tasks[PAIR]
+    dead = [pair.delay(HOLD_SECONDS, key="dead") for _ in range(PAIR_SLOTS)]
+    wait_until(lambda: all(record.hexists("started", r.id) for r in dead), TIMEOUT,
+               "worker1's runs to start")
+    twin = cluster.add_namesake("worker1-twin", of="worker1")
+    cluster.worker("worker1").kill()
+    live = pair.delay(HOLD_SECONDS, key="live")  # only the namesake consumes now
+    wait_until(lambda: record.hexists("started", live.id), TIMEOUT, "the namesake's run")
+    live_members = lock_store(cluster).zrange(Semaphore(lock_store(cluster),
+                                                        PAIR_PREFIX + "live").key, 0, -1)
+    assert holders(cluster, PAIR_PREFIX + "dead") == PAIR_SLOTS
+
+    cluster.start_process_and_wait(cluster.worker("worker1"))
+    wait_until(lambda: holders(cluster, PAIR_PREFIX + "dead") == 0, TIMEOUT,
+               "the restarted worker to free its dead life's slots")
+    assert "freed 2 slot(s) still held by a previous run of" in \
+        cluster.worker("worker1").log_text()
+    assert lock_store(cluster).zrange(Semaphore(lock_store(cluster),
+                                                PAIR_PREFIX + "live").key, 0, -1) \
+        == live_members
+    assert not record.hexists("ended", live.id) and twin.returncode is None
+    assert live.get(timeout=TIMEOUT + HOLD_SECONDS) == live.id
+    assert record.hget("lost", live.id) == "0"
