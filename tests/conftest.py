@@ -78,3 +78,16 @@ def deliveries():
     task_prerun.connect(count, weak=False)
     yield seen
     task_prerun.disconnect(count)
+
+
+@pytest.fixture(autouse=True)
+def no_stale_event_loop():
+    """After each test, forget kombu's global event loop, as kombu 5.6.1 and later do when
+    a worker's loop closes (celery#9983): before that, the next in-process worker
+    (``celery_worker``) took over the closed loop of the previous test's worker, whose
+    timer nobody fires, so a countdown or ETA message never ran - every waiting run of
+    a limited task was delivered once and never again."""
+    yield
+    from kombu.asynchronous import set_event_loop
+
+    set_event_loop(None)
