@@ -163,11 +163,12 @@ def is_dead_here(description: Dict[str, Any]) -> bool:
         return False
     since = process_since(pid)
     if since is None:  # gone, or no /proc to tell
-        return Path("/proc/self/stat").exists() or not _pid_runs(pid)
+        return Path("/proc/self/stat").exists() or not pid_runs(pid)
     return description.get("since") not in (None, since)
 
 
-def _pid_runs(pid: int) -> bool:
+def pid_runs(pid: int) -> bool:
+    """Whether a process ``pid`` exists (signal 0; one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -138,13 +138,7 @@ def process_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_runs(pid)
 
 
 def _free_after_exit(pids: List[int], lease: float, free: Any, what: str) -> None:
