@@ -48,6 +48,7 @@ from ..engine.workers import (
     WorkerRegistration,
     live_starts,
     new_start_id,
+    pid_runs,
     registry_prefix,
 )
 from . import handoff
