@@ -62,13 +62,16 @@ class CpuMeter:
 
     PARTS = ("worker_main", "worker_children", "redis_server", "sender")
 
-    def __init__(self, worker_pid: int, redis_pid: int) -> None:
+    def __init__(self, worker_pid: int, redis_pid: int,
+                 more: Optional[Dict[str, int]] = None) -> None:
         self.worker_pid = worker_pid
         self.redis_pid = redis_pid
+        #: Further processes to account for, by part name (e.g. a second redis-server).
+        self.more = dict(more or {})
 
     def read(self) -> Dict[str, float]:
         """Cumulative CPU seconds (user + system) of each part."""
-        used = dict.fromkeys(self.PARTS, 0.0)
+        used = dict.fromkeys((*self.PARTS, *self.more), 0.0)
         used["sender"] = time.process_time()
         if psutil is None:
             return used
@@ -76,6 +79,8 @@ class CpuMeter:
         used["worker_main"] = _cpu_seconds(main)
         used["worker_children"] = sum(_cpu_seconds(child) for child in main.children(True))
         used["redis_server"] = _cpu_seconds(psutil.Process(self.redis_pid))
+        for part, pid in self.more.items():
+            used[part] = _cpu_seconds(psutil.Process(pid))
         return used
 
     @staticmethod
@@ -115,8 +120,10 @@ class Worker:
     with its log in a file."""
 
     def __init__(self, env: Dict[str, str], concurrency: int, log_path: Path,
-                 app: str = WORKER_APP, loglevel: str = "WARNING") -> None:
+                 app: str = WORKER_APP, loglevel: str = "WARNING",
+                 pool: str = "prefork") -> None:
         self.env = env
+        self.pool = pool
         self.concurrency = concurrency
         self.log_path = log_path
         self.app = app
@@ -127,7 +134,7 @@ class Worker:
         """The worker's command line."""
         return [
             sys.executable, "-m", "celery", "-A", self.app, "worker",
-            "--pool", "prefork", "--concurrency", str(self.concurrency),
+            "--pool", self.pool, "--concurrency", str(self.concurrency),
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "--loglevel", self.loglevel, "--hostname", f"bench-{uuid.uuid4().hex[:8]}@%h",
         ]

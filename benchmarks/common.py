@@ -129,3 +129,16 @@ def write_json(filename: str, data: Mapping[str, Any]) -> Path:
     path = RESULTS_DIR / filename
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
+
+
+def server_counters(client: redis.Redis) -> Dict[str, Any]:
+    """One ``INFO everything``: ``calls`` per command (as :func:`command_calls`), ``reads``
+    (``total_reads_processed``: requests read from clients' sockets, about one per round
+    trip; this call's own read included) and ``cpu`` (the server's CPU seconds)."""
+    info = client.info("everything")
+    return {
+        "calls": {name[len("cmdstat_"):]: int(values["calls"])
+                  for name, values in info.items() if name.startswith("cmdstat_")},
+        "reads": int(info["total_reads_processed"]),
+        "cpu": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
+    }
