@@ -56,7 +56,11 @@ from .common import (
 )
 
 RATE_APP = "benchmarks.rate_app"
-BROKER_DB, BACKEND_DB, LOCK_DB = 0, 1, 2
+BROKER_DB, BACKEND_DB, RECORDS_DB = 0, 1, 2
+#: The rates of ``--sweep``.
+SWEEP_RATES = "1/s,5/s,10/s,20/s,30/s,50/s,75/s,100/s,200/s,500/s"
+#: No backlog is shorter than this many runs (a low rate's few seconds hold very few).
+MIN_BACKLOG = 6
 POLL_INTERVAL = 0.01
 READY_TIMEOUT = 60.0
 #: Commands only the benchmark sends while a batch runs: the records and their polling.
@@ -80,9 +84,11 @@ class Batch:
     duplicates: int
     pids: int
     server_commands_per_task: float
+    lock_commands_per_task: float
     admission_attempts_per_task: float
     publishes_per_task: float
     commands: Dict[str, int]
+    lock_commands: Dict[str, int]
     max_attempts: Optional[int] = None
     most_refusals_one_promise: Optional[int] = None
 
@@ -148,13 +154,16 @@ def percentile(values: Sequence[float], share: float) -> float:
     return float(ordered[rank - 1])
 
 
-def rate_env(server: RedisServer, rates: str, trace: bool) -> Dict[str, str]:
-    """Environment of the workers (and of the sender's app) pointing at ``server``."""
+def rate_env(server: RedisServer, lock: RedisServer, rates: str,
+             trace: bool) -> Dict[str, str]:
+    """Environment of the workers (and of the sender's app): broker, backend and records
+    on ``server``, the lock store alone on ``lock``."""
     env = dict(os.environ)
     env.update({
         "REDISLOCK_BENCH_BROKER_URL": server.database_url(BROKER_DB),
         "REDISLOCK_BENCH_BACKEND_URL": server.database_url(BACKEND_DB),
-        "REDISLOCK_BENCH_LOCK_URL": server.database_url(LOCK_DB),
+        "REDISLOCK_BENCH_RECORDS_URL": server.database_url(RECORDS_DB),
+        "REDISLOCK_BENCH_LOCK_URL": lock.database_url(0),
         "REDISLOCK_BENCH_RATES": rates,
         "REDISLOCK_BENCH_TRACE": "1" if trace else "0",
     })
@@ -245,12 +254,13 @@ def refusal_counts(refusals: List[Dict[str, str]]) -> Tuple[int, int]:
 
 
 def backlog_size(config: Any, seconds: float) -> int:
-    """Runs in a backlog of ``seconds`` at the configured rate (at least burst + 2)."""
+    """Runs in a backlog of ``seconds`` at the configured rate (at least burst + 2, and
+    :data:`MIN_BACKLOG`)."""
     rate = config.rate
-    return max(config.burst + 2, round(rate.count / rate.period * seconds))
+    return max(config.burst + 2, MIN_BACKLOG, round(rate.count / rate.period * seconds))
 
 
-def run_batch(config: Any, client: redis.Redis, workers: Sequence[Worker],
+def run_batch(config: Any, client: redis.Redis, lock: redis.Redis, workers: Sequence[Worker],
               bench: ModuleType, backlog_seconds: float, timeout: float) -> Batch:
     """Send one backlog of ``config``'s task and measure it once every run is admitted."""
     rate = config.rate
@@ -258,24 +268,25 @@ def run_batch(config: Any, client: redis.Redis, workers: Sequence[Worker],
     run = uuid.uuid4().hex[:12]
     key = bench.records_key(run)
     offset = clock_offset_ms(client)
-    calls_before = command_calls(client)
+    calls_before, lock_before = command_calls(client), command_calls(lock)
     send_backlog(bench.app.tasks[config.task_name], run, tasks, offset)
     expected_seconds = tasks * rate.interval
     wait_for_records(client, key, tasks, time.monotonic() + timeout + 3 * expected_seconds,
                      workers)
     delta = calls_delta(calls_before, command_calls(client), ignore=RECORD_COMMANDS)
+    lock_delta = calls_delta(lock_before, command_calls(lock))
     records = read_records(client, key)
     refusals_key = bench.refusals_key(bench.limit_name(run))
     refusals = read_records(client, refusals_key)
     client.delete(key, refusals_key)
-    batch = batch_from_records(config, records, delta, tasks)
+    batch = batch_from_records(config, records, delta, lock_delta, tasks)
     if refusals:
         batch.max_attempts, batch.most_refusals_one_promise = refusal_counts(refusals)
     return batch
 
 
 def batch_from_records(config: Any, records: List[Dict[str, str]], delta: Dict[str, int],
-                       tasks: int) -> Batch:
+                       lock_delta: Dict[str, int], tasks: int) -> Batch:
     """The measures of one batch from its admission records and command counts."""
     rate = config.rate
     first_of_each: Dict[str, Dict[str, str]] = {}
@@ -295,9 +306,12 @@ def batch_from_records(config: Any, records: List[Dict[str, str]], delta: Dict[s
         duplicates=len(records) - len(kept),
         pids=len({(record["worker"], record["pid"]) for record in kept}),
         server_commands_per_task=sum(delta.values()) / tasks,
-        admission_attempts_per_task=(delta.get("evalsha", 0) + delta.get("eval", 0)) / tasks,
+        lock_commands_per_task=sum(lock_delta.values()) / tasks,
+        admission_attempts_per_task=(
+            lock_delta.get("evalsha", 0) + lock_delta.get("eval", 0)) / tasks,
         publishes_per_task=delta.get("lpush", 0) / tasks,
         commands=delta,
+        lock_commands=lock_delta,
     )
 
 
@@ -318,15 +332,16 @@ def rotated(items: Sequence[Any], by: int) -> List[Any]:
     return list(items[shift:]) + list(items[:shift])
 
 
-def run_rounds(bench: ModuleType, client: redis.Redis, workers: Sequence[Worker],
-               args: argparse.Namespace) -> List[Batch]:
+def run_rounds(bench: ModuleType, client: redis.Redis, lock: redis.Redis,
+               workers: Sequence[Worker], args: argparse.Namespace) -> List[Batch]:
     """Warm up, then ``--rounds`` rounds of one batch per configuration, rotating."""
     warm_up(bench, client, workers, args.warmup, args.timeout)
     batches = []
     for round_index in range(args.rounds):
         for config in rotated(bench.CONFIGS, round_index):
             batches.append(
-                run_batch(config, client, workers, bench, args.backlog_seconds, args.timeout)
+                run_batch(config, client, lock, workers, bench, args.backlog_seconds,
+                          args.timeout)
             )
     return batches
 
@@ -355,19 +370,21 @@ def keep_logs(workers: Sequence[Worker]) -> List[str]:
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Start Redis and the workers, run the batches, stop everything; return the report."""
     with tempfile.TemporaryDirectory(prefix="redislock-bench-rate-") as scratch, \
-            RedisServer() as server:
-        env = rate_env(server, args.rates, args.trace)
+            RedisServer() as server, RedisServer() as lock:
+        env = rate_env(server, lock, args.rates, args.trace)
         bench = load_app(env)
-        client = server.client(db=LOCK_DB)
+        client = server.client(db=RECORDS_DB)
+        lock_client = lock.client()
         workers = start_workers(env, args, Path(scratch))
         try:
             wait_until_ready(bench, workers, READY_TIMEOUT)
-            batches = run_rounds(bench, client, workers, args)
+            batches = run_rounds(bench, client, lock_client, workers, args)
             machine = environment(client)
         finally:
             for worker in workers:
                 worker.stop()
             client.close()
+            lock_client.close()
             logs = keep_logs(workers)
     return build_report(bench, batches, args, machine, logs)
 
@@ -396,6 +413,9 @@ def summarize(batches: List[Batch], label: str) -> Dict[str, Any]:
         "slip_ms_per_admission_median": median([batch.slip_ms_per_admission for batch in mine]),
         "server_commands_per_task_median": median(
             [batch.server_commands_per_task for batch in mine]
+        ),
+        "lock_commands_per_task_median": median(
+            [batch.lock_commands_per_task for batch in mine]
         ),
         "admission_attempts_per_task_median": median(
             [batch.admission_attempts_per_task for batch in mine]
@@ -454,6 +474,7 @@ def markdown_report(data: Dict[str, Any]) -> str:
             result["wait_p50_ms_median"], result["wait_p99_ms_median"],
             result["slip_ms_per_admission_median"],
             result["admission_attempts_per_task_median"],
+            result["lock_commands_per_task_median"],
             result["server_commands_per_task_median"],
         )
         for label, result in data["results"].items()
@@ -461,7 +482,8 @@ def markdown_report(data: Dict[str, Any]) -> str:
     table = markdown_table(
         ("rate", "tasks", "achieved/s", "÷ configured", "÷ ideal (median)",
          "÷ ideal per batch", "worst window / allowed", "wait p50 ms", "wait p99 ms",
-         "slip ms/admission", "admission attempts/task", "server cmds/task"),
+         "slip ms/admission", "admission attempts/task", "lock-store cmds/task",
+         "broker cmds/task"),
         rows,
     )
     if data["traced"]:
@@ -490,6 +512,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", default="20/s,50/s,5/s:5",
                         help="comma-separated rates, each RATE or RATE:BURST")
+    parser.add_argument("--sweep", action="store_true",
+                        help=f"measure the rates {SWEEP_RATES} (instead of --rates)")
     parser.add_argument("--backlog-seconds", type=float, default=3.0,
                         help="each backlog holds this many seconds of runs at its rate")
     parser.add_argument("--rounds", type=int, default=3, help="batches per configuration")
@@ -509,6 +533,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Run the benchmark, print the markdown report, write results/rate.json."""
     args = parse_args(argv)
+    if args.sweep:
+        args.rates = SWEEP_RATES
     data = run(args)
     data["markdown"] = markdown_report(data)
     path = write_json("rate.json", data)

@@ -4,7 +4,10 @@ Every URL comes from the environment, as in ``worker_app``:
 
 ``REDISLOCK_BENCH_BROKER_URL``    broker
 ``REDISLOCK_BENCH_BACKEND_URL``   result backend
-``REDISLOCK_BENCH_LOCK_URL``      lock store (``redislock_url``), also holds the records
+``REDISLOCK_BENCH_LOCK_URL``      lock store (``redislock_url``)
+``REDISLOCK_BENCH_RECORDS_URL``   where runs record their admissions (default: the lock
+                                  store; the benchmark puts them on another server, so
+                                  that the lock store's command counts are the limits')
 ``REDISLOCK_BENCH_RATES``         the rates to measure, comma-separated, each ``rate`` or
                                   ``rate:burst``: ``"20/s,50/s,5/s:5"``
 ``REDISLOCK_BENCH_TRACE``         ``"1"``: also record every refusal (task id and the start
@@ -13,8 +16,8 @@ Every URL comes from the environment, as in ``worker_app``:
 Each rate gets a plain no-op task, ``bench.rate.<index>``, limited only through the
 ``redislock_limits`` setting and :func:`celery_redislock.install`. The limit's key is the
 task's ``run`` argument, so every batch has a rate limiter of its own that starts idle.
-A run that is admitted records, with one ``XADD`` to ``bench:rate:<run>`` in the lock
-store, the Redis time at which the limits admitted it
+A run that is admitted records, with one ``XADD`` to ``bench:rate:<run>`` in the records
+database, the Redis time at which the limits admitted it
 (``self.request.redislock_lease.acquired_at_ms``) and the time the sender sent it.
 With tracing on, each refusal adds one ``XADD`` to ``bench:rate:refused:<limit name>``.
 """
@@ -35,6 +38,7 @@ from celery_redislock.integration import signals
 BROKER_ENV = "REDISLOCK_BENCH_BROKER_URL"
 BACKEND_ENV = "REDISLOCK_BENCH_BACKEND_URL"
 LOCK_ENV = "REDISLOCK_BENCH_LOCK_URL"
+RECORDS_ENV = "REDISLOCK_BENCH_RECORDS_URL"
 RATES_ENV = "REDISLOCK_BENCH_RATES"
 TRACE_ENV = "REDISLOCK_BENCH_TRACE"
 DEFAULT_RATES = "20/s,50/s,5/s:5"
@@ -132,10 +136,11 @@ _records_client: Optional[redis.Redis] = None
 
 
 def _records() -> redis.Redis:
-    """This process's client of the lock store, made on first use (after any fork)."""
+    """This process's client of the records, made on first use (after any fork)."""
     global _records_client
     if _records_client is None:
-        _records_client = redis.Redis.from_url(_required_env(LOCK_ENV))
+        _records_client = redis.Redis.from_url(
+            os.environ.get(RECORDS_ENV) or _required_env(LOCK_ENV))
     return _records_client
 
 

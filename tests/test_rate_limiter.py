@@ -87,6 +87,28 @@ def test_newcomers_do_not_overtake_promised_waiters(redis_client):
     assert limiter.attempt(first.promise) is None  # the promised waiter gets its turn
 
 
+def test_late_runs_whose_starts_were_taken_are_promised_starts_of_their_own(redis_client):
+    """Runs that come back late, after early runs took the starts left free, are each
+    promised a start at the end of the line: no two of them get the same start, which
+    would send them after one start, the one that loses asking again and again."""
+    limiter = RateLimiter(redis_client, "late", "2/s", burst=1)  # 500 ms apart
+    assert limiter.try_acquire() and limiter.try_acquire()  # the burst
+    promises = [limiter.attempt().promise for _ in range(4)]  # +0.5, +1, +1.5, +2 s
+    assert [b - a for a, b in zip(promises, promises[1:])] == [500_000] * 3
+    # Halfway between the third promise and the fourth (the next 500 ms leave room for
+    # the steps below on a slow machine):
+    while server_us(redis_client) < promises[1] + 750_000:
+        time.sleep(0.005)
+    # The third comes back on time and the fourth early: both find the starts free.
+    assert limiter.attempt(promises[2]) is None
+    assert limiter.attempt(promises[3]) is None
+    # The first two come back late: the starts left are taken.
+    late = [limiter.attempt(promise) for promise in promises[:2]]
+    assert all(refused is not None for refused in late)
+    assert late[1].promise - late[0].promise == 500_000
+    assert late[0].promise >= promises[3] + 500_000  # behind every promise made before
+
+
 def test_blocking_acquire_achieves_the_rate(redis_client):
     """Blocking callers start exactly one interval apart on the server's clock, and each
     waits by sleeping until its promised start (one refusal at most), not by polling."""

@@ -57,9 +57,10 @@
 --
 -- A newcomer (no promise) is admitted by a rate limiter only when no promised start is
 -- still ahead of it, so waiters are served in the order they were promised. A run that
--- comes back with a promise is admitted when the GCRA allows; early, it keeps its promise;
--- at or after its promised time but overtaken (another promised run came late and took
--- its start), it is promised the next start and the end of the line moves back by one.
+-- comes back with a promise is admitted when the GCRA allows (early, it may take a start
+-- left free by a late run); early and refused, it keeps its promise; at or after its
+-- promised time and refused (runs that came early took the free starts), it is promised
+-- the start at the end of the line, as a newcomer is: a start is promised to one run only.
 
 local token = ARGV[1]
 local lease = tonumber(ARGV[2])
@@ -207,15 +208,12 @@ if rate_refusal then
   if limiter.no_promise then
     return reply(2, rate_refusal.index, rate_refusal.allowed_at,
                  math.ceil((rate_refusal.allowed_at - now_us) / 1000), 0, 0)
-  elseif promise == 0 then
-    -- A newcomer: the next start time at the end of the line.
+  elseif promise == 0 or now_us >= promise then
+    -- A newcomer, or a run that came back late and found its start taken by one that
+    -- came early: the next start time at the end of the line, which is nobody else's
+    -- (each start is promised to one run only, so no two runs contend for one start).
     promise = math.max(limiter.line, rate_refusal.allowed_at)
     limiter.line = promise + limiter.interval
-  elseif now_us >= promise then
-    -- Came back on time (or late) but another run took the start: it keeps its place at
-    -- the front, the next start time, and the line moves back by one to make room.
-    promise = rate_refusal.allowed_at
-    limiter.line = limiter.line + limiter.interval
   end
   if promise ~= rate_refusal.promise then
     redis.call('HSET', limiter.key, 'line', string.format('%.0f', limiter.line))
