@@ -154,8 +154,8 @@ def percentile(values: Sequence[float], share: float) -> float:
     return float(ordered[rank - 1])
 
 
-def rate_env(server: RedisServer, lock: RedisServer, rates: str,
-             trace: bool) -> Dict[str, str]:
+def rate_env(server: RedisServer, lock: RedisServer, rates: str, trace: bool,
+             prefetch: int = 0) -> Dict[str, str]:
     """Environment of the workers (and of the sender's app): broker, backend and records
     on ``server``, the lock store alone on ``lock``."""
     env = dict(os.environ)
@@ -167,6 +167,8 @@ def rate_env(server: RedisServer, lock: RedisServer, rates: str,
         "REDISLOCK_BENCH_RATES": rates,
         "REDISLOCK_BENCH_TRACE": "1" if trace else "0",
     })
+    if prefetch:
+        env["REDISLOCK_BENCH_PREFETCH"] = str(prefetch)
     return env
 
 
@@ -371,7 +373,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Start Redis and the workers, run the batches, stop everything; return the report."""
     with tempfile.TemporaryDirectory(prefix="redislock-bench-rate-") as scratch, \
             RedisServer() as server, RedisServer() as lock:
-        env = rate_env(server, lock, args.rates, args.trace)
+        env = rate_env(server, lock, args.rates, args.trace, args.prefetch_multiplier)
         bench = load_app(env)
         client = server.client(db=RECORDS_DB)
         lock_client = lock.client()
@@ -524,6 +526,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="seconds a batch may take beyond three times its ideal span")
     parser.add_argument("--loglevel", default="WARNING",
                         help="the workers' log level (INFO shows every re-queued run)")
+    parser.add_argument("--prefetch-multiplier", type=int, default=0,
+                        help="the workers' worker_prefetch_multiplier (default: Celery's)")
     parser.add_argument("--trace", action="store_true",
                         help="record every refusal and its promised start (slows the "
                              "workers a little): adds max attempts and shared promises")

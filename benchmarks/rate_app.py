@@ -10,6 +10,8 @@ Every URL comes from the environment, as in ``worker_app``:
                                   that the lock store's command counts are the limits')
 ``REDISLOCK_BENCH_RATES``         the rates to measure, comma-separated, each ``rate`` or
                                   ``rate:burst``: ``"20/s,50/s,5/s:5"``
+``REDISLOCK_BENCH_PREFETCH``      the workers' ``worker_prefetch_multiplier`` (default:
+                                  Celery's, 4)
 ``REDISLOCK_BENCH_TRACE``         ``"1"``: also record every refusal (task id and the start
                                   it was promised) through the ``rate_limited`` signal
 
@@ -41,6 +43,7 @@ LOCK_ENV = "REDISLOCK_BENCH_LOCK_URL"
 RECORDS_ENV = "REDISLOCK_BENCH_RECORDS_URL"
 RATES_ENV = "REDISLOCK_BENCH_RATES"
 TRACE_ENV = "REDISLOCK_BENCH_TRACE"
+PREFETCH_ENV = "REDISLOCK_BENCH_PREFETCH"
 DEFAULT_RATES = "20/s,50/s,5/s:5"
 
 QUEUE = "redislock-bench-rate"
@@ -116,6 +119,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
+if os.environ.get(PREFETCH_ENV):
+    app.conf.worker_prefetch_multiplier = int(os.environ[PREFETCH_ENV])
 
 
 def limits_setting(configs: List[RateConfig]) -> Dict[str, Dict[str, Any]]:
