@@ -39,8 +39,10 @@ SHORT_LEASE = "metrics_app.short_lease"
 #: The most distinct values of the ``limit`` label the workers let through.
 MAX_LIMIT_LABELS = 8
 
-#: Starts per second of :data:`RATED`, one interval apart (burst 0).
-RATE = 4
+#: Starts per second of :data:`RATED`, one interval apart (burst 0): slow enough that a
+#: run's start is further off than a worker process waits for one, so that the worker
+#: sends runs back to the queue (which the rate-limited metrics count).
+RATE = 2
 
 FAST_RETRY: Dict[str, float] = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.2}
 

@@ -181,7 +181,8 @@ def test_signals_fire_with_their_documented_kwargs(cluster: WorkerCluster) -> No
     signals.py documents; and the contention log line names the task id and the key."""
     app = cluster.app
     first, second = (app.tasks[CONTENDED].delay(0.5) for _ in range(2))
-    rated = [app.tasks[RATED].delay() for _ in range(2)]
+    # The third's start is further off than a worker process waits: it is sent back.
+    rated = [app.tasks[RATED].delay() for _ in range(3)]
     wait_for_results(cluster, [first, second, *rated])
 
     # A lease that ends while its run still works (its entry wiped from the semaphore,

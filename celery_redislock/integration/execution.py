@@ -331,9 +331,9 @@ def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any
 def _wait_briefly_for_start(attempt: _Attempt, outcome: Any) -> Any:
     """A run due to start within :data:`~celery_redislock.integration.waiting.SHORT_WAIT`
     waits for its start here rather than going round the broker, whose delivery delay
-    (often tens of milliseconds) would make it late and lose the rate that start stood
-    for. The only wait inside a worker process: never longer than that at a time, twice
-    at the most."""
+    (tens to hundreds of milliseconds under a backlog) would make it late and lose the
+    rate that start stood for. The only wait inside a worker process: never longer than
+    that at a time, twice at the most."""
     for _ in range(2):
         if not isinstance(outcome, RateLimited) or outcome.wait > SHORT_WAIT:
             break
