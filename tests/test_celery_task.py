@@ -411,3 +411,17 @@ def test_fail_open_runs_without_a_slot_when_the_lock_store_is_down(
     celery_worker.reload()
     own_redis_server.stop()
     assert careless.delay().get(timeout=10) is True
+
+
+def test_a_run_waits_for_its_rate_start_in_the_worker_within_a_quarter_of_its_time_limit():
+    """A run whose start is near waits for it in the worker process, at most 0.5 s, and
+    at most a quarter of any time limit of the run (its clock runs while it waits)."""
+    from types import SimpleNamespace
+
+    from celery_redislock.integration.execution import _short_wait
+
+    plain = SimpleNamespace(time_limit=None, soft_time_limit=None)
+    assert _short_wait(plain, SimpleNamespace(timelimit=(None, None))) == 0.5
+    assert _short_wait(plain, SimpleNamespace(timelimit=(1.0, None))) == 0.25
+    soft = SimpleNamespace(time_limit=None, soft_time_limit=0.4)
+    assert _short_wait(soft, SimpleNamespace(timelimit=None)) == pytest.approx(0.1)

@@ -328,14 +328,25 @@ def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any
                 return
 
 
+def _short_wait(task: Any, request: Any) -> float:
+    """How long (seconds) a run of ``task`` may wait for its start in the worker process:
+    :data:`~celery_redislock.integration.waiting.SHORT_WAIT`, and at most a quarter of
+    any time limit of the run, whose clock runs while it waits."""
+    limits = [*(getattr(request, "timelimit", None) or ()),
+              getattr(task, "time_limit", None), getattr(task, "soft_time_limit", None)]
+    return min([SHORT_WAIT, *(limit / 4 for limit in limits
+                              if isinstance(limit, (int, float)) and limit > 0)])
+
+
 def _wait_briefly_for_start(attempt: _Attempt, outcome: Any) -> Any:
-    """A run due to start within :data:`~celery_redislock.integration.waiting.SHORT_WAIT`
-    waits for its start here rather than going round the broker, whose delivery delay
-    (tens to hundreds of milliseconds under a backlog) would make it late and lose the
-    rate that start stood for. The only wait inside a worker process: never longer than
-    that at a time, twice at the most."""
+    """A run due to start within :func:`_short_wait` seconds waits for its start here
+    rather than going round the broker, whose delivery delay (tens to hundreds of
+    milliseconds under a backlog) would make it late and lose the rate that start stood
+    for. The only wait inside a worker process: never longer than that at a time, twice
+    at the most."""
+    short_wait = _short_wait(attempt.task, attempt.request)
     for _ in range(2):
-        if not isinstance(outcome, RateLimited) or outcome.wait > SHORT_WAIT:
+        if not isinstance(outcome, RateLimited) or outcome.wait > short_wait:
             break
         attempt.promises[outcome.key] = outcome.promise
         time.sleep(outcome.wait)
