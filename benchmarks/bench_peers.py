@@ -9,6 +9,8 @@ default, or ``--pool solo``; no gossip, mingle or heartbeat) on
 * ``plain``: a plain task;
 * ``slots``: ``LimitedTask(lock_slots=1000)``, never contended;
 * ``rate``: ``LimitedTask(lock_rate="100000/s", lock_burst=100)``, never refused;
+* ``unique``: a plain task made unique at enqueue by ``redislock_limits`` (its lock is
+  taken by the sender, as the peers' are);
 * ``once``: celery-once's ``QueueOnce`` (its lock is taken by the sender);
 * ``singleton``: celery-singleton's ``Singleton`` (likewise).
 
@@ -265,6 +267,7 @@ LABELS = {
     "plain": "plain task",
     "slots": "LimitedTask, lock_slots",
     "rate": "LimitedTask, lock_rate",
+    "unique": "plain task, redislock_limits unique",
     "once": "celery-once QueueOnce",
     "singleton": "celery-singleton Singleton",
 }

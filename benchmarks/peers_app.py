@@ -16,6 +16,9 @@ which lock on the task's arguments, never find a duplicate):
 * ``plain``: a plain task;
 * ``slots``: ``LimitedTask`` with ``lock_slots`` far above the worker's processes;
 * ``rate``: ``LimitedTask`` with a ``lock_rate`` far above the throughput (never refused);
+* ``unique``: a plain task made unique at enqueue by a ``redislock_limits`` entry
+  (``unique``, keyed by its argument) and :func:`celery_redislock.install`: this package's
+  counterpart of the two below (locks in ``apply_async``, unlocks when the run ends);
 * ``once``: celery-once's ``QueueOnce`` (locks in ``apply_async``, on the sender; unlocks
   in ``after_return``);
 * ``singleton``: celery-singleton's ``Singleton`` (locks in ``apply_async``; unlocks in
@@ -35,6 +38,7 @@ import redis
 from celery import Celery, Task
 from celery.signals import task_postrun
 
+import celery_redislock
 from celery_redislock import LimitedTask
 
 try:
@@ -57,6 +61,7 @@ SLOTS = 1000
 #: Far above any throughput here, with a burst to spare: the ``rate`` kind is never refused.
 RATE, BURST = "100000/s", 100
 PLAIN = "plain"
+UNIQUE = "unique"
 MODES = ("ignored", "stored")
 
 
@@ -91,6 +96,7 @@ def kind_options() -> Dict[str, Tuple[Optional[type], Dict[str, Any]]]:
         PLAIN: (None, {}),
         "slots": (LimitedTask, {"lock_slots": SLOTS}),
         "rate": (LimitedTask, {"lock_rate": RATE, "lock_burst": BURST}),
+        UNIQUE: (None, {}),
     }
     if QueueOnce is not None:
         kinds["once"] = (QueueOnce, {"once": {"graceful": True}})
@@ -127,6 +133,10 @@ def _define_tasks() -> None:
 
 
 _define_tasks()
+app.conf.redislock_limits = {
+    task_name(UNIQUE, mode): {"unique": True, "key": "peers:{run}"} for mode in MODES
+}
+celery_redislock.install(app)
 
 _counter_client: Optional[redis.Redis] = None
 
