@@ -13,6 +13,7 @@ from typing import Any, Optional
 from celery import Celery
 
 import celery_redislock
+from celery_redislock.integration import signals
 
 from worker_app import BROKER_URL_ENV, AppUrls, recorder
 
@@ -68,6 +69,30 @@ def create_app(urls: AppUrls) -> Celery:
         """When the limits admitted this run (server clock, ms): what rates are about."""
         lease = task.request.redislock_lease
         recorder(urls.record).client.hset("admitted", task.request.id, lease.acquired_at_ms)
+
+    def record_wait(sender: Any = None, task_id: Optional[str] = None, lease: Any = None,
+                    waited: float = 0.0, **_: Any) -> None:
+        """For a run admitted after a wait: when it first asked (``asked``, server clock,
+        ms), from the ``waited`` the package reports on the server's clock."""
+        if getattr(sender, "app", None) is app and waited:
+            recorder(urls.record).client.hset(
+                "asked", task_id, lease.acquired_at_ms - round(waited * 1000))
+
+    def record_refusal(sender: Any = None, task_id: Optional[str] = None,
+                       promise: Optional[int] = None, **_: Any) -> None:
+        """Every start a rate limit promised a refused run (server clock, µs), in
+        ``promised:<task id>``; a run refused by a slot is counted in ``slot_refused``."""
+        if getattr(sender, "app", None) is not app:
+            return
+        client = recorder(urls.record).client
+        if promise is None:
+            client.hincrby("slot_refused", task_id, 1)
+        else:
+            client.rpush(f"promised:{task_id}", promise)
+
+    signals.lock_acquired.connect(record_wait, weak=False)
+    signals.rate_limited.connect(record_refusal, weak=False)
+    signals.lock_contended.connect(record_refusal, weak=False)
 
     celery_redislock.install(app)
     return app

@@ -7,6 +7,7 @@ two limits at once (a slot per merchant and a global rate).
 
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING, List
 
 import pytest
@@ -60,6 +61,38 @@ def most_starts_in_any_window(starts: List[int], window_us: int) -> int:
     return most
 
 
+def promise_spacing(record, results) -> float:
+    """The median step (µs) between the starts the rate limiter first promised the runs,
+    in order: the pace at which it schedules a backlog, on the server's clock.
+
+    A refused run is promised the next free start of the line, and a run that comes back
+    late leaves its start unused, which no longer counts: so the promises show the
+    limiter's own pace however slow the machine is. (A run that came back on time and
+    found its start taken by a late one moves the line back by one: a rare gap of two
+    steps, hence the median.)
+    """
+    firsts = sorted(int(first) for first in (
+        record.lindex(f"promised:{result.id}", 0) for result in results) if first)
+    steps = [later - earlier for earlier, later in zip(firsts, firsts[1:])]
+    assert len(steps) >= len(results) // 2, "most of the backlog was never promised a start"
+    return statistics.median(steps)
+
+
+def runs_table(record, results) -> str:
+    """Each run as ``admitted asked [promises] slot-refusals``, in ms from the first start:
+    what a failed rate check is read from."""
+    ids = [result.id for result in results]
+    admitted = {i: int(record.hget("admitted", i)) for i in ids}
+    first = min(admitted.values())
+    rows = []
+    for i in sorted(ids, key=admitted.__getitem__):
+        asked = int(record.hget("asked", i) or admitted[i])
+        promised = [int(p) // 1000 - first for p in record.lrange(f"promised:{i}", 0, -1)]
+        rows.append(f"{admitted[i] - first} {asked - first} {promised} "
+                    f"{int(record.hget('slot_refused', i) or 0)}")
+    return "\n".join(rows)
+
+
 def test_config_slots_limit_a_plain_task(cluster: WorkerCluster) -> None:
     task = cluster.app.tasks[SEND_EMAIL]
     results = [task.delay(n) for n in range(16)]
@@ -73,8 +106,10 @@ def test_config_slots_limit_a_plain_task(cluster: WorkerCluster) -> None:
 
 def test_global_rate_across_worker_processes(cluster: WorkerCluster) -> None:
     """A backlog of 60 calls at 20/s per token (burst 1), on 3 workers x 2 processes:
-    never more than 20 + 1 admissions in any second, and the backlog runs at (nearly)
-    20 per second."""
+    never more than 20 + 1 admissions in any second, and the limiter schedules the
+    backlog at the full rate: the starts it promises the runs are one interval apart on
+    the server's clock (a run that a loaded machine brings back late is the machine's
+    delay, not the limiter's), and another token is not held up behind it."""
     task = cluster.app.tasks[CALL_API]
     count = 3 * API_RATE_PER_SECOND
     results = [task.delay("t1") for _ in range(count)]
@@ -85,15 +120,17 @@ def test_global_rate_across_worker_processes(cluster: WorkerCluster) -> None:
     assert_each_ran_once(record, results + other)
     starts = start_times(record, results)
     assert most_starts_in_any_window(starts, 1_000_000) <= API_RATE_PER_SECOND + 1
-    achieved = (count - 1) / ((starts[-1] - starts[0]) / 1_000_000)
-    assert achieved >= 0.9 * API_RATE_PER_SECOND, f"achieved {achieved:.1f}/s"
+    assert promise_spacing(record, results) == pytest.approx(
+        1_000_000 / API_RATE_PER_SECOND, abs=1), runs_table(record, results)
     assert start_times(record, other)[0] < starts[-1], "token t2 waited behind t1"
 
 
 def test_two_limits_are_taken_together(cluster: WorkerCluster) -> None:
     """charge has a slot per merchant and a global 10/s rate. While the test holds
-    merchant 1's slot, merchant 1's charges wait without spending the rate, so the other
-    merchants' charges still run at the full rate; neither limit is ever exceeded."""
+    merchant 1's slot, merchant 1's charges wait without spending the rate (they are
+    never promised a start, and never admitted), so the other merchants' charges are
+    still scheduled at the full rate (the starts promised them are one interval apart on
+    the server's clock); neither limit is ever exceeded."""
     task = cluster.app.tasks[CHARGE]
     blocker = Semaphore(lock_store(cluster), "merchant:1")
     held = blocker.acquire()
@@ -103,9 +140,9 @@ def test_two_limits_are_taken_together(cluster: WorkerCluster) -> None:
 
     record = record_store(cluster)
     assert not any(record.hexists("started", result.id) for result in blocked)
-    starts = start_times(record, free)
-    achieved = (len(starts) - 1) / ((starts[-1] - starts[0]) / 1_000_000)
-    assert achieved >= 0.85 * CHARGE_RATE_PER_SECOND, f"achieved {achieved:.1f}/s"
+    assert not any(record.exists(f"promised:{result.id}") for result in blocked)
+    assert promise_spacing(record, free) == pytest.approx(
+        1_000_000 / CHARGE_RATE_PER_SECOND, abs=1), runs_table(record, free)
 
     blocker.release(held)
     wait_for_results(cluster, blocked)
