@@ -39,6 +39,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Optional
 
 import redis
 from hypothesis import HealthCheck, event, given, settings
@@ -418,13 +419,35 @@ def test_rate_limiter_never_exceeds_rate_plus_burst(
 
 
 def test_polling_try_acquire_is_admitted_at_the_rate(redis_client):
-    """A caller polling ``try_acquire`` faster than the rate gets about the rate: a caller
-    that will not wait is promised nothing, so its refusals do not push the line of
-    promised starts ahead of time."""
+    """A caller polling ``try_acquire`` faster than the rate gets the rate: a caller that
+    will not wait is promised nothing, so its refusals do not push the line of promised
+    starts ahead of time. Judged on the server's clock around each call, so it holds
+    however slowly the machine polls: every poll that began once a start was allowed is
+    admitted, refusals never move the allowed time, and admissions keep the rate."""
     limiter = RateLimiter(redis_client, "polled", "20/s")  # a start every 50 ms
-    started = time.monotonic()
-    admitted = 0
-    while time.monotonic() - started < 1.0:
-        admitted += limiter.try_acquire()
+    interval_us = 50_000
+
+    def server_us() -> int:
+        seconds, micros = redis_client.time()
+        return seconds * 1_000_000 + micros
+
+    allowed_at: Optional[int] = None  # the start time the last refusal told (µs)
+    admissions, refusals = [], 0
+    while len(admissions) < 8:
+        before = server_us()
+        refused = limiter.attempt(will_wait=False)
+        after = server_us()
+        if refused is None:
+            admissions.append((before, after))
+            allowed_at = None  # not known until the next refusal tells it
+        else:
+            refusals += 1
+            if allowed_at is not None:
+                assert before < allowed_at, "refused though the poll began once allowed"
+                assert refused.promise == allowed_at, "a refusal moved the allowed start"
+            allowed_at = refused.promise
         time.sleep(0.005)
-    assert 10 <= admitted <= 21, f"admitted {admitted} times in 1 s by a 20/s limiter"
+    assert refusals > 0  # it did poll faster than the rate
+    # At most 1 + burst starts at once, then one per interval (server clock).
+    first_before, last_after = admissions[0][0], admissions[-1][1]
+    assert last_after - first_before >= (len(admissions) - 2) * interval_us
