@@ -104,11 +104,14 @@ def test_pause_for_seconds_counts_on_the_server_clock(lock_client):
     end = pause(lock_client, "crawl", seconds=5)
     after = server_now(lock_client)
     assert before + 5 <= end + 0.001 and end <= after + 5 + 0.001
+    # The hints count down on the server's clock: from the end, less the server time
+    # after the call (however long the machine took to get there), never more than 5 s.
     refused = semaphore.attempt()
-    assert isinstance(refused, Paused) and 4 < refused.retry_hint <= 5
+    assert isinstance(refused, Paused)
+    assert end - server_now(lock_client) - 0.001 <= refused.retry_hint <= 5
     state = limit_state(lock_client, "crawl")
     assert state.paused and state.paused_until_ms == round(end * 1000)
-    assert 4 < state.pause_left <= 5
+    assert end - server_now(lock_client) - 0.001 <= state.pause_left <= 5
 
 
 def test_a_pause_that_ended_admits_again(lock_client):
@@ -142,9 +145,10 @@ def test_keep_longer_leaves_a_longer_pause(lock_client):
 def test_pause_applies_to_the_rate_limiter_of_the_name(lock_client):
     rate = RateLimit("crawl", Rate.parse("100/s"), DEFAULT_PREFIX)
     assert isinstance(admit(lock_client, [rate], lease=1), Lease)
-    pause(lock_client, "crawl", seconds=30)
+    end = pause(lock_client, "crawl", seconds=30)
     refused = admit(lock_client, [rate], lease=1)
-    assert isinstance(refused, Paused) and 29 < refused.retry_hint <= 30
+    assert isinstance(refused, Paused)
+    assert end - server_now(lock_client) - 0.001 <= refused.retry_hint <= 30
     assert limit_state(lock_client, "crawl").paused  # shown although no semaphore exists
     resume(lock_client, "crawl")
     wait_until(lambda: isinstance(admit(lock_client, [rate], lease=1), Lease), timeout=5,
@@ -253,11 +257,16 @@ def test_a_task_pauses_its_own_key_after_a_429(cluster):
     key_token = token()
     end = cluster.app.send_task(CALL_API, (key_token,), {"retry_after": 2}).get(timeout=30)
     state = limit_state(cluster.app, api_name(key_token))
-    assert state.paused and 0 < state.pause_left <= 2
-    assert state.paused_until_ms == round(end * 1000)
+    # Still paused until the end the task set, unless a loaded machine took the 2 s to
+    # get here (judged on the server's clock).
+    if state.paused:
+        assert state.paused_until_ms == round(end * 1000) and 0 < state.pause_left <= 2
+    else:
+        assert server_now(records(cluster)) >= end
     later = cluster.app.send_task(CALL_API, (key_token,))
     assert later.get(timeout=30) == later.id
-    assert any("paused" in reason for reason in refusals(cluster, later.id))
+    # The next run did not start before the pause ended (both on the server's clock).
+    assert int(records(cluster).hget("started", later.id)) >= end * 1_000_000 - 1_000
     started_us = int(records(cluster).hget("started", later.id))
     assert started_us >= end * 1_000_000  # not before the pause ended (server clock)
 
