@@ -119,14 +119,18 @@ def test_renewal_keeps_the_slot_beyond_its_lease(redis_client):
 
 
 def test_manual_renew_and_lost_lease(redis_client):
-    sem = Semaphore(redis_client, "manual", slots=1, lease=0.2)
+    # A live lease renews (a 30 s lease: live however slow the machine is), and one left
+    # to run out (0.2 s) cannot be renewed and is reported lost.
+    sem = Semaphore(redis_client, "manual", slots=1, lease=30)
     lease = sem.acquire()
     before = lease.expires_at_ms
     time.sleep(0.05)
     assert sem.renew(lease)
     assert lease.expires_at_ms > before
-    wait_until(lambda: sem.holders() == 0, timeout=5)
-    assert sem.renew(lease) is False
+    short = Semaphore(redis_client, "manual-short", slots=1, lease=0.2)
+    lease = short.acquire()
+    wait_until(lambda: short.holders() == 0, timeout=5)
+    assert short.renew(lease) is False
     assert lease.lost
 
 
