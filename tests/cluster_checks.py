@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, List
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List
 
 import redis
 from celery.result import AsyncResult, ResultSet
@@ -86,3 +88,32 @@ def server_time_us(client: redis.Redis) -> int:
     return int(seconds) * 1_000_000 + int(micros)
 
 
+
+
+@contextmanager
+def lua_commands(cluster: WorkerCluster) -> Iterator[List[List[str]]]:
+    """The commands the lock store's scripts ran during the block, each as its words, in
+    the order the server ran them (read with MONITOR): what the scripts decided, however
+    late loaded worker processes got round to acting on it. Filled when the block ends."""
+    commands: List[List[str]] = []
+    ready, end = threading.Event(), f"lua-commands-end-{id(commands)}"
+
+    def watch() -> None:
+        with lock_store(cluster).monitor() as monitor:
+            ready.set()
+            for event in monitor.listen():
+                words = event["command"].split()
+                if words[:2] == ["ECHO", end]:
+                    return
+                if event["client_type"] == "lua":
+                    commands.append(words)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert ready.wait(10), "MONITOR did not start"
+    try:
+        yield commands
+    finally:
+        lock_store(cluster).echo(end)
+        watcher.join(30)
+        assert not watcher.is_alive(), "MONITOR did not end"

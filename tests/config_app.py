@@ -70,29 +70,14 @@ def create_app(urls: AppUrls) -> Celery:
         lease = task.request.redislock_lease
         recorder(urls.record).client.hset("admitted", task.request.id, lease.acquired_at_ms)
 
-    def record_wait(sender: Any = None, task_id: Optional[str] = None, lease: Any = None,
-                    waited: float = 0.0, **_: Any) -> None:
-        """For a run admitted after a wait: when it first asked (``asked``, server clock,
-        ms), from the ``waited`` the package reports on the server's clock."""
-        if getattr(sender, "app", None) is app and waited:
-            recorder(urls.record).client.hset(
-                "asked", task_id, lease.acquired_at_ms - round(waited * 1000))
-
-    def record_refusal(sender: Any = None, task_id: Optional[str] = None,
+    def record_promise(sender: Any = None, task_id: Optional[str] = None,
                        promise: Optional[int] = None, **_: Any) -> None:
-        """Every start a rate limit promised a refused run (server clock, µs), in
-        ``promised:<task id>``; a run refused by a slot is counted in ``slot_refused``."""
-        if getattr(sender, "app", None) is not app:
-            return
-        client = recorder(urls.record).client
-        if promise is None:
-            client.hincrby("slot_refused", task_id, 1)
-        else:
-            client.rpush(f"promised:{task_id}", promise)
+        """Every start a rate limit promised a run it sent back to the queue (server
+        clock, µs), in ``promised:<task id>``."""
+        if getattr(sender, "app", None) is app:
+            recorder(urls.record).client.rpush(f"promised:{task_id}", promise)
 
-    signals.lock_acquired.connect(record_wait, weak=False)
-    signals.rate_limited.connect(record_refusal, weak=False)
-    signals.lock_contended.connect(record_refusal, weak=False)
+    signals.rate_limited.connect(record_promise, weak=False)
 
     celery_redislock.install(app)
     return app

@@ -8,7 +8,6 @@ at once. The task bodies record when they ran (see :mod:`worker_app`).
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, Iterator, List, Tuple
@@ -23,6 +22,7 @@ from cluster_checks import (
     assert_each_ran_once,
     assert_slots_all_given_back,
     lock_store,
+    lua_commands,
     peaks,
     record_store,
     wait_for_results,
@@ -156,26 +156,11 @@ def line_events(cluster: WorkerCluster) -> Iterator[LineEvents]:
     """The :class:`LineEvents` of the block, read with MONITOR: the order the server ran
     the scripts in, not the order loaded worker processes got round to the task bodies."""
     events = LineEvents()
-    ready, end = threading.Event(), f"line-events-end-{id(events)}"
-
-    def watch() -> None:
-        with lock_store(cluster).monitor() as monitor:
-            ready.set()
-            for event in monitor.listen():
-                words = event["command"].split()
-                if words[:2] == ["ECHO", end]:
-                    return
-                if event["client_type"] == "lua" and len(words) >= 4:
-                    events.note(words)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    assert ready.wait(10), "MONITOR did not start"
-    try:
+    with lua_commands(cluster) as commands:
         yield events
-    finally:
-        lock_store(cluster).echo(end)
-        watcher.join(30)
+    for words in commands:
+        if len(words) >= 4:
+            events.note(words)
 
 
 def test_waiters_start_in_the_order_they_asked(cluster: WorkerCluster) -> None:
