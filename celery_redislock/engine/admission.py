@@ -24,7 +24,17 @@ from .holder import holder_member
 from .keys import LINE, companion_key, rate_key, semaphore_key
 from .rate import Rate
 from .refusal import describe_error
-from .scripts import ADMIT, FRESH, REFUND, RELEASE, RENEW, WAKE, by_hash_slot, is_cluster
+from .scripts import (
+    ADMIT,
+    FOLLOW,
+    FRESH,
+    REFUND,
+    RELEASE,
+    RENEW,
+    WAKE,
+    by_hash_slot,
+    is_cluster,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -553,6 +563,26 @@ def _new_process_id() -> None:
 _process_id, _counter = "", itertools.count()
 _new_process_id()
 os.register_at_fork(after_in_child=_new_process_id)
+
+
+#: What :func:`holder_lease_end` answers for a holder freed by its worker for a run that
+#: died (see ``release_owner.lua``).
+FREED_AS_LOST = -1
+
+
+def holder_lease_end(client: Any, key: str, member: str) -> Tuple[int, int]:
+    """The server's time (ms), and the end of the lease (ms) of the holder ``member`` of
+    semaphore ``key``: 0 when it is gone (released, or its lease ran out),
+    :data:`FREED_AS_LOST` when its worker freed it for a run that died. One read-only
+    script.
+
+        >>> import redis
+        >>> client = redis.Redis.from_url(redis_url)
+        >>> holder_lease_end(client, "redislock:{0}:s:nothing", "t 1 2 {}")[1]
+        0
+    """
+    now_ms, lease_end = FOLLOW.run(client, [key], [member])
+    return int(now_ms), int(lease_end)
 
 
 def owner_prefix(worker: str, task_id: str = "", start: str = "") -> str:
