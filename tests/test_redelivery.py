@@ -15,7 +15,7 @@ import redis
 from celery_redislock import Semaphore
 
 from cluster_checks import lock_store, record_store, wait_until
-from redelivery_app import KEY, LIMITED, create_app
+from redelivery_app import KEY, LIMITED, TRACKED, create_app
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
@@ -33,12 +33,12 @@ def cluster(worker_cluster_factory: WorkerClusterFactory) -> WorkerCluster:
                                   app_factory=create_app)
 
 
-def settled(cluster: WorkerCluster) -> bool:
-    """No message waits in the broker or in a worker, and no slot is held."""
+def settled(cluster: WorkerCluster, key: str = KEY) -> bool:
+    """No message waits in the broker or in a worker, and no slot of ``key`` is held."""
     assert cluster.urls is not None
     broker = redis.Redis.from_url(cluster.urls.broker)
     return (broker.hlen("unacked") == 0 and broker.llen("celery") == 0
-            and Semaphore(lock_store(cluster), KEY).holders() == 0)
+            and Semaphore(lock_store(cluster), key).holders() == 0)
 
 
 def runs_of(record, ids: List[str]) -> Dict[str, int]:
@@ -69,3 +69,47 @@ def test_redelivery_does_not_starve_the_line(cluster: WorkerCluster) -> None:
     # for a loaded machine, but not for a line that starves.
     assert max(starts) - sent_us < 40_000_000
     assert "it follows that run" in cluster.logs()
+
+
+def started(record, ids: List[str]) -> List[str]:
+    return [task_id for task_id in ids if record.hexists("started", task_id)]
+
+
+def test_a_wait_is_not_a_run(cluster: WorkerCluster) -> None:
+    """Five tasks behind one slot, with STARTED tracked: each waited, yet Celery saw one
+    run of each: task_prerun and task_postrun once, and the state still PENDING when the
+    run began (a wait stored STARTED before)."""
+    record = record_store(cluster)
+    ids = [cluster.app.send_task(TRACKED, (0.3,)).id for _ in range(5)]
+    wait_until(lambda: len(record.hkeys("ended")) == 5 and settled(cluster, "tracked"), 60,
+               "five runs")
+    assert runs_of(record, ids) == dict.fromkeys(ids, 1)
+    assert record.hgetall("prerun") == dict.fromkeys(ids, "1")
+    assert record.hgetall("postrun") == dict.fromkeys(ids, "1")
+    assert record.hgetall("prerun-state") == dict.fromkeys(ids, "PENDING")
+    assert max(int(n) for n in record.lrange("peaks:tracked", 0, -1)) == 1
+
+
+def test_revoke_terminate_stops_a_run_that_waited(cluster: WorkerCluster) -> None:
+    """Five tasks of 3 s behind one slot; each, once its body runs (all but the first
+    waited), is revoked with terminate=True: every one stops before its body ends,
+    task_revoked fires once for each, and the next one gets the slot."""
+    record = record_store(cluster)
+    ids = [cluster.app.send_task(TRACKED, (3.0,)).id for _ in range(5)]
+    for count in range(1, 6):
+        wait_until(lambda count=count: len(started(record, ids)) >= count, 60,
+                   f"run {count} to start")
+        running = [task_id for task_id in started(record, ids)
+                   if task_id not in record.hkeys("revoked")]
+        assert len(running) == 1, running
+        cluster.app.control.revoke(running[0], terminate=True)
+        wait_until(lambda task_id=running[0]: record.hget("revoked", task_id) is not None,
+                   20, "task_revoked")
+    wait_until(lambda: settled(cluster, "tracked"), 30, "the slot to come back")
+    # The body's own finally may record its end as the signal stops it: well short
+    # of its 3 s.
+    begun, ended = record.hgetall("started"), record.hgetall("ended")
+    assert all(int(ended[task_id]) - int(begun[task_id]) < 2_500_000
+               for task_id in ended), (begun, ended)
+    assert record.hgetall("revoked") == dict.fromkeys(ids, "1")
+    assert runs_of(record, ids) == dict.fromkeys(ids, 1)

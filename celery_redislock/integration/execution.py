@@ -92,6 +92,14 @@ def _describe(task_name: str, worker: Any, task_id: Any) -> str:
     return f"{start}{task_id}}}"
 
 
+def _describe_unadopted(task_name: str, worker: Any, task_id: Any) -> str:
+    """Who holds a slot that the worker's main process took for a run no pool process
+    has adopted yet: no process id, so that a lost pool process's slots are freed at
+    once (see :func:`~.recovery.free_run_slots`)."""
+    return (f'{{"task": {json.dumps(task_name)}, "worker": {json.dumps(worker)}, '
+            f'"pid": null, "id": {json.dumps(task_id)}}}')
+
+
 def task_settings(task: Any) -> Settings:
     """The package settings of ``task``'s app, read once per task object."""
     settings = getattr(task, "_redislock_settings", None)
@@ -202,13 +210,66 @@ def run_limited(
         return body()
     attempt = _Attempt.of(task, setup, args, kwargs,
                           task.request if request is None else request)
-    if attempt.waited.get("follows") and not attempt.eager:
+    handed = None if attempt.eager else getattr(attempt.request, ADMITTED, None)
+    if handed:
+        lease = _adopt(attempt, handed)
+        if lease is not None:
+            return _run_holding(attempt, lease, body)
+    elif attempt.waited.get("follows") and not attempt.eager:
         _follows_on(attempt, args, kwargs)
     outcome = _first_outcome(attempt)
     if outcome is _WITHOUT_SLOT:
         return body()
     lease = _lease_or_wait(attempt, args, kwargs, outcome)
     return _run_holding(attempt, lease, body)
+
+
+#: The request field that carries a lease the worker's main process was admitted to, for
+#: the pool process that runs the task to adopt (see :func:`admit_before_pool`).
+ADMITTED = "redislock_admitted"
+
+
+def admit_before_pool(task: Any, limits: TaskLimits, request: Any) -> Optional[Dict[str, Any]]:
+    """Decide in the worker's main process, before the pool sees the request, whether
+    this run may start: what the pool process is to adopt (:meth:`Lease.handover`) when
+    it may; ``Ignore`` when it ends here (sent back to wait, served by another copy,
+    following an earlier run), after which the caller acknowledges the message without
+    running it; None when the pool process is to decide as before (the package is
+    disabled, a rate limit is involved, the lock store did not answer, the run gave up
+    waiting: its failure belongs in the task's trace).
+
+    ``request`` is the task's context (``args``, ``kwargs``, ``headers``,
+    ``delivery_info``...), as the pool process would see it."""
+    if not limits.rules:
+        return None
+    setup = _Setup.of(task, limits)
+    if not setup.settings.enabled:
+        return None
+    args, kwargs = tuple(request.args or ()), dict(request.kwargs or {})
+    attempt = _Attempt.of(task, setup, args, kwargs, request)
+    if any(isinstance(limiter, RateLimit) for limiter in attempt.limiters):
+        return None
+    attempt.description = _describe_unadopted(task.name, request.hostname, request.id)
+    try:
+        if attempt.waited.get("follows"):
+            _follows_on(attempt, args, kwargs)
+        outcome = attempt.admit()
+        lease = _lease_or_wait(attempt, args, kwargs, outcome)
+    except Ignore:
+        raise
+    except (RedisError, LockWaitTimeout):
+        return None
+    return lease.handover() if lease.holds_slots else None
+
+
+def _adopt(attempt: _Attempt, handed: Mapping[str, Any]) -> Optional[Lease]:
+    """The lease the worker's main process was admitted to for this run, now this
+    process's (renewed, under its own description); None when it ran out meanwhile or
+    the lock store did not answer: the run then asks anew."""
+    try:
+        return Lease.adopt(attempt.setup.client, handed, attempt.description)
+    except RedisError:
+        return None
 
 
 def _first_outcome(attempt: _Attempt) -> Any:
