@@ -21,9 +21,11 @@ the semaphore ``run:<run>`` (a fresh key per batch):
   ``max_retries=None``, so it retries until it gets a slot.
 
 A ``task_prerun`` handler stores, with ``SET NX``, the time each task id first reached a
-pool process (its first ask). Each body that runs appends one JSON record (task id,
-``seq``, start, end, worker, pid, when the delivery that ran reached its pool process,
-and the Redis server time at which its slot was taken) to ``bench:contention:<run>``.
+pool process, and a ``lock_contended`` handler the time a limited run was first refused
+before it (the worker's main process asks first): its first ask. Each body that runs
+appends one JSON record (task id, ``seq``, start, end, worker, pid, when the delivery
+that ran reached its pool process, and the Redis server time at which its slot was
+taken) to ``bench:contention:<run>``.
 Times are ``time.time()`` of processes, and the Redis server's clock, on one machine.
 """
 
@@ -40,6 +42,7 @@ from celery import Celery, Task
 from celery.signals import task_prerun
 
 from celery_redislock import LimitedTask, Semaphore
+from celery_redislock.integration.signals import lock_contended
 
 BROKER_ENV = "REDISLOCK_BENCH_BROKER_URL"
 BACKEND_ENV = "REDISLOCK_BENCH_BACKEND_URL"
@@ -127,6 +130,15 @@ def note_first_ask(task_id: Optional[str] = None, task: Optional[Task] = None,
         now = time.time()
         _delivered.update(task_id=task_id, at=now)
         _client(RECORD_ENV).set(first_ask_key(task_id), repr(now), nx=True, ex=3600)
+
+
+@lock_contended.connect
+def note_first_refusal(sender: Optional[Task] = None, task_id: Optional[str] = None,
+                       **_: Any) -> None:
+    """A limited run refused before it reached a pool process (the worker's main process
+    asks first): that was its first ask, if it had none yet."""
+    if sender is not None and sender.name == LIMITED and task_id:
+        _client(RECORD_ENV).set(first_ask_key(task_id), repr(time.time()), nx=True, ex=3600)
 
 
 @app.task(name=LIMITED, base=LimitedTask, bind=True, lock_slots=SLOTS, lock_key="run:{run}")

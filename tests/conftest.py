@@ -12,6 +12,7 @@ from celery.contrib.pytest import celery_worker  # noqa: F401
 from celery.signals import task_prerun
 
 from celery_redislock.engine.admission import declare_fresh
+from celery_redislock.integration.signals import lock_contended, rate_limited
 
 from redis_process import RedisServer
 from support import BROKER_DB, LOCK_DB
@@ -69,15 +70,20 @@ def lock_client(redis_server):
 
 @pytest.fixture
 def deliveries():
-    """Counts, per task id, how many times a worker started a run (refused or not)."""
+    """Counts, per task id, how many times a worker took up a run: ``task_prerun`` for
+    a run that reached a pool process, ``lock_contended``/``rate_limited`` for one
+    refused before it (a refusal inside a pool process counts twice: no matter here)."""
     seen: Counter = Counter()
 
     def count(task_id=None, **_):
         seen[task_id] += 1
 
-    task_prerun.connect(count, weak=False)
+    receivers = (task_prerun, lock_contended, rate_limited)
+    for signal in receivers:
+        signal.connect(count, weak=False)
     yield seen
-    task_prerun.disconnect(count)
+    for signal in receivers:
+        signal.disconnect(count)
 
 
 @pytest.fixture(autouse=True)

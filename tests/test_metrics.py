@@ -180,9 +180,11 @@ def test_signals_fire_with_their_documented_kwargs(cluster: WorkerCluster) -> No
     """Every signal, sent from the pool children of a real worker, with the kwargs that
     signals.py documents; and the contention log line names the task id and the key."""
     app = cluster.app
+    # Four rated runs while both pool processes are free: the two taken up first start
+    # at once and 1/RATE s later (a wait inside the process); the next one is promised a
+    # start further off than a process waits, so it is sent back (rate_limited).
+    rated = [app.tasks[RATED].delay() for _ in range(4)]
     first, second = (app.tasks[CONTENDED].delay(0.5) for _ in range(2))
-    # The third's start is further off than a worker process waits: it is sent back.
-    rated = [app.tasks[RATED].delay() for _ in range(3)]
     wait_for_results(cluster, [first, second, *rated])
 
     # A lease that ends while its run still works (its entry wiped from the semaphore,

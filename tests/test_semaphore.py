@@ -214,25 +214,31 @@ def test_bad_lease_is_refused(redis_client, lease):
         Semaphore(redis_client, "bad", lease=lease)
 
 
-def test_a_redelivered_run_is_told_an_earlier_run_still_holds(redis_client, caplog):
-    from types import SimpleNamespace
-
-    from celery_redislock.engine.admission import SlotLimit, admit
-    from celery_redislock.integration.execution import _warn_if_an_earlier_run_holds
+def test_a_redelivered_run_finds_the_earlier_run_that_still_holds(redis_client):
+    from celery_redislock.engine.admission import (
+        FREED_AS_LOST,
+        SlotLimit,
+        admit,
+        holder_lease_end,
+    )
+    from celery_redislock.integration.execution import _earlier_run
+    from celery_redislock.integration.recovery import free_owner_slots
 
     limit = SlotLimit("redelivered", 1, "redislock:")
     earlier = admit(redis_client, [limit], lease=10, owner="w1@host|task-7|")
     again = admit(redis_client, [limit], lease=10, owner="w2@host|task-7|")
-    task = SimpleNamespace(name="proj.sync")
-    with caplog.at_level("WARNING", logger="celery_redislock.integration.execution"):
-        _warn_if_an_earlier_run_holds(task, redis_client, [limit], "task-7", again)
-    assert "redelivered while an earlier run of it still holds a slot of 'redelivered'" \
-        in caplog.text and "waits for it" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="celery_redislock.integration.execution"):
-        _warn_if_an_earlier_run_holds(task, redis_client, [limit], "task-8", again)
-    assert caplog.text == ""
+    found = _earlier_run(redis_client, [limit], "task-7", again)
+    assert found is not None and found["member"].startswith(earlier.token + " ")
+    assert found["until"] == earlier.expires_at_ms and found["name"] == "redelivered"
+    assert _earlier_run(redis_client, [limit], "task-8", again) is None
+    now_ms, lease_end = holder_lease_end(redis_client, found["key"], found["member"])
+    assert lease_end == earlier.expires_at_ms and now_ms < lease_end
     earlier.release()
+    assert holder_lease_end(redis_client, found["key"], found["member"])[1] == 0
+    lost = admit(redis_client, [limit], lease=10, owner="w1@host|task-9|")
+    free_owner_slots(None, redis_client, [found["key"]], "w1@host|task-9|", 10)
+    member = f"{lost.token} {lost.acquired_at_ms} {lost.fence} "
+    assert holder_lease_end(redis_client, found["key"], member)[1] == FREED_AS_LOST
 
 
 def test_error_replies_are_raised_as_redis_py_exceptions(redis_client):

@@ -16,6 +16,15 @@ MIN_COUNTDOWN = 0.05
 SERVED_MEMORY = 600.0
 
 
+#: How long (seconds) a run that waits in line behind others may go without asking again,
+#: beyond ``backoff_max``: its hand-off, not its asking, brings its turn, so a run far
+#: back asks about as seldom as its expected wait allows, and a line of thousands does
+#: not flood the workers and the broker with asks that would delay every hand-off. Half
+#: of :data:`SERVED_MEMORY`, so a served ticket is still remembered for at least five
+#: minutes beyond the latest return of its waiting copy.
+LINE_COUNTDOWN = SERVED_MEMORY / 2
+
+
 def keep_ticket_ms(longest_countdown: float) -> int:
     """How long (ms) the line keeps a ticket without news, and remembers it once served.
 
@@ -55,16 +64,27 @@ class RetryPolicy:
         for a hand-off
         that went wrong, so it is made long enough not to come back before its turn: at
         least twice the expected wait (its place in the line, over the slots, times the
-        average hold time), growing with each attempt, capped by ``backoff_max``.
+        average hold time), growing with each attempt, capped by ``backoff_max``, or, for
+        a run whose expected wait is longer, by that wait, at most ``backoff_max`` +
+        :data:`LINE_COUNTDOWN`.
+
+            >>> policy = RetryPolicy(backoff=1, backoff_max=30, jitter=False)
+            >>> far_back = Busy("k", 1, 1, 5.0, 0.02, 0, position=4999)
+            >>> policy.countdown(0, far_back)
+            200.0
         """
-        start = self.backoff
+        start, cap, front = self.backoff, self.backoff_max, True
         if busy is not None and busy.average_hold is not None:
             start = min(start, max(busy.average_hold, MIN_COUNTDOWN))
         if busy is not None and busy.position is not None:
             turns = busy.position // max(busy.slots, 1) + 1
             start = max(self.backoff, 2 * turns * (busy.average_hold or self.backoff))
-        bound = min(self.backoff_max, start * 2 ** min(attempt, 32))
-        if busy is not None and busy.retry_hint > 0:
+            # Far back in line: ask about as seldom as the expected wait allows; only
+            # the runs next in line look out for a crashed holder's lease running out.
+            cap = max(cap, min(start, self.backoff_max + LINE_COUNTDOWN))
+            front = turns <= 1
+        bound = min(cap, start * 2 ** min(attempt, 32))
+        if busy is not None and busy.retry_hint > 0 and front:
             bound = min(bound, busy.retry_hint)
         if ceiling is not None:
             bound = min(bound, ceiling)

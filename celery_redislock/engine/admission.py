@@ -15,7 +15,7 @@ import os
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from redis.exceptions import RedisError
 
@@ -24,7 +24,18 @@ from .holder import holder_member
 from .keys import LINE, companion_key, rate_key, semaphore_key
 from .rate import Rate
 from .refusal import describe_error
-from .scripts import ADMIT, FRESH, REFUND, RELEASE, RENEW, WAKE, by_hash_slot, is_cluster
+from .scripts import (
+    ADMIT,
+    ADOPT,
+    FOLLOW,
+    FRESH,
+    REFUND,
+    RELEASE,
+    RENEW,
+    WAKE,
+    by_hash_slot,
+    is_cluster,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +155,49 @@ class Lease:
             )
         self.expires_at_ms = int(lease_end)
         return True
+
+    def handover(self) -> Dict[str, Any]:
+        """What another process needs to :meth:`adopt` this lease (plain data)."""
+        return {"name": self.name, "fence": self.fence, "lease": self.lease_seconds,
+                "at": self.acquired_at_ms, "end": self.expires_at_ms, "keys": self._keys,
+                "member": self._member, "contended": self._contended,
+                "last": self._took_last_slot, "reserve": self._reserve_ms,
+                "epoch": self._epoch, "parts": [part.handover() for part in self._parts]}
+
+    @classmethod
+    def adopt(cls, client: Any, record: Mapping[str, Any],
+              description: str) -> Optional[Lease]:
+        """Take over the lease another process was admitted to (see :meth:`handover`),
+        under this process's ``description``; renewed from now. None when it has no
+        live lease left (it ran out before it was adopted): the caller must ask anew.
+
+            >>> from celery_redislock.engine.admission import SlotLimit, admit
+            >>> import redis
+            >>> client = redis.Redis.from_url(redis_url)
+            >>> lease = admit(client, [SlotLimit("adopt-doc", 1, "doc:")], lease=5)
+            >>> mine = Lease.adopt(client, lease.handover(), '{"pid": 7}')
+            >>> mine.token == lease.token, mine.release()
+            (True, True)
+        """
+        parts = [cls.adopt(client, part, description) for part in record["parts"]]
+        if any(part is None for part in parts):
+            return None
+        token, acquired, fence = str(record["member"]).split(" ", 3)[:3]
+        member = holder_member(token, int(acquired), int(fence), description)
+        lease_end = int(record["end"])
+        if record["keys"]:
+            lease_end = int(ADOPT.run(client, list(record["keys"]),
+                                      [record["member"], member,
+                                       milliseconds(float(record["lease"]))]))
+            if lease_end == 0:
+                return None
+        return cls(name=str(record["name"]), fence=int(record["fence"]),
+                   lease_seconds=float(record["lease"]), acquired_at_ms=int(record["at"]),
+                   expires_at_ms=lease_end, _client=client, _keys=list(record["keys"]),
+                   _member=member, _contended=bool(record["contended"]),
+                   _took_last_slot=bool(record["last"]), _reserve_ms=int(record["reserve"]),
+                   _parts=[part for part in parts if part is not None],
+                   _epoch=int(record.get("epoch") or 0))
 
     def release(self, wait: bool = True) -> bool:
         """Give the slots back; False if they were no longer held (released already, or
@@ -553,6 +607,26 @@ def _new_process_id() -> None:
 _process_id, _counter = "", itertools.count()
 _new_process_id()
 os.register_at_fork(after_in_child=_new_process_id)
+
+
+#: What :func:`holder_lease_end` answers for a holder freed by its worker for a run that
+#: died (see ``release_owner.lua``).
+FREED_AS_LOST = -1
+
+
+def holder_lease_end(client: Any, key: str, member: str) -> Tuple[int, int]:
+    """The server's time (ms), and the end of the lease (ms) of the holder ``member`` of
+    semaphore ``key``: 0 when it is gone (released, or its lease ran out),
+    :data:`FREED_AS_LOST` when its worker freed it for a run that died. One read-only
+    script.
+
+        >>> import redis
+        >>> client = redis.Redis.from_url(redis_url)
+        >>> holder_lease_end(client, "redislock:{0}:s:nothing", "t 1 2 {}")[1]
+        0
+    """
+    now_ms, lease_end = FOLLOW.run(client, [key], [member])
+    return int(now_ms), int(lease_end)
 
 
 def owner_prefix(worker: str, task_id: str = "", start: str = "") -> str:

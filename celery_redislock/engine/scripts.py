@@ -94,6 +94,8 @@ REFUND = LuaScript.load("refund.lua")
 HOLDERS = LuaScript.load("holders.lua", flags="no-writes")
 AVAILABLE = LuaScript.load("available.lua", after=["line.lua"], flags="no-writes")
 OWNED = LuaScript.load("owned.lua")
+FOLLOW = LuaScript.load("follow.lua", after=["line.lua"], flags="no-writes")
+ADOPT = LuaScript.load("adopt.lua")
 
 
 def is_cluster(client: Any) -> bool:

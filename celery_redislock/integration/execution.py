@@ -6,14 +6,13 @@ Shared by :class:`~celery_redislock.LimitedTask` and by plain tasks limited thro
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar
 
 from celery.exceptions import Ignore
 from celery.signals import worker_process_shutdown, worker_shutdown
@@ -22,6 +21,7 @@ from redis.exceptions import RedisError
 from ..config.limit import TaskLimits
 from ..config.settings import Settings, read_settings, redis_client
 from ..engine.admission import (
+    FREED_AS_LOST,
     Busy,
     Lease,
     Outcome,
@@ -32,6 +32,7 @@ from ..engine.admission import (
     SlotLimit,
     Ticket,
     admit,
+    holder_lease_end,
     owner_prefix,
 )
 from ..engine.channel import settle_all
@@ -47,7 +48,16 @@ from ..engine.refusal import (
 from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable, LockWaitTimeout
 from . import handoff, signals
 from .recovery import this_start
-from .waiting import SHORT_WAIT, WAIT_HEADER, describe, requeue, wait_state
+from .waiting import (
+    SHORT_WAIT,
+    WAIT_HEADER,
+    describe,
+    follow,
+    requeue,
+    stop_following,
+    visibility_ceiling,
+    wait_state,
+)
 
 try:
     from celery.app.task import get_actual_ignore_result as _ignores_result
@@ -80,6 +90,14 @@ def _describe(task_name: str, worker: Any, task_id: Any) -> str:
         )
     task_id = _json_string(task_id) if type(task_id) is str else json.dumps(task_id)
     return f"{start}{task_id}}}"
+
+
+def _describe_unadopted(task_name: str, worker: Any, task_id: Any) -> str:
+    """Who holds a slot that the worker's main process took for a run no pool process
+    has adopted yet: no process id, so that a lost pool process's slots are freed at
+    once (see :func:`~.recovery.free_run_slots`)."""
+    return (f'{{"task": {json.dumps(task_name)}, "worker": {json.dumps(worker)}, '
+            f'"pid": null, "id": {json.dumps(task_id)}}}')
 
 
 def task_settings(task: Any) -> Settings:
@@ -192,11 +210,66 @@ def run_limited(
         return body()
     attempt = _Attempt.of(task, setup, args, kwargs,
                           task.request if request is None else request)
+    handed = None if attempt.eager else getattr(attempt.request, ADMITTED, None)
+    if handed:
+        lease = _adopt(attempt, handed)
+        if lease is not None:
+            return _run_holding(attempt, lease, body)
+    elif attempt.waited.get("follows") and not attempt.eager:
+        _follows_on(attempt, args, kwargs)
     outcome = _first_outcome(attempt)
     if outcome is _WITHOUT_SLOT:
         return body()
     lease = _lease_or_wait(attempt, args, kwargs, outcome)
     return _run_holding(attempt, lease, body)
+
+
+#: The request field that carries a lease the worker's main process was admitted to, for
+#: the pool process that runs the task to adopt (see :func:`admit_before_pool`).
+ADMITTED = "redislock_admitted"
+
+
+def admit_before_pool(task: Any, limits: TaskLimits, request: Any) -> Optional[Dict[str, Any]]:
+    """Decide in the worker's main process, before the pool sees the request, whether
+    this run may start: what the pool process is to adopt (:meth:`Lease.handover`) when
+    it may; ``Ignore`` when it ends here (sent back to wait, served by another copy,
+    following an earlier run), after which the caller acknowledges the message without
+    running it; None when the pool process is to decide as before (the package is
+    disabled, a rate limit is involved, the lock store did not answer, the run gave up
+    waiting: its failure belongs in the task's trace).
+
+    ``request`` is the task's context (``args``, ``kwargs``, ``headers``,
+    ``delivery_info``...), as the pool process would see it."""
+    if not limits.rules:
+        return None
+    setup = _Setup.of(task, limits)
+    if not setup.settings.enabled:
+        return None
+    args, kwargs = tuple(request.args or ()), dict(request.kwargs or {})
+    attempt = _Attempt.of(task, setup, args, kwargs, request)
+    if any(isinstance(limiter, RateLimit) for limiter in attempt.limiters):
+        return None
+    attempt.description = _describe_unadopted(task.name, request.hostname, request.id)
+    try:
+        if attempt.waited.get("follows"):
+            _follows_on(attempt, args, kwargs)
+        outcome = attempt.admit()
+        lease = _lease_or_wait(attempt, args, kwargs, outcome)
+    except Ignore:
+        raise
+    except (RedisError, LockWaitTimeout):
+        return None
+    return lease.handover() if lease.holds_slots else None
+
+
+def _adopt(attempt: _Attempt, handed: Mapping[str, Any]) -> Optional[Lease]:
+    """The lease the worker's main process was admitted to for this run, now this
+    process's (renewed, under its own description); None when it ran out meanwhile or
+    the lock store did not answer: the run then asks anew."""
+    try:
+        return Lease.adopt(attempt.setup.client, handed, attempt.description)
+    except RedisError:
+        return None
 
 
 def _first_outcome(attempt: _Attempt) -> Any:
@@ -227,10 +300,8 @@ def _lease_or_wait(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, 
     or served by another copy of its message), or, eager, waits for its lease in place."""
     task, request, limits = attempt.task, attempt.request, attempt.setup.limits
     _end_if_another_copy_runs(attempt, outcome)
-    if (request.delivery_info or {}).get("redelivered"):
-        with contextlib.suppress(RedisError):  # only a warning to give; the run goes on
-            _warn_if_an_earlier_run_holds(task, attempt.setup.client, attempt.limiters,
-                                          request.id, outcome)
+    if (request.delivery_info or {}).get("redelivered") and not attempt.eager:
+        _follow_an_earlier_run(attempt, args, kwargs, outcome)
     if isinstance(outcome, RateLimited) and not attempt.eager:
         try:
             outcome = _wait_briefly_for_start(attempt, outcome)
@@ -301,15 +372,40 @@ def _run_holding(attempt: _Attempt, lease: Lease, body: Callable[[], Result]) ->
                 )
 
 
-def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any],
-                                  task_id: str, outcome: Any) -> None:
+def _follow_an_earlier_run(attempt: _Attempt, args: Sequence[Any],
+                           kwargs: Mapping[str, Any], outcome: Any) -> None:
     """A redelivered message (acks_late, visibility timeout) may meet the earlier run of
-    the same task id still holding a live lease. The new run is a holder like any other:
-    it waits while the slots are taken (the earlier run ends, or its process died and its
-    lease runs out), and if slots are free it runs, which Celery's redelivery made a
-    duplicate. Either way, say so."""
+    the same task id still holding a live lease.
+
+    Admitted (slots were free), it runs beside that run, as Celery alone would run it:
+    a warning says so. Refused, it *follows* that run (see :func:`.waiting.follow`)
+    instead of waiting in line by the time the run first asked, which would put it
+    before every run parked since and run the task again as soon as the earlier run
+    ended: a body longer than the visibility timeout would then run again and again
+    while the line starved. Without a live earlier run, the run goes on as any other."""
+    task, request = attempt.task, attempt.request
     if outcome is None:
         return  # the lock store did not answer: nothing to look at
+    try:
+        earlier = _earlier_run(attempt.setup.client, attempt.limiters, request.id, outcome)
+    except RedisError:
+        return
+    if earlier is None:
+        return
+    if isinstance(outcome, Lease):
+        logger.warning(
+            "celery-redislock: task %s[%s] was redelivered while an earlier run of it still "
+            "holds a slot of %r; this run runs beside it (slots were free)",
+            task.name, request.id, earlier["name"])
+        return
+    follow(task, request, args, kwargs, earlier, _follow_countdown(attempt))
+
+
+def _earlier_run(client: Any, limiters: Sequence[Any], task_id: str,
+                 outcome: Any) -> Optional[Dict[str, Any]]:
+    """The live holder entry of another run of ``task_id`` in one of the semaphores of
+    ``limiters``: its semaphore's key and name, its member, when it took the slot and
+    when its lease ends (server ms); or None."""
     marker = f"|{task_id}|"
     own = outcome.token if isinstance(outcome, Lease) else None
     for limiter in limiters:
@@ -318,14 +414,48 @@ def _warn_if_an_earlier_run_holds(task: Any, client: Any, limiters: Sequence[Any
         live = client.zrangebyscore(limiter.key, f"({outcome_time(outcome)}", "+inf",
                                     withscores=True)
         for member, score in live:
-            token = parse_holder(member, score).token
-            if marker in token and token != own:
-                logger.warning(
-                    "celery-redislock: task %s[%s] was redelivered while an earlier run of it "
-                    "still holds a slot of %r; this run %s", task.name, task_id, limiter.name,
-                    "runs beside it (slots were free)" if own else "waits for it",
-                )
-                return
+            holder = parse_holder(member, score)
+            if marker in holder.token and holder.token != own:
+                return {"key": limiter.key, "name": limiter.name, "member": holder.member,
+                        "since": holder.acquired_ms, "until": holder.lease_end_ms}
+    return None
+
+
+def _follow_countdown(attempt: _Attempt) -> float:
+    """How long a run that follows an earlier one waits between looks: a quarter of the
+    lease (renewals keep the lease at least two thirds of its length ahead, so a run
+    that ended is told from one whose lease ran out), within the broker's visibility
+    timeout."""
+    countdown = max(attempt.setup.limits.lease / 4, 0.05)
+    ceiling = visibility_ceiling(attempt.task)
+    return countdown if ceiling is None else min(countdown, ceiling)
+
+
+def _follows_on(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """A run that follows an earlier run of its task (see :func:`.waiting.follow`)
+    looks at it: still holding, the run goes back (``Ignore``); ended before its lease
+    did, the run ends (``Ignore``); freed by its worker as dead, or its lease ran out
+    unrenewed (its whole worker died), the run goes on to ask for a slot, as any
+    waiting run."""
+    earlier = dict(attempt.waited["follows"])
+    task, request = attempt.task, attempt.request
+    try:
+        now_ms, lease_end = holder_lease_end(attempt.setup.client, str(earlier["key"]),
+                                             str(earlier["member"]))
+    except RedisError:
+        now_ms, lease_end = 0, int(earlier["until"])  # look again later
+    if lease_end > 0:
+        earlier["until"] = lease_end
+        follow(task, request, args, kwargs, earlier, _follow_countdown(attempt))
+    if lease_end != FREED_AS_LOST and now_ms < int(earlier["until"]):
+        logger.info("celery-redislock: task %s[%s]: the earlier run it followed has ended; "
+                    "this copy of its message ends without running", task.name, request.id)
+        raise Ignore()
+    logger.warning("celery-redislock: task %s[%s]: the earlier run it followed died (its "
+                   "slot of %r was freed unreleased); this copy asks for a slot",
+                   task.name, request.id, earlier.get("name"))
+    stop_following(request)
+    attempt.waited = wait_state(request)
 
 
 def _short_wait(task: Any, request: Any) -> float:

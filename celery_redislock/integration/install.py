@@ -26,7 +26,7 @@ from ..config.limits_setting import (
     matching_entry,
     task_function,
 )
-from .recovery import DEFAULT_REQUEST, LIMITED_REQUEST
+from .recovery import DEFAULT_REQUEST, DEFAULT_STRATEGY, LIMITED_REQUEST, LIMITED_STRATEGY
 from .startup import CheckLockStoreAtStart, refuse_to_start
 from .unique import run_task, send_unique
 
@@ -85,6 +85,8 @@ class LimitsAnnotation:
             annotation["@apply_async"] = _unique_send
         if task_class.Request == DEFAULT_REQUEST:
             annotation["Request"] = LIMITED_REQUEST  # frees a lost child's slots at once
+        if task_class.Strategy == DEFAULT_STRATEGY:
+            annotation["Strategy"] = LIMITED_STRATEGY  # waits never reach the pool
         return annotation
 
     def apply_to(self, task_class: Any) -> None:

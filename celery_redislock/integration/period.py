@@ -26,7 +26,7 @@ from ..engine.keys import period_key
 from ..engine.owned import OwnedLease
 from ..errors import LockStoreUnavailable
 from .execution import task_settings
-from .waiting import _visibility_ceiling
+from .waiting import visibility_ceiling
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def check_period(task: Any, rule: PeriodRule, args: Sequence[Any],
     other, left = found
     if rule.mode == "defer" and not request.is_eager:
         countdown = left + DEFER_MARGIN
-        ceiling = _visibility_ceiling(task)
+        ceiling = visibility_ceiling(task)
         if ceiling is not None:
             countdown = min(countdown, ceiling)  # a longer ETA would be redelivered
         _send_back(task, request, args, kwargs, countdown)

@@ -33,6 +33,7 @@ from billiard.exceptions import WorkerLostError
 from celery import Task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, task_revoked, worker_init, worker_shutdown
+from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from ..config.limit import TaskLimits
@@ -297,6 +298,10 @@ def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str
 #: Where :class:`LimitedRequest` is, as Celery's ``Task.Request`` names a request class.
 LIMITED_REQUEST = "celery_redislock.integration.recovery:LimitedRequest"
 
+#: Where the strategy of limited tasks is (see :mod:`.gate`), and Celery's default one.
+LIMITED_STRATEGY = "celery_redislock.integration.gate:limited_strategy"
+DEFAULT_STRATEGY = Task.Strategy
+
 #: Celery's own request class, as ``Task.Request`` names it by default.
 DEFAULT_REQUEST = Task.Request
 
@@ -320,6 +325,72 @@ class LimitedRequest(Request):
             _free_for_dead_run(self.task, self.id, self.args, self.kwargs, "WorkerLostError")
         return super().on_failure(exc_info, send_failed_event=send_failed_event,
                                   return_ok=return_ok)
+
+
+    def on_accepted(self, pid: Any, time_accepted: Any) -> None:
+        """Started in a pool process: this run is the one that ``revoke`` must find by
+        its id, whatever copy of its message (sent back to wait) a worker holds."""
+        super().on_accepted(pid, time_accepted)
+        worker_state.requests[self.id] = self
+
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        """``revoke(terminate=True)`` found this request by its id; a copy of a waiting
+        run's message may stand for the id while the run itself is active here: the
+        active run is terminated too."""
+        for other in list(worker_state.active_requests):
+            if other.id == self.id and other is not self:
+                other.terminate(pool, signal)
+        super().terminate(pool, signal)
+
+    def _announce_revoked(self, reason: Any, terminated: Any, signum: Any,
+                          expired: Any) -> None:
+        """A task that waited has several copies of its message (the one sent back to
+        wait, the one sent when it was handed a slot): each reaches a worker that knows
+        the id is revoked. Only the first announces it (``task_revoked``, the
+        ``task-revoked`` event, the REVOKED state); the others are acknowledged quietly."""
+        if _first_revocation(self.task, self.id):
+            super()._announce_revoked(reason, terminated, signum, expired)
+            return
+        forget_copy(self)
+        self.acknowledge()
+        self._already_revoked = True
+        logger.debug("celery-redislock: task %s[%s]: another copy of a revoked run, "
+                     "dropped", self.task.name, self.id)
+
+
+def forget_copy(request: Any) -> None:
+    """Take a request that ends without running out of the worker's state, as Celery's
+    ``task_ready`` does, without taking away the entry by which ``revoke`` finds another
+    request of the same task id that runs here."""
+    worker_state.reserved_requests.discard(request)
+    worker_state.active_requests.discard(request)
+    worker_state.scheduled_requests.discard(request)
+    if worker_state.requests.get(request.id) is request:
+        del worker_state.requests[request.id]
+    for other in worker_state.active_requests:
+        if other.id == request.id:
+            worker_state.requests[request.id] = other
+            break
+
+
+#: How long (ms) the lock store remembers that a revoked task's revocation was announced.
+REVOCATION_MEMORY_MS = 24 * 3600 * 1000
+
+
+def _first_revocation(task: Any, task_id: str) -> bool:
+    """Whether this is the first announcement of the revocation of ``task_id`` (one
+    ``SET NX``; True when the task is not limited or the lock store cannot say)."""
+    if limits_of(task) is None:
+        return True
+    try:
+        settings = read_settings(task._get_app())
+        if not settings.enabled:
+            return True
+        client = redis_client(task._get_app(), settings)
+        return bool(client.set(f"{settings.prefix}revoked:{task_id}", "1", nx=True,
+                               px=REVOCATION_MEMORY_MS))
+    except Exception:  # a revocation is announced rather than lost
+        return True
 
 
 def _frees_lost_runs_itself(task: Any) -> bool:

@@ -103,7 +103,7 @@ def requeue(
     attempts = int(state.get("attempts", 0))
     promises: Dict[str, int] = dict(state.get("promises") or {})
     since, waited = _wait_so_far(state, refusal)
-    ceiling = _visibility_ceiling(task)
+    ceiling = visibility_ceiling(task)
     countdown, must_wait = _countdown(policy, attempts, refusal, promises, ceiling)
     if policy.max_wait is not None:
         _give_up_if_too_long(task, request, policy.max_wait, refusal, client, waited,
@@ -161,6 +161,41 @@ def _clock(ms: float) -> str:
     """A server time in ms as ``HH:MM:SS.mmmZ`` (UTC)."""
     moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
     return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def follow(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+           earlier: Mapping[str, Any], countdown: float) -> NoReturn:
+    """Send a redelivered run back to *follow* the earlier run of its task, which still
+    holds a slot, then end it (``Ignore``).
+
+    The copy sent back joins no waiting line and takes no slot: when it comes back it
+    looks at that run (``earlier``: the semaphore ``key``, the holder ``member``, the
+    end of its lease seen last, ``until``). While the run holds its slot, the copy goes
+    back again; once the run has ended before its lease did, the copy ends without
+    running (what Celery alone would have run beside it has run); once the run's lease
+    ran out unrenewed (its worker died), the copy carries on as a waiting run, in the
+    line by the time the run first asked (see :func:`followed_run_ended`).
+    """
+    state = wait_state(request)
+    wait = {"since": state.get("since") or earlier.get("since"),
+            "attempts": int(state.get("attempts", 0)) + 1, "follows": dict(earlier)}
+    headers = {**(getattr(request, "headers", None) or {}), WAIT_HEADER: wait}
+    signature = task.signature_from_request(
+        request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
+    )
+    _publish(signature)
+    logger.info("celery-redislock: task %s[%s] was delivered again while an earlier run of "
+                "it holds a slot; it follows that run (back in %.2f s)", task.name,
+                request.id, countdown)
+    raise Ignore()
+
+
+def stop_following(request: Any) -> None:
+    """The run followed an earlier run that was lost: from now on it waits as any run
+    does (its wait header no longer names the earlier run)."""
+    state = dict(wait_state(request))
+    state.pop("follows", None)
+    request.headers = {**(getattr(request, "headers", None) or {}), WAIT_HEADER: state}
 
 
 def _wait_so_far(state: Mapping[str, Any], refusal: Refusal) -> Tuple[Optional[int], float]:
@@ -293,7 +328,7 @@ def _publish(signature: Any) -> None:
             time.sleep(0.2 * 2 ** attempt)
 
 
-def _visibility_ceiling(task: Any) -> Optional[float]:
+def visibility_ceiling(task: Any) -> Optional[float]:
     options = task.app.conf.broker_transport_options or {}
     timeout = options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT)
     if isinstance(timeout, (int, float)) and timeout > 0:

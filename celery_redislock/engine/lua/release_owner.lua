@@ -18,6 +18,10 @@
 --           (on Redis Cluster, where those keys may live on another node)
 -- ARGV[5..] 'dead': start ids to take as live whatever the registry says
 --
+-- Every member freed is remembered (hash '}:l:', member -> ms, for LOST_MEMORY ms), so a
+-- redelivered copy of its run's message that follows it (follow.lua) tells a run that
+-- died from one that ended.
+--
 -- Returns {freed, message...}: how many slots were freed, and the messages of waiters
 -- handed a slot, for the caller to re-publish.
 
@@ -48,11 +52,15 @@ local function frees(member)
   if mode == 'own' then return start == ARGV[4] end
   return start == nil or not is_live(start)
 end
+local LOST_MEMORY = 600000
 
 for i = 1, #KEYS do
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[i], 0, '+inf')) do
     if frees(member) then
       redis.call('ZREM', KEYS[i], member)
+      local lost = companion(KEYS[i], 'l')
+      redis.call('HSET', lost, member, now)
+      redis.call('PEXPIRE', lost, LOST_MEMORY)
       freed = freed + 1
     end
   end
