@@ -229,6 +229,12 @@ def run_limited(
 ADMITTED = "redislock_admitted"
 
 
+#: After the lock store failed the worker's main process, how long (s) it leaves the
+#: asking to the pool processes.
+MAIN_PROCESS_PAUSE_AFTER_ERROR = 5.0
+_main_process_skips_until = [float("-inf")]
+
+
 def admit_before_pool(task: Any, limits: TaskLimits, request: Any) -> Optional[Dict[str, Any]]:
     """Decide in the worker's main process, before the pool sees the request, whether
     this run may start: what the pool process is to adopt (:meth:`Lease.handover`) when
@@ -240,7 +246,7 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any) -> Optional[D
 
     ``request`` is the task's context (``args``, ``kwargs``, ``headers``,
     ``delivery_info``...), as the pool process would see it."""
-    if not limits.rules:
+    if not limits.rules or time.monotonic() < _main_process_skips_until[0]:
         return None
     setup = _Setup.of(task, limits)
     if not setup.settings.enabled:
@@ -257,7 +263,13 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any) -> Optional[D
         lease = _lease_or_wait(attempt, args, kwargs, outcome)
     except Ignore:
         raise
-    except (RedisError, LockWaitTimeout):
+    except RedisError:
+        # The worker's main process must not wait on a lock store that does not answer
+        # (a connect timeout would stall its event loop): for a while the pool
+        # processes ask, as they do without this gate.
+        _main_process_skips_until[0] = time.monotonic() + MAIN_PROCESS_PAUSE_AFTER_ERROR
+        return None
+    except LockWaitTimeout:
         return None
     return lease.handover() if lease.holds_slots else None
 
