@@ -84,7 +84,7 @@ def semaphore_name(key: str, prefix: str) -> str:
     return split[1] if split else key
 
 
-def _task_rules(app: Any) -> Iterable[Tuple[Any, Any]]:
+def task_rules(app: Any) -> Iterable[Tuple[Any, Any]]:
     """(task, rule) of every limit rule of the app's registered tasks."""
     for name, task in list(app.tasks.items()):
         try:
@@ -100,7 +100,7 @@ def _task_rules(app: Any) -> Iterable[Tuple[Any, Any]]:
 def _constant_rules(app: Any) -> Iterable[Tuple[str, Any]]:
     """(name, rule) of every limit rule of the app's tasks whose key does not depend on
     the task's arguments."""
-    for _, rule in _task_rules(app):
+    for _, rule in task_rules(app):
         if rule.key.is_constant:
             yield rule.key.render((), {}), rule
 
@@ -128,7 +128,7 @@ def name_pattern(rule: Any) -> Optional[re.Pattern]:
 def singleton_tasks(app: Any, name: str) -> List[str]:
     """The ``SingletonTask`` tasks of ``app`` whose limit name may be ``name``."""
     found = []
-    for task, rule in _task_rules(app):
+    for task, rule in task_rules(app):
         pattern = name_pattern(rule) if isinstance(task, SingletonTask) else None
         if pattern is not None and pattern.match(name):
             found.append(task.name)
@@ -137,7 +137,7 @@ def singleton_tasks(app: Any, name: str) -> List[str]:
 
 def known_rates(app: Any, names: Iterable[str]) -> Dict[str, str]:
     """The configured rate of each of ``names`` that a registered task's rule gives."""
-    rules = [(name_pattern(rule), rule.rate) for _, rule in _task_rules(app)
+    rules = [(name_pattern(rule), rule.rate) for _, rule in task_rules(app)
              if rule.rate is not None]
     found: Dict[str, str] = {}
     for name in names:

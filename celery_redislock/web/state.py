@@ -19,12 +19,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import replace
-from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Pattern, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Pattern, Tuple
 
-from ..admin.cli import LockStore, inspect_json, known_limits, status_row
+from ..admin.cli import LockStore, inspect_json, known_limits, status_row, task_rules
 from ..admin.state import LimitState
-from ..config.limits_setting import config_limits, task_function
-from ..integration.recovery import limits_of
 
 #: One history sample: (Unix seconds on the Redis server's clock, used, waiting).
 Sample = Tuple[float, int, int]
@@ -49,17 +47,6 @@ class History:
     def of(self, key: str) -> List[Sample]:
         """The samples of ``key``, oldest first."""
         return list(self._samples.get(key, ()))
-
-
-def _rules(app: Any) -> Iterator[Tuple[str, Any]]:
-    """(task name, limit rule) of every limit rule of the app's tasks."""
-    for name, task in list(app.tasks.items()):
-        try:
-            limits = limits_of(task) or config_limits(app, name, task_function(task))
-        except Exception:  # a broken limit: `celery check_limits`'s business, not ours
-            continue
-        for rule in limits.rules if limits is not None else ():
-            yield name, rule
 
 
 def name_pattern(rule: Any) -> Optional[Pattern[str]]:
@@ -117,7 +104,7 @@ class Rules:
 
     def __init__(self, app: Any) -> None:
         self.rules: List[Tuple[Pattern[str], Optional[int], Optional[str]]] = []
-        for _, rule in _rules(app):
+        for _, rule in task_rules(app):
             pattern = name_pattern(rule)
             if pattern is not None:
                 rate = None if rule.rate is None else rate_text(rule.rate)
