@@ -364,7 +364,9 @@ def forget_copy(request: Any) -> None:
     request of the same task id that runs here."""
     worker_state.reserved_requests.discard(request)
     worker_state.active_requests.discard(request)
-    worker_state.scheduled_requests.discard(request)
+    scheduled = getattr(worker_state, "scheduled_requests", None)  # Celery >= 5.5
+    if scheduled is not None:
+        scheduled.discard(request)
     if worker_state.requests.get(request.id) is request:
         del worker_state.requests[request.id]
     for other in worker_state.active_requests:
