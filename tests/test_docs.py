@@ -97,3 +97,36 @@ def test_snippets_run(path: Path, redis_server):
     done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps([url, blocks]),
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6} (?P<title>.+?)\s*$", re.M)
+CODE_BLOCK = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.S | re.M)
+
+
+def anchors(path: Path) -> set:
+    """The anchors GitHub makes for a Markdown file's headings: lower case, characters other
+    than letters, digits, ``_``, ``-`` and spaces dropped, spaces made ``-``."""
+    text = CODE_BLOCK.sub("", path.read_text())
+    found = set()
+    for match in HEADING.finditer(text):
+        slug = re.sub(r"[^\w\- ]", "", match.group("title").lower()).replace(" ", "-")
+        found.add(slug)
+    return found
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda path: path.name)
+def test_every_relative_link_and_anchor_leads_somewhere(path: Path):
+    text = CODE_BLOCK.sub("", path.read_text())
+    broken = []
+    for match in LINK.finditer(text):
+        target = match.group("target")
+        if re.match(r"^[a-z]+:", target):
+            continue  # http:, https:, mailto: — not checked here
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else path
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{target}: no heading #{anchor} in {linked.name}")
+    assert not broken, f"{path.name}: " + "; ".join(broken)

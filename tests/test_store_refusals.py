@@ -36,7 +36,7 @@ from redis_process import RedisServer
 from support import FAST_RETRY, wait_until
 
 TESTS = Path(__file__).parent
-README = TESTS.parent / "README.md"
+SECURITY_DOC = TESTS.parent / "docs" / "security.md"
 
 
 def _server(*args: str) -> RedisServer:
@@ -258,13 +258,13 @@ def test_permission_refused_at_run_time_is_an_error_and_loses_nothing(
 
 def test_the_documented_acl_user_can_do_everything_the_package_does(
         servers, celery_app, celery_worker, lock_client):
-    """A lock store user with exactly the README's ``ACL SETUSER`` line: a worker starts
+    """A lock store user with exactly the ``ACL SETUSER`` line of docs/security.md: a worker starts
     on it, runs wait in line and are handed their slot, a rate limit admits, the status
     command reads every key; nothing is refused."""
     store = servers()
     admin = store.client()
     arguments = acl_setuser("redislock", "pw")
-    assert " ".join(arguments).replace(">pw", ">CHANGE-ME") in README.read_text()
+    assert " ".join(arguments).replace(">pw", ">CHANGE-ME") in SECURITY_DOC.read_text()
     admin.execute_command(*arguments)
     celery_app.conf.redislock_url = f"redis://redislock:pw@127.0.0.1:{store.port}/0"
     check_lock_store(celery_app)  # what a worker runs as it starts

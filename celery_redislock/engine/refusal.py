@@ -45,7 +45,7 @@ KINDS = {
 }
 
 #: The commands the package sends, directly or from its scripts (an ACL user for the lock
-#: store needs them, see README, Security). ``config|get`` only reads
+#: store needs them, see docs/security.md). ``config|get`` only reads
 #: ``maxmemory-policy``; ``select`` is for a database other than 0. (redis-py also sends
 #: ``CLIENT SETINFO`` as it connects, and ignores a refusal: Redis 7.0 has no such command.)
 REQUIRED_COMMANDS = (
