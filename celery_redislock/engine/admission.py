@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from redis.exceptions import RedisError
 
 from .channel import channel_for
-from .holder import holder_member
+from .holder import holder_member, unit_members
 from .keys import LINE, companion_key, rate_key, semaphore_key
 from .rate import Rate
 from .refusal import describe_error
@@ -42,17 +42,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SlotLimit:
-    """At most ``slots`` holders of the semaphore ``name`` at once."""
+    """At most ``slots`` slots of the semaphore ``name`` taken at once; a run admitted by
+    this limiter takes ``cost`` of them (at most ``slots``), all at once or none."""
 
     name: str
     slots: int
     prefix: str
+    cost: int = 1
     key: str = field(init=False, repr=False, compare=False)
     _spec: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", semaphore_key(self.name, self.prefix))
-        object.__setattr__(self, "_spec", f"s:{self.slots}")
+        weight = "" if self.cost == 1 else f":{self.cost}"
+        object.__setattr__(self, "_spec", f"s:{self.slots}{weight}")
 
     def spec(self, promises: Mapping[str, int]) -> str:
         return self._spec
@@ -118,11 +121,27 @@ class Lease:
     #: The store's incarnation this lease belongs to (see ``store.lua``): 0 for the
     #: one it was granted in (its fence says when), else the one it was re-asserted in.
     _epoch: int = field(default=0, repr=False, compare=False)
+    #: The slots taken in each semaphore of ``_keys`` (a weighted run's cost); empty
+    #: when every one is 1. A cost above 1 is held as that many members (``units.lua``).
+    _costs: List[int] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def token(self) -> str:
         """The holder token: unique to this acquisition."""
         return self._member.split(" ", 1)[0]
+
+    @property
+    def costs(self) -> List[int]:
+        """The slots this lease takes in each of its semaphores (1 each, unless weighted)."""
+        if self._parts:
+            return [cost for part in self._parts for cost in part.costs]
+        return list(self._costs) or [1] * len(self._keys)
+
+    def _members(self, index: int) -> List[str]:
+        """This holder's members in semaphore ``index``: its entry and its units."""
+        if not self._costs:
+            return [self._member]
+        return [self._member, *unit_members(self.token, self._costs[index])]
 
     @property
     def holds_slots(self) -> bool:
@@ -140,7 +159,7 @@ class Lease:
         lease_end, lost, *reasserted = RENEW.run(
             self._client, self._keys,
             [self._member, milliseconds(self.lease_seconds),
-             0 if is_cluster(self._client) else self._epoch or self.fence],
+             0 if is_cluster(self._client) else self._epoch or self.fence, *self._costs],
         )
         if lost:
             self.lost = True
@@ -162,7 +181,8 @@ class Lease:
                 "at": self.acquired_at_ms, "end": self.expires_at_ms, "keys": self._keys,
                 "member": self._member, "contended": self._contended,
                 "last": self._took_last_slot, "reserve": self._reserve_ms,
-                "epoch": self._epoch, "parts": [part.handover() for part in self._parts]}
+                "epoch": self._epoch, "costs": self._costs,
+                "parts": [part.handover() for part in self._parts]}
 
     @classmethod
     def adopt(cls, client: Any, record: Mapping[str, Any],
@@ -185,10 +205,11 @@ class Lease:
         token, acquired, fence = str(record["member"]).split(" ", 3)[:3]
         member = holder_member(token, int(acquired), int(fence), description)
         lease_end = int(record["end"])
+        costs = [int(cost) for cost in record.get("costs") or ()]
         if record["keys"]:
             lease_end = int(ADOPT.run(client, list(record["keys"]),
                                       [record["member"], member,
-                                       milliseconds(float(record["lease"]))]))
+                                       milliseconds(float(record["lease"])), *costs]))
             if lease_end == 0:
                 return None
         return cls(name=str(record["name"]), fence=int(record["fence"]),
@@ -197,7 +218,7 @@ class Lease:
                    _member=member, _contended=bool(record["contended"]),
                    _took_last_slot=bool(record["last"]), _reserve_ms=int(record["reserve"]),
                    _parts=[part for part in parts if part is not None],
-                   _epoch=int(record.get("epoch") or 0))
+                   _epoch=int(record.get("epoch") or 0), _costs=costs)
 
     def release(self, wait: bool = True) -> bool:
         """Give the slots back; False if they were no longer held (released already, or
@@ -221,7 +242,8 @@ class Lease:
         if len(self._keys) == 1 and not self._contended:
             return self._release_uncontended()
         held_ms = round((time.monotonic() - self._taken_at) * 1000)
-        reply = RELEASE.run(self._client, self._keys, [self._member, held_ms, self._reserve_ms])
+        reply = RELEASE.run(self._client, self._keys,
+                            [self._member, held_ms, self._reserve_ms, *self._costs])
         self.handoffs.extend(reply[1:])
         return bool(int(reply[0]))
 
@@ -254,7 +276,7 @@ class Lease:
             self.release_handing_over(on_handoffs)
             return
         key = self._keys[0]
-        channel.send(("ZREM", key, self._member), ("EXISTS", companion_key(key, LINE)),
+        channel.send(("ZREM", key, *self._members(0)), ("EXISTS", companion_key(key, LINE)),
                      then=functools.partial(self._released_soon, on_handoffs),
                      now=not with_next_request)
 
@@ -292,7 +314,7 @@ class Lease:
         that joins the line after the look finds the slot free itself (``enqueue.lua``
         hands free slots to the line)."""
         key = self._keys[0]
-        commands = (("ZREM", key, self._member), ("EXISTS", companion_key(key, LINE)))
+        commands = (("ZREM", key, *self._members(0)), ("EXISTS", companion_key(key, LINE)))
         channel = channel_for(self._client)
         if channel is not None:
             removed, has_line = channel.call_many(*commands)
@@ -335,6 +357,8 @@ class Busy:
     #: True when this was the express copy of a waiter that lost its reservation.
     express: bool = False
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+    #: The slots of ``name`` the run needs at once (its cost; see :class:`SlotLimit`).
+    cost: int = 1
 
 
 @dataclass(frozen=True)
@@ -351,6 +375,8 @@ class Paused:
     retry_hint: Optional[float]
     server_time_ms: int
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+    #: The slots of ``name`` the run needs at once, for a paused semaphore (else 1).
+    cost: int = 1
 
 
 @dataclass(frozen=True)
@@ -514,11 +540,13 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
             key=limiter.key,
             express=ticket.express,
             handoffs=handoffs,
+            cost=limiter.cost,
         )
     if status == 3:
         return Paused(name=limiter.name, key=limiter.key,
                       retry_hint=None if int(a) < 0 else max(0, int(a) - now_ms) / 1000.0,
-                      server_time_ms=now_ms, handoffs=handoffs)
+                      server_time_ms=now_ms, handoffs=handoffs,
+                      cost=limiter.cost if isinstance(limiter, SlotLimit) else 1)
     if status == 4:
         return Served(name=limiter.name, server_time_ms=now_ms, handoffs=handoffs)
     return RateLimited(
@@ -535,6 +563,7 @@ def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
            description: str, reserve_ms: int, now_ms: int, lease_end: int, fence: int,
            contended: int, last: int, handoffs: List[Any]) -> Lease:
     semaphores = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
+    costs = [limiter.cost for limiter in semaphores]
     return Lease(
         name=", ".join(limiter.name for limiter in semaphores),
         fence=fence,
@@ -548,6 +577,7 @@ def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
         _took_last_slot=bool(last),
         _reserve_ms=reserve_ms,
         handoffs=handoffs,
+        _costs=costs if any(cost != 1 for cost in costs) else [],
     )
 
 

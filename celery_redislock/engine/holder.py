@@ -15,12 +15,39 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 
 def holder_member(token: str, acquired_ms: int, fence: int, description: str) -> str:
     """The entry ``admit.lua`` writes for a holder (it formats the numbers the same way)."""
     return f"{token} {acquired_ms} {fence} {description}"
+
+
+#: Between a weighted holder's token and the number of one of its units (``units.lua``).
+UNIT_MARK = "*"
+
+
+def unit_members(token: str, cost: int) -> List[str]:
+    """The members a holder of ``cost`` slots has beside its holder entry: one unit per
+    further slot, ``"<token>*2"`` to ``"<token>*<cost>"``, all with the holder's lease.
+
+        >>> unit_members("ab.1", 3), unit_members("ab.1", 1)
+        (['ab.1*2', 'ab.1*3'], [])
+    """
+    return [f"{token}{UNIT_MARK}{unit}" for unit in range(2, cost + 1)]
+
+
+def unit_of(member: str) -> Optional[str]:
+    """The token (or, for a reservation, ``"~<ticket>"``) a unit member belongs to; None
+    for any other member. Units are the members without a space that end ``*<n>``.
+
+        >>> unit_of("ab.1*3"), unit_of("~t-1.ab*2"), unit_of("ab.1 1000 7 {}")
+        ('ab.1', '~t-1.ab', None)
+    """
+    if " " in member:
+        return None
+    base, mark, number = member.rpartition(UNIT_MARK)
+    return base if mark and base and number.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -39,6 +66,8 @@ class Holder:
     lease_end_ms: int
     fence: int
     member: str
+    #: Slots the holder takes: 1, or a weighted run's cost (its units counted).
+    cost: int = 1
 
     def age(self, now_ms: int) -> float:
         """Seconds since the holder took its slot.

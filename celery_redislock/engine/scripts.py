@@ -78,12 +78,12 @@ _PLAIN = "_redislock_plain_scripts"
 
 
 #: Shared functions put in front of the scripts that hand out slots: the store's
-#: incarnation (store.lua), then the waiting line (line.lua).
-LINE = ["store.lua", "line.lua"]
+#: incarnation (store.lua), weighted holders (units.lua), then the waiting line (line.lua).
+LINE = ["store.lua", "units.lua", "line.lua"]
 
 ADMIT = LuaScript.load("admit.lua", after=LINE)
 RELEASE = LuaScript.load("release.lua", after=LINE)
-RENEW = LuaScript.load("renew.lua", after=["store.lua"])
+RENEW = LuaScript.load("renew.lua", after=["store.lua", "units.lua"])
 REGISTER = LuaScript.load("register.lua", after=["store.lua"])
 FRESH = LuaScript.load("fresh.lua", after=["store.lua"])
 RELEASE_OWNER = LuaScript.load("release_owner.lua", after=LINE)
@@ -92,10 +92,10 @@ WAKE = LuaScript.load("wake.lua", after=LINE)
 LEAVE_LINE = LuaScript.load("leave_line.lua", after=LINE)
 REFUND = LuaScript.load("refund.lua")
 HOLDERS = LuaScript.load("holders.lua", flags="no-writes")
-AVAILABLE = LuaScript.load("available.lua", after=["line.lua"], flags="no-writes")
+AVAILABLE = LuaScript.load("available.lua", after=["units.lua", "line.lua"], flags="no-writes")
 OWNED = LuaScript.load("owned.lua")
-FOLLOW = LuaScript.load("follow.lua", after=["line.lua"], flags="no-writes")
-ADOPT = LuaScript.load("adopt.lua")
+FOLLOW = LuaScript.load("follow.lua", after=["units.lua", "line.lua"], flags="no-writes")
+ADOPT = LuaScript.load("adopt.lua", after=["units.lua"])
 
 
 def is_cluster(client: Any) -> bool:

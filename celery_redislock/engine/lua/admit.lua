@@ -1,5 +1,6 @@
 -- Admit one run past N limiters at once, all or nothing, on the server's clock.
--- (line.lua, the waiting line, is put in front of this script when it is loaded.)
+-- (line.lua, the waiting line, and units.lua, weighted holders, are put in front of this
+-- script when it is loaded.)
 --
 -- A limiter is a leased semaphore ('s') or a rate limiter ('r'), one key each:
 --
@@ -10,6 +11,7 @@
 --              configured number of slots) and, once a run has been refused, '#hold'
 --              (minus 1 + the average hold time in ms; -0.5 until a release since).
 --              The key lives at least a minute, and at least until its last lease ends.
+--              A run of cost k holds k members (units.lua).
 --   rate       hash: 'tat' -> theoretical arrival time (us), GCRA;
 --              'line' -> end of the line of promised start times (us)
 --
@@ -27,7 +29,8 @@
 -- ARGV[7]     how long a slot handed to a waiter stays reserved for it (ms); 0 for a
 --             caller that cannot re-publish a waiter's message
 -- ARGV[7+i]   limiter i: 's:<slots>' or 'r:<interval us>:<tolerance us>:<promise>'
---             (followed by ':<cost>' for a run that uses <cost> starts at once), the
+--             (either followed by ':<cost>' for a run that takes <cost> slots, or uses
+--             <cost> starts, at once), the
 --             promise being the start time (us) promised earlier, 0 for none, or -1 for
 --             a caller that will not wait (refused, it is told when to try, promised
 --             nothing)
@@ -106,6 +109,13 @@ for i = 1, #KEYS do
   local limiter = {kind = string.sub(spec, 1, 1), key = key}
   if limiter.kind == 's' then
     local slots_text = string.sub(spec, 3)
+    local cost = 1
+    local colon = string.find(slots_text, ':', 1, true)
+    if colon then  -- a weighted run: 's:<slots>:<cost>'
+      cost = tonumber(string.sub(slots_text, colon + 1))
+      slots_text = string.sub(slots_text, 1, colon - 1)
+    end
+    limiter.cost = cost
     limiter.slots = tonumber(slots_text)
     limiter.minus_slots = '-' .. slots_text
     local slots, paused = semaphore_limit(key, limiter.slots, now)
@@ -116,8 +126,14 @@ for i = 1, #KEYS do
     local has_line = redis.call('EXISTS', companion(key, 'q')) == 1
     limiter.has_line = has_line
     if ticket ~= '' and has_line then prune_tickets(key, now) end
-    if ticket ~= '' and redis.call('ZSCORE', key, RESERVED .. ticket) then
-      limiter.reserved = true  -- handed a slot while it waited: it is this run's
+    local reserved = ticket ~= '' and redis.call('ZSCORE', key, RESERVED .. ticket)
+    if reserved and cost > 1
+        and not redis.call('ZSCORE', key, RESERVED .. ticket .. '*' .. cost) then
+      drop_reservation(key, ticket, cost)  -- kept for fewer slots than the run now costs
+      reserved = false
+    end
+    if reserved then
+      limiter.reserved = true  -- handed its slots while it waited: they are this run's
     else
       local waiting = ticket ~= '' and redis.call('ZSCORE', companion(key, 'q'), ticket)
       if ticket ~= '' and not waiting
@@ -130,15 +146,15 @@ for i = 1, #KEYS do
       local free = slots - used
       -- After a loss of the store's data, no slot is granted until the grace ends.
       local grace = grace_of(key, now, now_us, seen, lease)
-      local blocked = free <= 0 or grace ~= nil
+      local blocked = free < cost or grace ~= nil
       if not blocked and has_line then
-        -- Free slots go to the line first, oldest first; the run gets one only if some
-        -- are left when its own turn (or the end of the line) comes.
+        -- Free slots go to the line first, oldest first; the run gets its slots only if
+        -- enough are left when its own turn (or the end of the line) comes.
         local reached
-        free, reached, blocked = hand_over(key, free, now, reserve, ticket, handed)
-        blocked = blocked or free <= 0
+        free, reached, blocked = hand_over(key, free, now, reserve, ticket, handed, slots)
+        blocked = blocked or free < cost
       end
-      limiter.last = free <= 1
+      limiter.last = free <= cost
       if blocked then
         local first = redis.call('ZRANGEBYSCORE', key, '(' .. now_text, '+inf', 'WITHSCORES',
                                  'LIMIT', 0, 1)
@@ -248,18 +264,19 @@ local member = token .. ' ' .. now_text .. ' ' .. fence_text .. ' ' .. descripti
 for i = 1, #KEYS do
   local limiter = limiters[i]
   if limiter.kind == 's' then
-    if limiter.reserved then redis.call('ZREM', limiter.key, RESERVED .. ticket) end
+    if limiter.reserved then drop_reservation(limiter.key, ticket, limiter.cost) end
     if limiter.reserved or limiter.waiting then
       -- Served: out of the line, and remembered so the other copy does not run too.
       local xkey = companion(limiter.key, 'x')
       redis.call('ZREM', companion(limiter.key, 'q'), ticket)
-      redis.call('HDEL', companion(limiter.key, 'w'), ticket, 'm:' .. ticket)
+      redis.call('HDEL', companion(limiter.key, 'w'), ticket, 'm:' .. ticket, 'c:' .. ticket)
       redis.call('HSET', companion(limiter.key, 'w'), 'd:' .. ticket, copy)
       redis.call('ZADD', xkey, now + keep_ticket, ticket)
       keep_line(limiter.key, keep_ticket + STATISTICS_TTL, {'w', 'x'})
     end
     redis.call('ZADD', limiter.key, lease_end_text, member, '-' .. fence_text, '#fence',
                limiter.minus_slots, '#slots')
+    add_units(limiter.key, token, limiter.cost, lease_end_text)
     if redis.call('PTTL', limiter.key) < lease then
       redis.call('PEXPIRE', limiter.key, math.max(lease, STATISTICS_TTL))
     end

@@ -9,6 +9,7 @@
 -- ARGV[4]   the run's message, re-published when it is handed a slot
 -- ARGV[5]   how long the ticket is kept without news of the run (ms)
 -- ARGV[6]   how long a slot handed to a waiter stays reserved for it (ms)
+-- ARGV[7]   the run's cost in slots (units.lua), if above 1; missing: 1
 --
 -- Returns {position, message...}: the ticket's place in the line (0 = first) and the
 -- messages of waiters handed a slot, for the caller to re-publish (maybe its own).
@@ -22,6 +23,9 @@ local now = server_now()
 prune_tickets(key, now)
 redis.call('ZADD', companion(key, 'q'), 'NX', ARGV[2], ticket)
 redis.call('HSET', companion(key, 'w'), ticket, ARGV[3], 'm:' .. ticket, ARGV[4])
+if cost_of(6, 1) > 1 then
+  redis.call('HSET', companion(key, 'w'), 'c:' .. ticket, ARGV[7])
+end
 redis.call('ZADD', companion(key, 'x'), now + keep_ticket, ticket)
 keep_line(key, keep_ticket + 60000, {'q', 'w', 'x'})
 

@@ -12,8 +12,9 @@ for i = 1, #KEYS do
   local key = KEYS[i]
   for _, ticket in ipairs(redis.call('ZRANGE', companion(key, 'q'), 0, -1)) do
     if string.sub(ticket, 1, #prefix) == prefix then
+      local cost = tonumber(redis.call('HGET', companion(key, 'w'), 'c:' .. ticket) or '1')
       forget_ticket(key, ticket)
-      redis.call('ZREM', key, RESERVED .. ticket)
+      drop_reservation(key, ticket, cost or 1)
       dropped = dropped + 1
     end
   end

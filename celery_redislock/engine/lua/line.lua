@@ -7,7 +7,8 @@
 --   '}:q:'  the line: sorted set, ticket -> when the run first asked (ms). Oldest first.
 --   '}:w:'  hash: ticket -> waiter record (JSON, for operators),
 --                 'm:' .. ticket -> the run's message, re-published when it is served,
---                 'd:' .. ticket -> once served, which copy of the message was admitted
+--                 'd:' .. ticket -> once served, which copy of the message was admitted,
+--                 'c:' .. ticket -> the run's cost in slots, when above 1 (units.lua)
 --   '}:x:'  sorted set, ticket -> when the ticket is forgotten (ms): a waiter whose message
 --           never came back is dropped then, and a served ticket is remembered until
 --           then, so that the other copy of its message (the one sent back with a
@@ -16,7 +17,14 @@
 --           of slots, 'paused_until' (ms, or 'forever') refuses every run until then
 --
 -- In K, a member '~' .. ticket is a reservation: a slot kept for that waiter while its
--- message travels to a worker, scored by the end of the reservation like a lease.
+-- message travels to a worker, scored by the end of the reservation like a lease (with
+-- its units '~' .. ticket .. '*2'..., for a waiter that costs more than one slot).
+--
+-- The line is served strictly in order: a waiter that needs more slots than are free
+-- keeps them free for itself (nobody behind it takes them) until enough are, so heavy
+-- runs are never starved by light ones. A waiter whose cost is above the limit in force
+-- (an operator lowered it) could never be served: it is passed over, and waits without
+-- holding up the line until the limit is raised again.
 
 local RESERVED = '~'
 
@@ -55,8 +63,15 @@ end
 
 local function forget_ticket(key, ticket)
   redis.call('ZREM', companion(key, 'q'), ticket)
-  redis.call('HDEL', companion(key, 'w'), ticket, 'm:' .. ticket, 'd:' .. ticket)
+  redis.call('HDEL', companion(key, 'w'), ticket, 'm:' .. ticket, 'd:' .. ticket,
+             'c:' .. ticket)
   redis.call('ZREM', companion(key, 'x'), ticket)
+end
+
+-- Drop the reservation of `ticket` in `key`, for a waiter of `cost` slots.
+local function drop_reservation(key, ticket, cost)
+  redis.call('ZREM', key, RESERVED .. ticket)
+  remove_units(key, RESERVED .. ticket, cost)
 end
 
 -- Drop the tickets whose time ran out (at most 100 a call).
@@ -78,14 +93,16 @@ local function keep_line(key, ms, marks)
   end
 end
 
--- Walk the line from the front and hand each waiter that has no reservation one of the
--- `free` slots: a reservation until now + reserve_ms, and its message is appended to `out`
--- for the caller to re-publish. With reserve_ms 0 (a caller that cannot publish), a
--- waiter without a reservation only blocks.
+-- Walk the line from the front and hand each waiter that has no reservation its cost in
+-- slots (1 unless its 'c:' field says more) out of the `free` ones: a reservation until
+-- now + reserve_ms, and its message is appended to `out` for the caller to re-publish.
+-- A waiter that needs more than are free stops the walk (`blocked`): the free slots stay
+-- for it. With reserve_ms 0 (a caller that cannot publish), a waiter without a
+-- reservation only blocks. A waiter that costs more than `slots` is passed over.
 -- Stops at ticket `me` (the run that is asking), which is then `reached`; otherwise it
 -- stops when the slots run out before the end of the line (`blocked`).
 -- Returns the slots left free, reached, blocked.
-local function hand_over(key, free, now, reserve_ms, me, out)
+local function hand_over(key, free, now, reserve_ms, me, out, slots)
   local qkey = companion(key, 'q')
   local wkey = companion(key, 'w')
   local index = 0
@@ -96,15 +113,18 @@ local function hand_over(key, free, now, reserve_ms, me, out)
       if ticket == me then return free, true, false end
       local reserved = redis.call('ZSCORE', key, RESERVED .. ticket)
       if not (reserved and tonumber(reserved) > now) then
-        if free <= 0 or reserve_ms <= 0 then return free, false, true end
-        local message = redis.call('HGET', wkey, 'm:' .. ticket)
-        if message then
-          redis.call('ZADD', key, now + reserve_ms, RESERVED .. ticket)
-          out[#out + 1] = '@' .. wkey .. ' m:' .. ticket .. '\n' .. message
-          free = free - 1
-        else
+        if free <= 0 then return free, false, true end
+        local fields = redis.call('HMGET', wkey, 'm:' .. ticket, 'c:' .. ticket)
+        local message, cost = fields[1], tonumber(fields[2] or '1') or 1
+        if not message then
           forget_ticket(key, ticket)  -- nothing to re-publish: not a waiter any more
           index = index - 1
+        elseif cost <= slots then
+          if reserve_ms <= 0 or cost > free then return free, false, true end
+          redis.call('ZADD', key, now + reserve_ms, RESERVED .. ticket)
+          add_units(key, RESERVED .. ticket, cost, now + reserve_ms)
+          out[#out + 1] = '@' .. wkey .. ' m:' .. ticket .. '\n' .. message
+          free = free - cost
         end
       end
     end
@@ -121,6 +141,6 @@ local function serve_line(key, now, reserve_ms, out)
   local slots, paused = semaphore_limit(key, nil, now)
   if paused then return end
   local free = slots - redis.call('ZCOUNT', key, '(' .. now, '+inf')
-  if free > 0 then hand_over(key, free, now, reserve_ms, '', out) end
+  if free > 0 then hand_over(key, free, now, reserve_ms, '', out, slots) end
 end
 

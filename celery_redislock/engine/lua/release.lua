@@ -1,11 +1,13 @@
 -- Give back the slots of one holder in N leased semaphores (see admit.lua), and hand
--- them to the oldest waiters of their lines (line.lua is put in front of this script).
+-- them to the oldest waiters of their lines (line.lua and units.lua are put in front of
+-- this script).
 --
 -- KEYS[i]   semaphore i
 -- ARGV[1]   the holder's member, "token acquired_ms fence description"
 -- ARGV[2]   how long it held the slots (ms), for the average hold time
 -- ARGV[3]   how long a slot handed to a waiter stays reserved for it (ms); 0 for a
 --           caller that cannot re-publish a waiter's message (the slot is then simply free)
+-- ARGV[3+i] the holder's cost in semaphore i (units.lua), if above 1; missing: 1
 --
 -- Returns {released, message...}: in how many of the N semaphores the holder was removed
 -- (0 when it held none: released already, or its lease ran out, so releasing twice is
@@ -23,6 +25,7 @@ local now = nil
 for i = 1, #KEYS do
   local key = KEYS[i]
   if redis.call('ZREM', key, member) == 1 then
+    remove_units(key, token_of(member), cost_of(3, i))
     released = released + 1
     local average = redis.call('ZSCORE', key, '#hold')
     if average then

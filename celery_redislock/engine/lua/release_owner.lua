@@ -1,5 +1,7 @@
 -- Give back every slot held by members that start with a prefix, in N leased semaphores,
--- and hand the freed slots to the waiting lines (line.lua is put in front of this script).
+-- and hand the freed slots to the waiting lines (line.lua and units.lua are put in front
+-- of this script). The units of a weighted holder ('token*2'...) go with it: they match
+-- a prefix as their holder member "token ..." does.
 --
 -- Holder members of task runs start "<worker node>|<task id>|<start id>:", the start id
 -- being one start of that worker (older members have no "<start id>:"), so a worker's
@@ -22,7 +24,8 @@
 -- redelivered copy of its run's message that follows it (follow.lua) tells a run that
 -- died from one that ended.
 --
--- Returns {freed, message...}: how many slots were freed, and the messages of waiters
+-- Returns {freed, message...}: how many slots were freed (a weighted holder's units
+-- counted), and the messages of waiters
 -- handed a slot, for the caller to re-publish.
 
 local prefix = ARGV[1]
@@ -45,7 +48,16 @@ local function is_live(start)
   return live[start]
 end
 
+-- A unit 'token*2' reads as its holder's "token " (units.lua); other members as they are.
+local function as_holder(member)
+  if string.find(member, ' ', 1, true) then return member end
+  local token = string.match(member, '^(.+)%*%d+$')
+  if token then return token .. ' ' end
+  return member
+end
+
 local function frees(member)
+  member = as_holder(member)
   if string.sub(member, 1, #prefix) ~= prefix then return false end
   if mode == '' then return true end
   local start = start_of(member)
@@ -58,9 +70,11 @@ for i = 1, #KEYS do
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[i], 0, '+inf')) do
     if frees(member) then
       redis.call('ZREM', KEYS[i], member)
-      local lost = companion(KEYS[i], 'l')
-      redis.call('HSET', lost, member, now)
-      redis.call('PEXPIRE', lost, LOST_MEMORY)
+      if string.find(member, ' ', 1, true) then  -- a holder member, not a unit
+        local lost = companion(KEYS[i], 'l')
+        redis.call('HSET', lost, member, now)
+        redis.call('PEXPIRE', lost, LOST_MEMORY)
+      end
       freed = freed + 1
     end
   end

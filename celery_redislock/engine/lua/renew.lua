@@ -1,11 +1,13 @@
--- Extend one holder's leases in N leased semaphores (see admit.lua; store.lua is put in
--- front of this script).
+-- Extend one holder's leases in N leased semaphores (see admit.lua; store.lua and
+-- units.lua are put in front of this script).
 --
 -- KEYS[i]   semaphore i
 -- ARGV[1]   the holder's member
 -- ARGV[2]   new lease length (ms), counted from now on the server's clock
 -- ARGV[3]   the incarnation of the store the lease belongs to: its fencing number, or the
 --           'born' of the incarnation it was re-asserted in (us); 0: never re-assert
+-- ARGV[3+i] the holder's cost in semaphore i (units.lua), if above 1; missing: 1; its
+--           units are renewed (and re-asserted) with it
 --
 -- Returns {lease_end_ms, lost, born}: lost counts the semaphores where the holder no
 -- longer had a live lease (released, expired, or wiped by a flush or failover). A lease
@@ -33,7 +35,7 @@ end
 
 -- Write the member back into `key` after a loss of the store's data; the new
 -- incarnation's 'born', or nil if it may not be.
-local function reassert(key)
+local function reassert(key, cost)
   local marker = incarnation_key(key)
   if epoch <= 0 or not marker then return nil end
   local state = incarnation(marker)
@@ -43,7 +45,7 @@ local function reassert(key)
   local born_ms = math.floor(state[1] / 1000)
   if state[1] <= epoch or now >= born_ms + lease then return nil end
   local slots = redis.call('ZSCORE', key, '#slots')
-  if slots and redis.call('ZCOUNT', key, '(' .. now, '+inf') >= -tonumber(slots) then
+  if slots and redis.call('ZCOUNT', key, '(' .. now, '+inf') + cost > -tonumber(slots) then
     return nil  -- granted afresh meanwhile (by a caller that had seen no incarnation)
   end
   if state[2] < born_ms + lease then  -- no slot afresh until this lease's grace ends
@@ -55,19 +57,25 @@ local function reassert(key)
     redis.call('ZADD', key, '-' .. string.format('%d', fence), '#fence')
   end
   redis.call('ZADD', key, lease_end, member)
+  add_units(key, token_of(member), cost, lease_end)
   keep_alive(key)
   return state[1]
 end
 
 for i = 1, #KEYS do
   local key = KEYS[i]
+  local cost = cost_of(3, i)
   local current = redis.call('ZSCORE', key, member)
   if current and tonumber(current) > now then
     redis.call('ZADD', key, 'XX', lease_end, member)
+    add_units(key, token_of(member), cost, lease_end, 'XX')
     keep_alive(key)
   else
-    if current then redis.call('ZREM', key, member) end
-    local born = not current and reassert(key)
+    if current then
+      redis.call('ZREM', key, member)
+      remove_units(key, token_of(member), cost)
+    end
+    local born = not current and reassert(key, cost)
     if born then reasserted = born else lost = lost + 1 end
   end
 end
