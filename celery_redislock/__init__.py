@@ -42,6 +42,7 @@ from .engine.semaphore import Semaphore
 from .errors import (
     AlreadyQueued,
     LockConfigurationError,
+    LockCostError,
     LockKeyError,
     LockStoreUnavailable,
     LockTimeout,
@@ -68,6 +69,7 @@ __all__ = [
     "Lease",
     "LimitedTask",
     "LockConfigurationError",
+    "LockCostError",
     "LockKeyError",
     "LockStoreUnavailable",
     "LockTimeout",

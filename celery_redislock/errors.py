@@ -44,6 +44,18 @@ class LockKeyError(RedisLockError):
     """The semaphore name could not be built from a task's arguments at run time."""
 
 
+class LockCostError(LockKeyError):
+    """A run's cost (``lock_cost`` given as a callable of the task's arguments) could not
+    be worked out at run time, or is one no run could ever be admitted with: not a whole
+    number from 1, or above the slots (or the burst + 1) of its limit. The task fails
+    with it, before it takes anything; the message names the task, the callable and the
+    value, for example::
+
+        Task 'proj.tasks.export': lock_cost export_cost() gave 7 for this call, above
+        lock_slots 4: the run could never be admitted
+    """
+
+
 class LockWaitTimeout(RedisLockError):
     """A task waited longer than its ``lock_max_wait`` for a free slot and gave up.
 

@@ -1,16 +1,28 @@
-"""Weighted runs (``lock_cost``): a run uses N starts of its rate at once, or none."""
+"""Weighted runs (``lock_cost``): a run takes N slots, or uses N starts of its rate, at
+once or not at all; a heavy run waiting at the head of a line is not starved by light
+ones."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, List
 
 import pytest
-from celery import Celery
+from celery import Celery, Signature
 
-from celery_redislock import LimitedTask, LockConfigurationError, RateLimited
+from celery_redislock import (
+    Busy,
+    LimitedTask,
+    LockConfigurationError,
+    LockCostError,
+    RateLimited,
+    Semaphore,
+)
 from celery_redislock.admin import control
-from celery_redislock.engine.admission import Lease, RateLimit, admit
+from celery_redislock.engine.admission import Lease, RateLimit, SlotLimit, Ticket, admit
+from celery_redislock.engine.keys import semaphore_key
 from celery_redislock.engine.rate import Rate
+from celery_redislock.engine.scripts import RELEASE_OWNER
+from celery_redislock.integration import handoff
 
 import features_app
 from cluster_checks import record_store, wait_until
@@ -30,11 +42,39 @@ def _task(**options):
     ({"lock_rate": "10/s", "lock_cost": 3}, r"lock_cost 3 is above .* \(lock_burst \+ 1 = 2\)"),
     ({"lock_rate": "10/s", "lock_cost": 0}, "lock_cost must be a whole number, 1 to 1000001"),
     ({"lock_rate": "10/s", "lock_cost": 2.5}, "lock_cost must be a whole number"),
-    ({"lock_slots": 3, "lock_cost": 2}, "a limit with 'lock_slots' cannot have one"),
+    ({"lock_slots": 3, "lock_cost": 4}, r"lock_cost 4 is above lock_slots 3, so no run"),
+    ({"lock_slots": 3, "lock_cost": "2"}, "or a callable of the task's arguments"),
+    ({"lock_slots": 3, "lock_cost": lambda customer: 1}, "callable needs argument 'customer'"),
 ])
 def test_cost_above_the_limit_fails_at_definition(options, problem) -> None:
     with pytest.raises(LockConfigurationError, match=problem):
         _ = _task(**options).name
+
+
+def test_a_cost_above_both_limits_lists_both_problems() -> None:
+    with pytest.raises(LockConfigurationError) as caught:
+        _ = _task(lock_slots=2, lock_rate="10/s", lock_burst=1, lock_cost=3).name
+    assert [problem.split(": ", 1)[1][:28] for problem in caught.value.problems] == [
+        "lock_cost 3 is above lock_sl", "lock_cost 3 is above what th"]
+
+
+def test_a_callable_cost_is_worked_out_per_call_and_checked() -> None:
+    """The callable is given the task's arguments by name; a cost no run could start with
+    is a clear error for that call (the run fails before it takes anything)."""
+    def cost_of(batch):
+        return len(batch)
+
+    limits = _task(lock_slots=4, lock_cost=cost_of).task_limits()
+    assert [limiter.cost for limiter in limits.limiters((["a", "b"],), {}, "x:")] == [2]
+    assert limits.limiters((), {"batch": ["a"]}, "x:")[0].cost == 1
+    assert limits.slot_keys((["a"] * 9,), {}, "x:") == [semaphore_key("proj.export", "x:")]
+    with pytest.raises(LockCostError, match=r"cost_of\(\) gave 5 for this call, above "
+                                            r"lock_slots 4: the run could never be admitted"):
+        limits.limiters((["a"] * 5,), {}, "x:")
+    with pytest.raises(LockCostError, match="gave 0 for this call; a cost is a whole number"):
+        limits.limiters(([],), {}, "x:")
+    with pytest.raises(LockCostError, match=r"cost_of\(\) failed .*TypeError"):
+        limits.limiters((None,), {}, "x:")
 
 
 def test_weighted_run_takes_all_its_starts_or_none(redis_client) -> None:
@@ -87,3 +127,146 @@ def test_weighted_runs_start_at_their_share_of_the_rate(cluster: WorkerCluster) 
           f"smallest gap {min(gaps) * 1000:.0f} ms")
     assert min(gaps) > 0.15, gaps  # 200 ms apart, less the recording's jitter
     assert (len(starts) - 1) / (starts[-1] - starts[0]) < 5.5
+
+
+# -- weighted slots, in the engine ---------------------------------------------------------
+
+PREFIX = "redislock:"
+RESERVE_MS = handoff.reservation_ms(30)
+
+
+def _members(client: Any, name: str) -> List[Any]:
+    """The holder entries and units of semaphore ``name`` (statistics left out)."""
+    key = semaphore_key(name, PREFIX)
+    return [(member, score) for member, score in client.zrange(key, 0, -1, withscores=True)
+            if score > 0]
+
+
+def test_weighted_run_takes_its_slots_all_or_none(redis_client) -> None:
+    """4 slots: a run of cost 3 takes 3 (every count sees them: holders, available, the
+    refusal, the operators' state); a second one is refused, a light one fits; over two
+    semaphores, a run takes its slots in both or in none."""
+    sem = Semaphore(redis_client, "w", slots=4)
+    heavy = admit(redis_client, [SlotLimit("w", 4, PREFIX, 3)], lease=30)
+    assert isinstance(heavy, Lease) and heavy.costs == [3]
+    assert (sem.holders(), sem.available()) == (3, 1)
+    refused = admit(redis_client, [SlotLimit("w", 4, PREFIX, 3)], lease=30)
+    assert isinstance(refused, Busy) and (refused.holders, refused.cost) == (3, 3)
+    light = admit(redis_client, [SlotLimit("w", 4, PREFIX)], lease=30)
+    assert isinstance(light, Lease) and sem.holders() == 4
+    state = control.limit_state(redis_client, "w")
+    assert (state.used, len(state.live_holders)) == (4, 2)
+    assert sorted(holder.cost for holder in state.live_holders) == [1, 3]
+
+    other = Semaphore(redis_client, "other", slots=4)
+    both = [SlotLimit("other", 4, PREFIX, 2), SlotLimit("w", 4, PREFIX, 2)]
+    assert isinstance(admit(redis_client, both, lease=30), Busy)  # "w" has none free
+    assert other.holders() == 0, "nothing was taken in the semaphore that had room"
+    assert heavy.release() and sem.holders() == 1
+    assert not heavy.release(), "released twice"
+    together = admit(redis_client, both, lease=30)
+    assert isinstance(together, Lease) and (other.holders(), sem.holders()) == (2, 3)
+    assert together.release() and (other.holders(), sem.holders()) == (0, 1)
+
+
+def test_weighted_lease_is_renewed_adopted_and_released_whole(redis_client) -> None:
+    lease = admit(redis_client, [SlotLimit("whole", 5, PREFIX, 4)], lease=30)
+    assert isinstance(lease, Lease)
+    redis_client.zadd(semaphore_key("whole", PREFIX),
+                      {member: score - 20_000 for member, score in _members(redis_client,
+                                                                             "whole")})
+    assert lease.renew()
+    scores = {score for _, score in _members(redis_client, "whole")}
+    assert len(_members(redis_client, "whole")) == 4 and scores == {lease.expires_at_ms}
+    adopted = Lease.adopt(redis_client, lease.handover(), '{"pid": 7}')
+    assert adopted is not None and adopted.costs == [4]
+    members = _members(redis_client, "whole")
+    assert len(members) == 4 and {score for _, score in members} == {adopted.expires_at_ms}
+    assert sum(b'{"pid": 7}' in member for member, _ in members) == 1
+    handed: List[Any] = []
+    adopted.release_soon(handed.extend)  # uncontended: one ZREM of entry and units
+    assert Semaphore(redis_client, "whole", slots=5).holders() == 0 and handed == []
+
+
+def test_a_dead_runs_weighted_slots_are_recovered_whole(redis_client) -> None:
+    """The worker frees a dead run's slots by its token's prefix: the units go too."""
+    lease = admit(redis_client, [SlotLimit("dead", 4, PREFIX, 3)], lease=30,
+                  owner="w1@host|task-9|5eed:")
+    keep = admit(redis_client, [SlotLimit("dead", 4, PREFIX)], lease=30,
+                 owner="w1@host|task-10|5eed:")
+    assert isinstance(lease, Lease) and isinstance(keep, Lease)
+    key = semaphore_key("dead", PREFIX)
+    assert int(RELEASE_OWNER.run(redis_client, [key], ["w1@host|task-9|5eed:", 0])[0]) == 3
+    assert Semaphore(redis_client, "dead", slots=4).holders() == 1
+    lost = redis_client.hkeys(key.replace("}:s:", "}:l:"))
+    assert [member.split(b" ")[0] for member in lost] == [lease.token.encode()]
+    # An operator frees a holder by its token: its units go with it.
+    heavy = admit(redis_client, [SlotLimit("dead", 4, PREFIX, 3)], lease=30)
+    assert isinstance(heavy, Lease)
+    assert control.release_holder(redis_client, "dead", heavy.token).token == heavy.token
+    assert Semaphore(redis_client, "dead", slots=4).holders() == 1
+
+
+def _wait_in_line(client: Any, limit: SlotLimit, task_id: str) -> Ticket:
+    """A run refused by ``limit`` joins its line, as a worker's run does; its ticket."""
+    refused = admit(client, [limit], lease=30, reserve_ms=RESERVE_MS)
+    assert isinstance(refused, Busy) and refused.cost == limit.cost
+    ticket = handoff.new_ticket(task_id)
+    message = handoff.pack_message(Signature("proj.run", (), task_id=task_id), "json")
+    _, handed = handoff.join_line(
+        client, limit.key, ticket, refused.server_time_ms, "{}", message, keep_ms=60_000,
+        reserve_ms=RESERVE_MS, cost=limit.cost)
+    assert handed == [], "nobody is handed a slot while the head needs more than are free"
+    return Ticket(ticket, express=True, keep_ms=60_000, copy=f"{task_id}-express")
+
+
+def _handed(lease: Lease) -> List[str]:
+    lease._reserve_ms = RESERVE_MS
+    assert lease.release()
+    messages, lease.handoffs[:] = list(lease.handoffs), []
+    return [handoff.unpack_message(message)["options"]["task_id"] for message in messages]
+
+
+def test_a_heavy_head_of_the_line_is_not_starved_by_light_runs(redis_client) -> None:
+    """4 slots, 3 taken by light runs: a run of cost 3 waits at the head of the line. The
+    free slot is kept for it: a light newcomer waits behind it, and as light holders end
+    their slots add up until the heavy run is handed 3 together; the light waiter is
+    served after it."""
+    heavy, light = SlotLimit("fair", 4, PREFIX, 3), SlotLimit("fair", 4, PREFIX)
+    sem = Semaphore(redis_client, "fair", slots=4)
+    held = [admit(redis_client, [light], lease=30, reserve_ms=RESERVE_MS) for _ in range(3)]
+    assert all(isinstance(lease, Lease) for lease in held)
+    heavy_ticket = _wait_in_line(redis_client, heavy, "heavy")
+    assert sem.available() == 0, "the free slot is the heavy waiter's"
+    light_ticket = _wait_in_line(redis_client, light, "light")
+    assert _handed(held[0]) == []          # 2 free: not enough for the head
+    assert sem.holders() == 2 and sem.available() == 0
+    assert _handed(held[1]) == ["heavy"]   # 3 free: reserved for it together
+    state = control.limit_state(redis_client, "fair")
+    assert state.used == 4 and [r.cost for r in state.reservations] == [3]
+    assert isinstance(admit(redis_client, [light], lease=30, ticket=light_ticket,
+                            reserve_ms=RESERVE_MS), Busy)
+    lease = admit(redis_client, [heavy], lease=30, ticket=heavy_ticket, reserve_ms=RESERVE_MS)
+    assert isinstance(lease, Lease) and sem.holders() == 4
+    assert control.limit_state(redis_client, "fair").reservations == []
+    assert _handed(held[2]) == ["light"]
+    assert _handed(lease) == []
+    served = admit(redis_client, [light], lease=30, ticket=light_ticket, reserve_ms=RESERVE_MS)
+    assert isinstance(served, Lease) and sem.holders() == 1
+
+
+def test_a_waiter_costing_more_than_a_lowered_limit_does_not_hold_up_the_line(
+        redis_client) -> None:
+    """An operator lowers the slots below a waiting run's cost: it could never be served,
+    so the line passes it over until the limit is raised again."""
+    heavy, light = SlotLimit("lowered", 4, PREFIX, 3), SlotLimit("lowered", 4, PREFIX)
+    held = admit(redis_client, [light], lease=30, reserve_ms=RESERVE_MS)
+    other = admit(redis_client, [light], lease=30, reserve_ms=RESERVE_MS)
+    assert isinstance(held, Lease) and isinstance(other, Lease)
+    _wait_in_line(redis_client, heavy, "heavy")
+    control.set_slots(redis_client, "lowered", 2)
+    assert _handed(held) == []
+    assert isinstance(admit(redis_client, [light], lease=30, reserve_ms=RESERVE_MS), Lease)
+    assert Semaphore(redis_client, "lowered", slots=4).available() == 0
+    control.set_slots(redis_client, "lowered", 5)
+    assert _handed(other) == ["heavy"]

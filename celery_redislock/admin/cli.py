@@ -66,7 +66,8 @@ JSON schema of `status --json`: a list with one object per key:
  "paused_until": float or null, "pause_left_seconds": float or null,
  "contended": bool, "oldest_age_seconds": float or null,
  "rate_limiter": bool, "rate": str or null, "rate_override": str or null}.
-"used" = live "holders" + "reserved" (slots kept for waiters); "limit" is the
+"used" = the slots of live "holders" + "reserved" (slots kept for waiters);
+"holders" counts runs, a weighted run (lock_cost) using several slots; "limit" is the
 count admission applies now: "slots_override" if set, else "configured_limit"
 (null when unknown); "paused_until" is Unix seconds on the Redis server's clock,
 null when not paused or paused until resumed; "rate_limiter" is true when the
@@ -315,7 +316,7 @@ def status_row(state: LimitState, rate: Optional[str] = None) -> Dict[str, Any]:
         "key": state.key,
         "name": state.name,
         "holders": len(live),
-        "reserved": len(state.reservations),
+        "reserved": sum(reservation.cost for reservation in state.reservations),
         "used": state.used,
         "limit": state.limit,
         "configured_limit": state.configured_slots,
@@ -380,8 +381,8 @@ def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
     "paused_until": float|null, "pause_left_seconds": float|null,
     "holders": [{"token": str, "task_id": str|null, "task": str|null,
       "worker": str|null, "pid": int|null, "age_seconds": float,
-      "lease_left_seconds": float, "fence": int, "expired": bool}],
-    "reservations": [{"ticket": str, "left_seconds": float}],
+      "lease_left_seconds": float, "fence": int, "expired": bool, "cost": int}],
+    "reservations": [{"ticket": str, "left_seconds": float, "cost": int}],
     "waiting": int,
     "waiters": [{"position": int, "ticket": str, "task": str|null,
       "task_id": str|null, "worker": str|null, "age_seconds": float,
@@ -405,15 +406,18 @@ def _echo_inspect(state: LimitState, key: str, now: int) -> None:
                f"{state.used}/{_or(state.limit, '?')} slots used, {state.waiting} waiting")
     click.echo("slots: " + ", ".join(_limit_words(state)))
     if state.holders:
-        _table(["HOLDER", "TASK ID", "TASK", "WORKER", "PID", "AGE", "LEASE LEFT", "FENCE"], [
+        weighted = any(h.cost > 1 for h in state.holders)
+        _table(["HOLDER", "TASK ID", "TASK", "WORKER", "PID", "AGE", "LEASE LEFT", "FENCE"]
+               + (["SLOTS"] if weighted else []), [
             [h.token, h.task_id or "-", h.task or "-", h.worker or "-",
              "-" if h.pid is None else str(h.pid), f"{h.age(now):.1f}s",
              f"{h.lease_left(now):.1f}s" if h.lease_end_ms > now else "expired",
-             str(h.fence)]
+             str(h.fence)] + ([str(h.cost)] if weighted else [])
             for h in state.holders
         ])
     for reservation in state.reservations:
-        click.echo(f"reserved for waiter {reservation.ticket}: "
+        slots = f"{reservation.cost} slots" if reservation.cost > 1 else "a slot"
+        click.echo(f"{slots} reserved for waiter {reservation.ticket}: "
                    f"{(reservation.until_ms - now) / 1000:.1f}s left")
     if state.waiters:
         click.echo("waiting line:")
@@ -445,8 +449,8 @@ def inspect_json(state: LimitState) -> Dict[str, Any]:
                                            "configured_limit", "slots_override", "paused",
                                            "paused_until", "pause_left_seconds")},
         "holders": [_holder_json(holder, now) for holder in state.holders],
-        "reservations": [{"ticket": r.ticket, "left_seconds": round((r.until_ms - now) / 1000, 3)}
-                         for r in state.reservations],
+        "reservations": [{"ticket": r.ticket, "left_seconds": round((r.until_ms - now) / 1000, 3),
+                          "cost": r.cost} for r in state.reservations],
         "waiting": state.waiting,
         "waiters": [_waiter_json(waiter, now) for waiter in state.waiters],
     }

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..engine.holder import Holder, parse_holder, text
+from ..engine.holder import Holder, parse_holder, text, unit_of
 from ..engine.keys import (
     LINE,
     RATE,
@@ -36,10 +37,12 @@ FOREVER = "forever"
 
 @dataclass(frozen=True)
 class Reservation:
-    """A slot kept for waiter ``ticket`` while its message travels to a worker."""
+    """Slots kept for waiter ``ticket`` while its message travels to a worker: one, or
+    the waiter's cost."""
 
     ticket: str
     until_ms: int
+    cost: int = 1
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,10 @@ class LimitState:
 
     @property
     def used(self) -> int:
-        """Slots taken: live holders and live reservations."""
-        return len(self.live_holders) + len(self.reservations)
+        """Slots taken: live holders and live reservations, each its cost (a weighted run
+        takes several)."""
+        return (sum(holder.cost for holder in self.live_holders)
+                + sum(reservation.cost for reservation in self.reservations))
 
     @property
     def limit(self) -> Optional[int]:
@@ -227,20 +232,35 @@ def read_states(client: Any, keys: Sequence[str], now_ms: int, *, prefix: str = 
     return _with_waiters(client, states, lines)
 
 
-def _state(key: str, prefix: str, now_ms: int, entries: List[Tuple[Any, float]],
-           control: List[Any], rate_control: List[Any], waiting: int) -> LimitState:
+def _entries(entries: List[Tuple[Any, float]], now_ms: int
+             ) -> Tuple[List[Holder], List[Reservation], Dict[str, float]]:
+    """A semaphore's members as holders, live reservations and statistics; the units of
+    weighted holders and reservations (``units.lua``) counted in their ``cost``."""
     holders: List[Holder] = []
     reservations: List[Reservation] = []
     statistics: Dict[str, float] = {}
+    units: Counter = Counter()  # further slots of weighted holders and reservations
     for member, score in entries:
         member = text(member)
         if score < 0:
             statistics[member] = score
+        elif unit_of(member) is not None:
+            if score > now_ms or not member.startswith(RESERVED):
+                units[unit_of(member)] += 1
         elif member.startswith(RESERVED):
             if score > now_ms:
                 reservations.append(Reservation(member[len(RESERVED):], int(score)))
         elif not member.startswith("#"):
             holders.append(parse_holder(member, score))
+    holders = [replace(h, cost=1 + units[h.token]) if units[h.token] else h for h in holders]
+    reservations = [replace(r, cost=1 + units[RESERVED + r.ticket])
+                    if units[RESERVED + r.ticket] else r for r in reservations]
+    return holders, reservations, statistics
+
+
+def _state(key: str, prefix: str, now_ms: int, entries: List[Tuple[Any, float]],
+           control: List[Any], rate_control: List[Any], waiting: int) -> LimitState:
+    holders, reservations, statistics = _entries(entries, now_ms)
     holders.sort(key=lambda holder: (holder.acquired_ms, holder.token))
     slots = statistics.get("#slots")
     paused, until = _merge_pauses(pause_of(control[1], now_ms),

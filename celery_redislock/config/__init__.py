@@ -14,5 +14,6 @@ it builds). It reads a Celery app's ``conf`` but does not import Celery's worker
 ``settings``          the ``redislock_*`` app settings, and the Redis client they describe
 ``sentinel``          ``sentinel://`` URLs
 ``retry``             how long a refused run waits before it asks again
+``cost``              a run's weight (``lock_cost``): a number, or a callable, checked
 ====================  =================================================================
 """

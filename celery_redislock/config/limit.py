@@ -23,10 +23,11 @@ from typing import (
 
 from ..engine.admission import Limiter, RateLimit, SlotLimit
 from ..engine.bounds import in_range, shown, span
-from ..engine.keys import KeyTemplate
+from ..engine.keys import KeyTemplate, semaphore_key
 from ..engine.rate import Rate
 from ..engine.semaphore import DEFAULT_LEASE, check_lease, check_slots
 from ..errors import LockConfigurationError
+from .cost import CallableCost, Cost, check_cost
 from .retry import MIN_COUNTDOWN, RetryPolicy
 from .unique import ONCE_FIELDS, PeriodRule, UniqueRule, once_rules
 
@@ -63,18 +64,27 @@ class LimitRule:
     slots: Optional[int]
     rate: Optional[Rate]
     lease: float
-    #: Starts of the rate one run uses at once (``lock_cost``).
-    cost: int = 1
+    #: Slots one run takes and starts of the rate it uses, at once (``lock_cost``): a
+    #: number, or a callable of the task's arguments.
+    cost: Cost = 1
 
     def limiters(self, args: Sequence[Any], kwargs: Mapping[str, Any],
                  prefix: str) -> List[Limiter]:
+        """The limiters of this rule for one call (its cost worked out, if a callable:
+        :class:`~celery_redislock.errors.LockCostError` if it cannot be)."""
         name = self.key.render(args, kwargs)
+        cost = self.cost(args, kwargs) if isinstance(self.cost, CallableCost) else self.cost
         limiters: List[Limiter] = []
         if self.slots is not None:
-            limiters.append(SlotLimit(name, self.slots, prefix))
+            limiters.append(SlotLimit(name, self.slots, prefix, cost))
         if self.rate is not None:
-            limiters.append(RateLimit(name, self.rate, prefix, self.cost))
+            limiters.append(RateLimit(name, self.rate, prefix, cost))
         return limiters
+
+    @property
+    def is_constant(self) -> bool:
+        """True when every call gets the same limiters (a fixed name and cost)."""
+        return self.key.is_constant and not isinstance(self.cost, CallableCost)
 
 
 @dataclass(frozen=True)
@@ -116,9 +126,16 @@ class TaskLimits:
         limiters = [
             limiter for rule in self.rules for limiter in rule.limiters(args, kwargs, prefix)
         ]
-        if all(rule.key.is_constant for rule in self.rules):
+        if all(rule.is_constant for rule in self.rules):
             self._constant[prefix] = limiters
         return limiters
+
+    def slot_keys(self, args: Sequence[Any], kwargs: Mapping[str, Any],
+                  prefix: str) -> List[str]:
+        """The semaphore keys of one call, without working out its cost (for cleaning up
+        after a run, which needs only where its slots are)."""
+        return [semaphore_key(rule.key.render(args, kwargs), prefix)
+                for rule in self.rules if rule.slots is not None]
 
     @classmethod
     def compile(
@@ -177,9 +194,6 @@ def _limits_runs(entry: Mapping[str, Any], default_slots: Optional[int]) -> bool
 #: The longest countdown: beyond a Redis broker's default ``visibility_timeout`` (one
 #: hour) a message with a countdown is delivered twice.
 MAX_COUNTDOWN = 3600.0
-
-#: The highest ``cost``: the highest burst + 1.
-MAX_COST = 1_000_001
 
 #: The longest ``max_wait``: 30 days.
 MAX_WAIT = 30 * 86400.0
@@ -249,29 +263,11 @@ def _rule(problems: List[str], owner: str, task_name: str, func: Callable[..., A
     lease = _checked(problems, check_lease, values["lease"], owner, f"{prefix}lease")
     if len(problems) > before or key is None or lease is None:
         return None
-    cost = _checked(problems, _cost, owner, values["cost"], slots, rate, prefix)
+    cost = _checked(problems, check_cost, owner, values["cost"], slots=slots, rate=rate,
+                    prefix=prefix, func=func)
     if cost is None:
         return None
     return LimitRule(key=key, slots=slots, rate=rate, lease=lease, cost=cost)
-
-
-def _cost(owner: str, cost: Any, slots: Any, rate: Optional[Rate], prefix: str) -> int:
-    """``lock_cost``: the starts of the rate one run uses, all at once or not at all."""
-    if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
-        raise LockConfigurationError(
-            f"{owner}: {prefix}cost must be a whole number, 1 to {MAX_COST}, not {cost!r}")
-    if cost == 1:
-        return cost
-    if rate is None or slots is not None:
-        raise LockConfigurationError(
-            f"{owner}: {prefix}cost weighs the starts of a '{prefix}rate' only; a limit "
-            f"with '{prefix}slots' cannot have one (runs take one slot each)")
-    if cost > rate.burst + 1:
-        raise LockConfigurationError(
-            f"{owner}: {prefix}cost {cost} is above what the rate lets start at once "
-            f"({prefix}burst + 1 = {rate.burst + 1}), so no run could ever start; raise "
-            f"{prefix}burst to at least {cost - 1}")
-    return cost
 
 
 def _retry_policy(problems: List[str], owner: str, values: Mapping[str, Any],

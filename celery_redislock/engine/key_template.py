@@ -157,6 +157,15 @@ class KeyTemplate:
             raise LockKeyError(f"{self.owner}: lock key {self._described()} gave an empty name")
         return name
 
+    def arguments_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
+        """What a callable source is given for one call: the task's arguments by name
+        (defaults applied), only those it takes unless it takes ``**kwargs``. Raises what
+        binding the arguments to the task's signature raises (``TypeError``)."""
+        values = self._arguments(args, kwargs)
+        if self._passes is not None:
+            values = {name: values[name] for name in self._passes if name in values}
+        return values
+
     def _described(self) -> str:
         if callable(self.source):
             return getattr(self.source, "__qualname__", type(self.source).__name__) + "()"

@@ -36,7 +36,7 @@ from ..engine.admission import (
     owner_prefix,
 )
 from ..engine.channel import settle_all
-from ..engine.holder import parse_holder
+from ..engine.holder import parse_holder, unit_of
 from ..engine.keeper import lease_keeper
 from ..engine.refusal import (
     TRANSIENT,
@@ -427,6 +427,8 @@ def _earlier_run(client: Any, limiters: Sequence[Any], task_id: str,
                                     withscores=True)
         for member, score in live:
             holder = parse_holder(member, score)
+            if unit_of(holder.member) is not None:
+                continue  # a weighted holder's further slot: its entry is listed too
             if marker in holder.token and holder.token != own:
                 return {"key": limiter.key, "name": limiter.name, "member": holder.member,
                         "since": holder.acquired_ms, "until": holder.lease_end_ms}

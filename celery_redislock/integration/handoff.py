@@ -188,10 +188,15 @@ def join_line(
     *,
     keep_ms: int,
     reserve_ms: int,
+    cost: int = 1,
 ) -> Tuple[Optional[int], List[Any]]:
     """Put ``ticket`` in the line of semaphore ``key``; its position (0 = next) and the
-    messages of waiters handed a slot meanwhile (maybe its own), to re-publish."""
-    reply = ENQUEUE.run(client, [key], [ticket, since_ms, record, message, keep_ms, reserve_ms])
+    messages of waiters handed a slot meanwhile (maybe its own), to re-publish. ``cost``
+    is how many slots the run takes at once: that many are handed to it together."""
+    args = [ticket, since_ms, record, message, keep_ms, reserve_ms]
+    if cost != 1:
+        args.append(cost)
+    reply = ENQUEUE.run(client, [key], args)
     position = int(reply[0])
     return (None if position < 0 else position), list(reply[1:])
 

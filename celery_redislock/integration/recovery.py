@@ -38,7 +38,7 @@ from celery.worker.request import Request
 
 from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
-from ..engine.admission import SlotLimit, owner_prefix
+from ..engine.admission import owner_prefix
 from ..engine.holder import parse_holder
 from ..engine.keeper import lease_keeper
 from ..engine.reach import unreachable_reason
@@ -100,10 +100,7 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
     if limits is None:
         return 0
     settings = read_settings(task._get_app())
-    slot_keys = [
-        limiter.key for limiter in limits.limiters(args or (), kwargs or {}, settings.prefix)
-        if isinstance(limiter, SlotLimit)
-    ]
+    slot_keys = limits.slot_keys(args or (), kwargs or {}, settings.prefix)
     if not slot_keys:
         return 0
     client = redis_client(task._get_app(), settings)
@@ -431,9 +428,7 @@ def _leave_lines(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
     try:
         settings = read_settings(task._get_app())
         client = redis_client(task._get_app(), settings)
-        keys = [limiter.key for limiter in limits.limiters(args or (), kwargs or {},
-                                                           settings.prefix)
-                if isinstance(limiter, SlotLimit)]
+        keys = limits.slot_keys(args or (), kwargs or {}, settings.prefix)
         for group in by_hash_slot(client, keys):
             handoff.leave_line(client, group, task_id)
     except Exception as exc:  # a revoke must never fail because of this

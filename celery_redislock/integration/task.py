@@ -47,8 +47,12 @@ class LimitedTask(Task):
                                Tasks naming the same key share its slots.
     ``lock_lease``             seconds a slot stays taken without renewal, 0.1 to 86400
                                (default 30); a running task renews it every third of that
-    ``lock_cost``              starts of ``lock_rate`` one run uses, all at once (default 1;
-                               at most ``lock_burst + 1``)
+    ``lock_cost``              slots of ``lock_slots`` one run takes and starts of
+                               ``lock_rate`` it uses, all at once (default 1; at most
+                               ``lock_slots`` and ``lock_burst + 1``), or a callable given
+                               the task's arguments by name that returns it for each call
+                               (a cost no run could start with then fails the run with
+                               :class:`~celery_redislock.LockCostError`)
     ``lock_retry_backoff``     first countdown when no slot is free, 0 to 3600 s (default 1)
     ``lock_retry_backoff_max`` longest countdown, 0.05 to 3600 s (default 30)
     ``lock_retry_jitter``      spread countdowns randomly (default True)
@@ -67,7 +71,8 @@ class LimitedTask(Task):
     the definition is listed in one :class:`LockConfigurationError`.
 
     An entry of the ``redislock_limits`` setting that matches the task replaces its
-    ``lock_slots``, ``lock_rate``, ``lock_burst``, ``lock_key`` and ``lock_lease``.
+    ``lock_slots``, ``lock_rate``, ``lock_burst``, ``lock_key``, ``lock_lease`` and
+    ``lock_cost``.
     Inside the body, ``self.request.redislock_lease`` is the :class:`Lease` held.
     """
 
@@ -84,7 +89,7 @@ class LimitedTask(Task):
     lock_burst: int = OPTION_DEFAULTS["lock_burst"]
     lock_key: KeySource = OPTION_DEFAULTS["lock_key"]
     lock_lease: float = OPTION_DEFAULTS["lock_lease"]
-    lock_cost: int = OPTION_DEFAULTS["lock_cost"]
+    lock_cost: Any = OPTION_DEFAULTS["lock_cost"]
     lock_retry_backoff: float = OPTION_DEFAULTS["lock_retry_backoff"]
     lock_retry_backoff_max: float = OPTION_DEFAULTS["lock_retry_backoff_max"]
     lock_retry_jitter: bool = OPTION_DEFAULTS["lock_retry_jitter"]

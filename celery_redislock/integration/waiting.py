@@ -294,7 +294,7 @@ def _join_line(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str
         _, handoffs = handoff.join_line(
             client, refusal.key, ticket, since,
             handoff.waiter_record(task.name, request.id, request.hostname, since),
-            message, keep_ms=keep_ms, reserve_ms=reserve_ms,
+            message, keep_ms=keep_ms, reserve_ms=reserve_ms, cost=refusal.cost,
         )
     except RedisError as exc:
         # The copy sent back carries the run; it joins the line next time.
