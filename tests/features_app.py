@@ -9,6 +9,7 @@ of the worker that ran it.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional
 
 from celery import Celery
@@ -31,6 +32,8 @@ PERIODIC_DEFER = "features_app.periodic_defer"
 UNIQUE_PERIOD = "features_app.unique_period"
 WEIGHTED = "features_app.weighted"
 WEIGHTED_KEY = "weighted"
+WEIGHTED_SLOTS = "features_app.weighted_slots"
+WEIGHTED_SLOTS_KEY = "weighted-slots"
 
 #: Small countdowns when every slot is taken, so that the tests run fast.
 FAST_RETRY = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
@@ -41,6 +44,11 @@ def _run(task: Any, key: str, seconds: float) -> str:
     record.client.set(f"host:{task.request.id}", task.request.hostname or "")
     record.run(task.request.id, [key], seconds)
     return task.request.id
+
+
+def slots_of(cost: int) -> int:
+    """``lock_cost`` of :data:`WEIGHTED_SLOTS`: the run's own ``cost`` argument."""
+    return cost
 
 
 def create_app(urls: AppUrls) -> Celery:
@@ -128,6 +136,20 @@ def create_app(urls: AppUrls) -> Celery:
     def weighted(self: Any) -> None:
         """Each run uses 2 starts of 10/s: 5 runs a second, 200 ms apart."""
         _run(self, WEIGHTED_KEY, 0)
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=WEIGHTED_SLOTS, lock_slots=4,
+              lock_cost=slots_of, lock_key=WEIGHTED_SLOTS_KEY, **FAST_RETRY)
+    def weighted_slots(self: Any, cost: int, seconds: float = 0.15) -> str:
+        """Takes ``cost`` of 4 slots. Records the sum of the costs of the bodies running
+        as it starts (``weights``) and how often it ran (``runs:<id>``)."""
+        record = recorder(self.app.conf.features_record_url).client
+        record.incr(f"runs:{self.request.id}")
+        record.rpush("weights", record.incrby("running-weight", cost))
+        try:
+            time.sleep(seconds)  # the simulated work of the task body
+        finally:
+            record.decrby("running-weight", cost)
+        return self.request.id
 
     celery_redislock.install(app)
     return app

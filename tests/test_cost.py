@@ -25,8 +25,14 @@ from celery_redislock.engine.scripts import RELEASE_OWNER
 from celery_redislock.integration import handoff
 
 import features_app
-from cluster_checks import record_store, wait_until
-from features_app import WEIGHTED
+from cluster_checks import (
+    assert_each_ran_once,
+    assert_slots_all_given_back,
+    record_store,
+    wait_for_results,
+    wait_until,
+)
+from features_app import WEIGHTED, WEIGHTED_SLOTS, WEIGHTED_SLOTS_KEY
 from worker_cluster import WorkerCluster
 
 
@@ -270,3 +276,21 @@ def test_a_waiter_costing_more_than_a_lowered_limit_does_not_hold_up_the_line(
     assert Semaphore(redis_client, "lowered", slots=4).available() == 0
     control.set_slots(redis_client, "lowered", 5)
     assert _handed(other) == ["heavy"]
+
+
+@pytest.mark.slow
+def test_weighted_runs_share_the_slots_by_cost(cluster: WorkerCluster) -> None:
+    """4 slots on two prefork workers of two processes: runs of cost 3 and 1 (the cost a
+    callable of the task's argument). The costs of the bodies running at once never add
+    up to more than 4, every run runs once, and every slot comes back."""
+    task = cluster.app.tasks[WEIGHTED_SLOTS]
+    costs = [3, 1, 1, 3, 1, 3, 1, 1, 3, 1, 1, 3]
+    results = [task.delay(cost) for cost in costs]
+    wait_for_results(cluster, results)
+    record = record_store(cluster)
+    assert_each_ran_once(record, results)
+    weights = [int(value) for value in record.lrange("weights", 0, -1)]
+    print(f"\nweighted slots: peak {max(weights)} of 4, sums at starts {weights}")
+    assert len(weights) == len(costs) and max(weights) <= 4, weights
+    assert_slots_all_given_back(cluster, [WEIGHTED_SLOTS_KEY])
+    assert "could not ask its limits" not in cluster.logs()  # the main process asked
