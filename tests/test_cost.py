@@ -18,6 +18,7 @@ from celery_redislock import (
     Semaphore,
 )
 from celery_redislock.admin import control
+from celery_redislock.admin.cli import status_row
 from celery_redislock.engine.admission import Lease, RateLimit, SlotLimit, Ticket, admit
 from celery_redislock.engine.keys import semaphore_key
 from celery_redislock.engine.rate import Rate
@@ -163,6 +164,8 @@ def test_weighted_run_takes_its_slots_all_or_none(redis_client) -> None:
     state = control.limit_state(redis_client, "w")
     assert (state.used, len(state.live_holders)) == (4, 2)
     assert sorted(holder.cost for holder in state.live_holders) == [1, 3]
+    assert {field: status_row(state)[field] for field in ("holders", "used")} == {
+        "holders": 2, "used": 4}
 
     other = Semaphore(redis_client, "other", slots=4)
     both = [SlotLimit("other", 4, PREFIX, 2), SlotLimit("w", 4, PREFIX, 2)]

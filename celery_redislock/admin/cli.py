@@ -32,7 +32,7 @@ import json
 import re
 import string
 from dataclasses import asdict, replace
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import click
 from redis.exceptions import RedisError
@@ -406,15 +406,7 @@ def _echo_inspect(state: LimitState, key: str, now: int) -> None:
                f"{state.used}/{_or(state.limit, '?')} slots used, {state.waiting} waiting")
     click.echo("slots: " + ", ".join(_limit_words(state)))
     if state.holders:
-        weighted = any(h.cost > 1 for h in state.holders)
-        _table(["HOLDER", "TASK ID", "TASK", "WORKER", "PID", "AGE", "LEASE LEFT", "FENCE"]
-               + (["SLOTS"] if weighted else []), [
-            [h.token, h.task_id or "-", h.task or "-", h.worker or "-",
-             "-" if h.pid is None else str(h.pid), f"{h.age(now):.1f}s",
-             f"{h.lease_left(now):.1f}s" if h.lease_end_ms > now else "expired",
-             str(h.fence)] + ([str(h.cost)] if weighted else [])
-            for h in state.holders
-        ])
+        _echo_holders(state.holders, now)
     for reservation in state.reservations:
         slots = f"{reservation.cost} slots" if reservation.cost > 1 else "a slot"
         click.echo(f"{slots} reserved for waiter {reservation.ticket}: "
@@ -426,6 +418,19 @@ def _echo_inspect(state: LimitState, key: str, now: int) -> None:
              f"{w.age(now):.1f}s", "yes" if w.reserved_until_ms is not None else "no"]
             for w in state.waiters
         ])
+
+
+def _echo_holders(holders: Sequence[Holder], now: int) -> None:
+    """``inspect``'s table of holders, with the slots each takes when one takes several."""
+    weighted = any(h.cost > 1 for h in holders)
+    _table(["HOLDER", "TASK ID", "TASK", "WORKER", "PID", "AGE", "LEASE LEFT", "FENCE"]
+           + (["SLOTS"] if weighted else []), [
+        [h.token, h.task_id or "-", h.task or "-", h.worker or "-",
+         "-" if h.pid is None else str(h.pid), f"{h.age(now):.1f}s",
+         f"{h.lease_left(now):.1f}s" if h.lease_end_ms > now else "expired",
+         str(h.fence)] + ([str(h.cost)] if weighted else [])
+        for h in holders
+    ])
 
 
 def _limit_words(state: LimitState) -> List[str]:
