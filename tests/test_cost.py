@@ -216,6 +216,15 @@ def test_a_dead_runs_weighted_slots_are_recovered_whole(redis_client) -> None:
     assert Semaphore(redis_client, "dead", slots=4).holders() == 1
 
 
+def test_a_weighted_lease_is_reasserted_whole_after_a_loss_of_the_store(redis_client) -> None:
+    lease = admit(redis_client, [SlotLimit("lossy", 4, PREFIX, 3)], lease=5)
+    assert isinstance(lease, Lease)
+    redis_client.flushdb()  # the store lost its data: the holder writes its lease back
+    assert lease.renew() and not lease.lost
+    assert Semaphore(redis_client, "lossy", slots=4).holders() == 3
+    assert lease.release() and Semaphore(redis_client, "lossy", slots=4).holders() == 0
+
+
 def _wait_in_line(client: Any, limit: SlotLimit, task_id: str) -> Ticket:
     """A run refused by ``limit`` joins its line, as a worker's run does; its ticket."""
     refused = admit(client, [limit], lease=30, reserve_ms=RESERVE_MS)
@@ -297,3 +306,20 @@ def test_weighted_runs_share_the_slots_by_cost(cluster: WorkerCluster) -> None:
     assert len(weights) == len(costs) and max(weights) <= 4, weights
     assert_slots_all_given_back(cluster, [WEIGHTED_SLOTS_KEY])
     assert "could not ask its limits" not in cluster.logs()  # the main process asked
+
+
+def test_a_run_whose_callable_cost_is_above_the_limit_fails_clearly(redis_server) -> None:
+    """The run fails with LockCostError, naming the task and the cost, and takes nothing."""
+    app = Celery("cost", broker="memory://", set_as_current=False)
+    app.conf.redislock_url = f"redis://127.0.0.1:{redis_server.port}/0"
+
+    @app.task(base=LimitedTask, name="proj.sized", shared=False, lock_slots=2,
+              lock_cost=lambda size: size)
+    def sized(size): return size
+
+    assert sized.apply(args=(2,)).get() == 2
+    failed = sized.apply(args=(3,))
+    assert isinstance(failed.result, LockCostError)
+    assert "Task 'proj.sized': lock_cost <lambda>() gave 3 for this call, above lock_slots 2" \
+        in str(failed.result)
+    assert Semaphore(redis_server.client(), "proj.sized", slots=2).holders() == 0

@@ -42,7 +42,7 @@ class CallableCost:
     def __call__(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
         """The cost of one call; :class:`LockCostError` if it cannot be worked out or no
         run could ever be admitted with it."""
-        name = getattr(self.source, "__qualname__", type(self.source).__name__) + "()"
+        name = getattr(self.source, "__name__", type(self.source).__name__) + "()"
         try:
             value = self.source(**self._arguments.arguments_for(args, kwargs))
         except Exception as exc:

@@ -487,7 +487,7 @@ def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, le
                 for limiter in earlier_group:
                     if isinstance(limiter, RateLimit):
                         REFUND.run(client, [limiter.key],
-                                   [repr(limiter.rate.interval * 1_000_000)])
+                                   [repr(limiter.rate.interval * 1_000_000 * limiter.cost)])
             return outcome
         taken.append((group, outcome))
     parts = [part for _, part in taken]
