@@ -2,7 +2,8 @@
 
 The semaphore
 -------------
-:class:`EngineModel` drives one semaphore (1 to 4 slots) through acquisitions, releases,
+:class:`EngineModel` drives one semaphore (1 to 4 slots) through acquisitions (some of
+them weighted: a run of cost k takes k slots at once, as k members), releases,
 renewals and the passage of time, and after every step compares Redis with a model that
 only knows, for each lease ever handed out, whether it is live, ran out (its entry still
 in the sorted set), or gone (no entry).
@@ -55,8 +56,9 @@ from hypothesis.stateful import (
 )
 
 from celery_redislock import Busy, Lease, Rate, RateLimited, RateLimiter, Semaphore
-from celery_redislock.engine.admission import RateLimit, admit
+from celery_redislock.engine.admission import RateLimit, SlotLimit, admit
 from celery_redislock.engine.channel import channel_for
+from celery_redislock.engine.holder import unit_members
 
 LEASE = 30.0
 LEASE_MS = 30_000
@@ -98,10 +100,15 @@ class Held:
     lease: Lease
     state: str = LIVE
     age: int = 0  # ticks of simulated time since it was taken or last renewed
+    cost: int = 1  # slots it takes: its entry, and units "<token>*2"... beside it
 
     @property
     def member(self) -> str:
         return self.lease._member
+
+    @property
+    def members(self) -> list:
+        return [self.member, *unit_members(self.lease.token, self.cost)]
 
 
 def server_ms(client) -> int:
@@ -144,6 +151,9 @@ class EngineModel(RuleBasedStateMachine):
     def live(self) -> list[Held]:
         return [held for held in self.held if held.state == LIVE]
 
+    def used(self) -> int:
+        return sum(held.cost for held in self.live())
+
     def settle(self, lease: Lease) -> None:
         """Make sure a release sent without waiting has reached Redis, and its reply was
         read."""
@@ -158,17 +168,28 @@ class EngineModel(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------------
 
-    @rule(target=leases, side=st.sampled_from([0, 1]), blocking_api=st.booleans())
-    def acquire(self, side, blocking_api):
+    @rule(target=leases, side=st.sampled_from([0, 1]), blocking_api=st.booleans(),
+          cost=st.sampled_from([1, 1, 2, 3, 4]))
+    def acquire(self, side, blocking_api, cost=1):
+        """A plain acquisition, or a weighted run's (``cost`` slots at once, capped at the
+        slots), through either client."""
         sem = self.sems[side]
-        live = len(self.live())
-        outcome = sem.acquire() if blocking_api else sem.attempt()
+        cost = min(cost, self.slots)
+        live = self.used()
+        if cost > 1:
+            blocking_api = False
+            outcome = admit(sem.client, [SlotLimit(sem.name, self.slots, sem.limit.prefix,
+                                                   cost)], lease=LEASE)
+        else:
+            outcome = sem.acquire() if blocking_api else sem.attempt()
         # Admitted or refused, an admission tidies away every lease that had run out.
         for held in self.held:
             if held.state == ENDED:
                 held.state = GONE
-        if live < self.slots:
-            assert isinstance(outcome, Lease), f"refused with {live} of {self.slots} taken"
+        if live + cost <= self.slots:
+            assert isinstance(outcome, Lease), (
+                f"cost {cost} refused with {live} of {self.slots} taken")
+            assert outcome.costs == [cost]
             assert outcome.fence > self.last_fence, "fencing numbers must rise"
             assert outcome._member.split(" ")[2] == str(outcome.fence)
             assert outcome.expires_at_ms - outcome.acquired_at_ms == LEASE_MS
@@ -176,10 +197,10 @@ class EngineModel(RuleBasedStateMachine):
             assert outcome._contended == self.refused
             assert all(held.lease.token != outcome.token for held in self.held)
             self.last_fence = outcome.fence
-            held = Held(outcome)
+            held = Held(outcome, cost=cost)
             self.held.append(held)
             return multiple(held)
-        event(f"refused: {self.slots} slot(s) taken")
+        event(f"refused: cost {cost}, {live} of {self.slots} slot(s) taken")
         if blocking_api:
             assert outcome is None
         else:
@@ -240,7 +261,8 @@ class EngineModel(RuleBasedStateMachine):
     @rule(held=leases)
     def holder_stalls(self, held):
         """Stands for time passing for one holder: its lease runs out now."""
-        self.move_lease_ends([(held.member, server_ms(self.client) - 1)])
+        now = server_ms(self.client)
+        self.move_lease_ends([(member, now - 1) for member in held.members])
         if held.state == LIVE:
             held.state = ENDED
 
@@ -289,8 +311,9 @@ class EngineModel(RuleBasedStateMachine):
         assert all(end >= 0 for end in holders.values())
         live = {member for member, end in holders.items() if end > now}
 
-        assert set(holders) == {held.member for held in self.held if held.state != GONE}
-        assert live == {held.member for held in self.live()}
+        assert set(holders) == {member for held in self.held if held.state != GONE
+                                for member in held.members}
+        assert live == {member for held in self.live() for member in held.members}
         assert len(live) <= self.slots
         assert self.sems[1].holders() == len(live)
         if "#fence" in entries:
