@@ -24,6 +24,7 @@ from celery_redislock.engine.keys import semaphore_key
 from celery_redislock.engine.rate import Rate
 from celery_redislock.engine.scripts import RELEASE_OWNER
 from celery_redislock.integration import handoff
+from celery_redislock.integration.waiting import describe
 
 import features_app
 from cluster_checks import (
@@ -323,3 +324,9 @@ def test_a_run_whose_callable_cost_is_above_the_limit_fails_clearly(redis_server
     assert "Task 'proj.sized': lock_cost <lambda>() gave 3 for this call, above lock_slots 2" \
         in str(failed.result)
     assert Semaphore(redis_server.client(), "proj.sized", slots=2).holders() == 0
+
+
+def test_a_deferred_weighted_run_says_how_many_slots_it_needs() -> None:
+    refusal = Busy(name="gpu:a", holders=2, slots=4, retry_hint=1.0, average_hold=None,
+                   server_time_ms=0, cost=3)
+    assert describe(refusal) == "needs 3 of the 4 slots of 'gpu:a' at once and found 2 taken"

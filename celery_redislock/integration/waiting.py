@@ -71,6 +71,9 @@ def wait_state(request: Any) -> Mapping[str, Any]:
 
 def describe(refusal: Refusal) -> str:
     if isinstance(refusal, Busy):
+        if refusal.cost > 1:
+            return (f"needs {refusal.cost} of the {refusal.slots} slots of {refusal.name!r} "
+                    f"at once and found {refusal.holders} taken")
         return f"found all {refusal.slots} slot(s) of {refusal.name!r} taken"
     if isinstance(refusal, RateLimited):
         return f"is over the rate limit of {refusal.name!r}"
