@@ -103,7 +103,7 @@
         ["Task", "Task id", "Worker", "Age", "Lease left", "Fence", actions ? "" : null]
           .filter((h) => h !== null).map((h) => el("th", {}, h)))),
       el("tbody", {}, row.holders.map((h) => el("tr", {class: "holder", "data-token": h.token},
-        el("td", {}, h.task || "-"),
+        el("td", {}, (h.task || "-") + (h.cost > 1 ? ` (${h.cost} slots)` : "")),
         el("td", {class: "mono task-id"}, h.task_id || "-"),
         el("td", {class: "mono"}, h.worker || "-"),
         el("td", {class: "num"}, seconds(h.age_seconds)),
