@@ -16,6 +16,7 @@ from celery_redislock import (
     LockCostError,
     RateLimited,
     Semaphore,
+    check_limits,
 )
 from celery_redislock.admin import control
 from celery_redislock.admin.cli import status_row
@@ -330,3 +331,18 @@ def test_a_deferred_weighted_run_says_how_many_slots_it_needs() -> None:
     refusal = Busy(name="gpu:a", holders=2, slots=4, retry_hint=1.0, average_hold=None,
                    server_time_ms=0, cost=3)
     assert describe(refusal) == "needs 3 of the 4 slots of 'gpu:a' at once and found 2 taken"
+
+
+def test_redislock_limits_weigh_slots_with_cost() -> None:
+    """``{"cost": N}`` in ``redislock_limits``: checked against the entry's slots too."""
+    app = Celery("cost", broker="memory://", set_as_current=False)
+
+    @app.task(name="proj.tasks.bulk_sync", shared=False)
+    def bulk_sync(shop): ...
+
+    app.conf.redislock_limits = {"proj.tasks.bulk_sync": {"slots": 2, "cost": 3}}
+    with pytest.raises(LockConfigurationError, match=r"cost 3 is above slots 2"):
+        check_limits(app)
+    app.conf.redislock_limits = {"proj.tasks.bulk_sync": {"slots": 4, "cost": 3,
+                                                          "key": "shop:{shop}"}}
+    check_limits(app)
