@@ -404,7 +404,17 @@ class RateLimited:
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
 
 
-Outcome = Union[Lease, Busy, RateLimited, Paused, Served]
+@dataclass(frozen=True)
+class WouldAdmit:
+    """The answer to a probe (``admit(..., probe=True)``): every limiter would admit the
+    run now, and nothing was taken. The run must still ask to be admitted."""
+
+    server_time_ms: int
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+
+
+#: What :func:`admit` answers (:class:`WouldAdmit` only to a probe).
+Outcome = Union[Lease, Busy, RateLimited, Paused, Served, WouldAdmit]
 
 
 def admit(
@@ -417,9 +427,14 @@ def admit(
     owner: str = "",
     ticket: Optional[Ticket] = None,
     reserve_ms: int = 0,
+    probe: bool = False,
 ) -> Outcome:
     """Try once to pass every limiter: a :class:`Lease`, or why not (:class:`Busy`,
     :class:`RateLimited`, :class:`Paused`, :class:`Served`).
+
+    ``probe``: take nothing if every limiter would admit the run, and answer
+    :class:`WouldAdmit`; a refusal is the same as without it (a rate limiter's promise
+    is made). For a caller that cannot hold a slot yet, but can act on a refusal.
 
     ``promises`` maps a rate limiter's Redis key to the start time (µs) it promised this
     run earlier. ``owner`` starts the holder token (see :func:`owner_prefix`).
@@ -436,9 +451,9 @@ def admit(
         groups = _groups(client, limiters)
         if len(groups) > 1:
             return _admit_across_slots(client, groups, token, lease, description, promises,
-                                       ticket, reserve_ms)
+                                       ticket, reserve_ms, probe)
     return _admit_group(client, limiters, token, lease, description, promises, ticket,
-                        reserve_ms)
+                        reserve_ms, probe)
 
 
 @dataclass(frozen=True)
@@ -474,13 +489,19 @@ def _groups(client: Any, limiters: Sequence[Limiter]) -> List[List[Limiter]]:
 
 def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, lease: float,
                         description: str, promises: Mapping[str, int], ticket: Ticket,
-                        reserve_ms: int) -> Outcome:
-    """Admit group by group; on a refusal, give back what the earlier groups took."""
+                        reserve_ms: int, probe: bool = False) -> Outcome:
+    """Admit group by group; on a refusal, give back what the earlier groups took. A
+    probe asks every group, and takes nothing."""
     taken: List[Tuple[List[Limiter], Lease]] = []
+    handoffs: List[Any] = []
     for group in groups:
         outcome = _admit_group(client, group, token, lease, description, promises, ticket,
-                               reserve_ms)
+                               reserve_ms, probe)
+        if isinstance(outcome, WouldAdmit):
+            handoffs.extend(outcome.handoffs)
+            continue
         if not isinstance(outcome, Lease):
+            outcome.handoffs.extend(handoffs)
             for earlier_group, earlier in taken:
                 earlier.release()
                 outcome.handoffs.extend(earlier.handoffs)
@@ -490,6 +511,8 @@ def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, le
                                    [repr(limiter.rate.interval * 1_000_000 * limiter.cost)])
             return outcome
         taken.append((group, outcome))
+    if probe:
+        return WouldAdmit(server_time_ms=0, handoffs=handoffs)
     parts = [part for _, part in taken]
     return Lease(
         name=", ".join(part.name for part in parts if part.name),
@@ -505,14 +528,14 @@ def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, le
 
 def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
                  description: str, promises: Mapping[str, int], ticket: Ticket,
-                 reserve_ms: int) -> Outcome:
+                 reserve_ms: int, probe: bool = False) -> Outcome:
     """One admit.lua call for limiters that share a Redis node and hash slot."""
     reply = ADMIT.run(
         client,
         [limiter.key for limiter in limiters],
         [token, milliseconds(lease), description, ticket.id, ticket.mode, ticket.keep_ms,
          reserve_ms, *(limiter.spec(promises) for limiter in limiters),
-         -1 if is_cluster(client) else seen_incarnation(client)],
+         -1 if is_cluster(client) else seen_incarnation(client), *(("1",) if probe else ())],
     )
     if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended last"
         now_ms, lease_end, fence, contended, last = map(int, reply.split())
@@ -526,6 +549,8 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
         saw_incarnation(client, int(b))
         return _lease(client, limiters, token, lease, description, reserve_ms,
                       now_ms, int(a), int(b), int(c), int(d), handoffs)
+    if status == 5:
+        return WouldAdmit(server_time_ms=now_ms, handoffs=handoffs)
     limiter = limiters[index - 1]
     if status == 0:
         assert isinstance(limiter, SlotLimit)

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar, Union
 
 from celery.exceptions import Ignore
 from celery.signals import worker_process_shutdown, worker_shutdown
@@ -31,6 +31,7 @@ from ..engine.admission import (
     Served,
     SlotLimit,
     Ticket,
+    WouldAdmit,
     admit,
     holder_lease_end,
     owner_prefix,
@@ -163,6 +164,8 @@ class _Attempt:
            request: Any) -> _Attempt:
         waited = wait_state(request)
         eager = bool(request.is_eager)
+        promises = dict(waited.get("promises") or {})
+        promises.update(getattr(request, PROMISED, None) or {})
         ticket = setup.no_ticket if not waited else Ticket(
             waited.get("ticket") or "", bool(waited.get("express")), setup.no_ticket.keep_ms,
             str(waited.get("copy") or ""),
@@ -173,15 +176,17 @@ class _Attempt:
             description=_describe(task.name, request.hostname, request.id),
             owner=owner_prefix(request.hostname or "", request.id or "",
                                this_start(request.hostname)),
-            waited=waited, promises=dict(waited.get("promises") or {}), ticket=ticket,
+            waited=waited, promises=promises, ticket=ticket,
             eager=eager, reserve_ms=0 if eager else setup.reserve_ms,
         )
 
-    def admit(self) -> Outcome:
-        """One admission attempt; the hand-offs it brings are published at once."""
+    def admit(self, probe: bool = False) -> Outcome:
+        """One admission attempt (a probe: see :func:`admit`); the hand-offs it brings
+        are published at once."""
         outcome = admit(self.setup.client, self.limiters, lease=self.setup.limits.lease,
                         description=self.description, promises=self.promises,
-                        owner=self.owner, ticket=self.ticket, reserve_ms=self.reserve_ms)
+                        owner=self.owner, ticket=self.ticket, reserve_ms=self.reserve_ms,
+                        probe=probe)
         if outcome.handoffs:
             handoff.publish(self.task.app, outcome.handoffs)
         return outcome
@@ -229,49 +234,111 @@ def run_limited(
 ADMITTED = "redislock_admitted"
 
 
-#: After the lock store failed the worker's main process, how long (s) it leaves the
-#: asking to the pool processes.
+#: The request field that carries the start times rate limiters promised a run while the
+#: worker's main process held it back (see :func:`admit_before_pool`), for the pool
+#: process that asks with them (a run the main process found admissible but could not
+#: take yet: it may start once its pool process asks).
+PROMISED = "redislock_promised"
+
+#: After the lock store failed the worker's main process, how long (s) it asks no more:
+#: runs are sent back to wait as if the store had failed them (or, with
+#: ``redislock_fail_open``, go to the pool).
 MAIN_PROCESS_PAUSE_AFTER_ERROR = 5.0
 _main_process_skips_until = [float("-inf")]
 
 
-def admit_before_pool(task: Any, limits: TaskLimits, request: Any) -> Optional[Dict[str, Any]]:
-    """Decide in the worker's main process, before the pool sees the request, whether
-    this run may start: what the pool process is to adopt (:meth:`Lease.handover`) when
-    it may; ``Ignore`` when it ends here (sent back to wait, served by another copy,
-    following an earlier run), after which the caller acknowledges the message without
-    running it; None when the pool process is to decide as before (the package is
-    disabled, a rate limit is involved, the lock store did not answer, the run gave up
-    waiting: its failure belongs in the task's trace).
+@dataclass(frozen=True)
+class Later:
+    """What :func:`admit_before_pool` answers for a run to be held in the worker's main
+    process and asked about again after ``seconds``: a rate limiter promised it a start
+    that close (``promises``, to ask with), or (``probed``) it would be admitted but no
+    pool process is free for it."""
 
-    ``request`` is the task's context (``args``, ``kwargs``, ``headers``,
-    ``delivery_info``...), as the pool process would see it."""
-    if not limits.rules or time.monotonic() < _main_process_skips_until[0]:
+    seconds: float
+    promises: Dict[str, int]
+    probed: bool = False
+
+
+#: The answer of :func:`admit_before_pool`: the lease to adopt, a hold, or None.
+BeforePool = Union[None, Dict[str, Any], Later]
+
+
+def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool = True,
+                      promises: Optional[Mapping[str, int]] = None,
+                      may_wait: bool = True) -> BeforePool:
+    """Decide in the worker's main process, before the pool sees the request, whether
+    this run may start. ``request`` is the task's context (``args``, ``kwargs``,
+    ``headers``, ``delivery_info``...), as the pool process would see it; ``room``: a
+    pool process is free to start it at once.
+
+    * admitted (``room`` only): what the pool process is to adopt
+      (:meth:`Lease.handover`: the slots, or the rate limits' starts, taken here);
+    * ``Ignore``: the run ends here (sent back to wait, served by another copy,
+      following an earlier run; the lock store failed and it is sent back to wait for
+      it), after which the caller acknowledges the message without running it;
+    * :class:`Later`: hold the request here and ask again then (a rate limiter's start
+      within :func:`_short_wait`, at most when ``may_wait``; or no room for a run that
+      the limits would admit: a probe, which takes nothing, found it so);
+    * None: the pool process is to decide as before (the package is disabled, the run
+      gave up waiting: its failure belongs in the task's trace; ``redislock_fail_open``
+      and the lock store failed).
+    """
+    if not limits.rules:
         return None
     setup = _Setup.of(task, limits)
     if not setup.settings.enabled:
         return None
     args, kwargs = tuple(request.args or ()), dict(request.kwargs or {})
     attempt = _Attempt.of(task, setup, args, kwargs, request)
-    if any(isinstance(limiter, RateLimit) for limiter in attempt.limiters):
-        return None
+    attempt.promises.update(promises or {})
+    if time.monotonic() < _main_process_skips_until[0]:
+        return _without_store(attempt, args, kwargs, None)
     attempt.description = _describe_unadopted(task.name, request.hostname, request.id)
     try:
         if attempt.waited.get("follows"):
             _follows_on(attempt, args, kwargs)
-        outcome = attempt.admit()
-        lease = _lease_or_wait(attempt, args, kwargs, outcome)
+        outcome = attempt.admit(probe=not room)
+        if isinstance(outcome, WouldAdmit):
+            return Later(ROOM_POLL, attempt.promises, probed=True)
+        if (may_wait and isinstance(outcome, RateLimited)
+                and outcome.wait <= _short_wait(task, request)):
+            if (request.delivery_info or {}).get("redelivered"):
+                _follow_an_earlier_run(attempt, args, kwargs, outcome)
+            attempt.promises[outcome.key] = outcome.promise
+            return Later(outcome.wait, attempt.promises)
+        lease = _lease_or_wait(attempt, args, kwargs, outcome, may_sleep=False)
     except Ignore:
         raise
-    except RedisError:
-        # The worker's main process must not wait on a lock store that does not answer
-        # (a connect timeout would stall its event loop): for a while the pool
-        # processes ask, as they do without this gate.
-        _main_process_skips_until[0] = time.monotonic() + MAIN_PROCESS_PAUSE_AFTER_ERROR
-        return None
+    except RedisError as exc:
+        if is_transient(exc):
+            # The worker's main process must not wait on a lock store that does not
+            # answer (a connect timeout stalls its event loop): for a while it asks no
+            # more.
+            _main_process_skips_until[0] = time.monotonic() + MAIN_PROCESS_PAUSE_AFTER_ERROR
+        return _without_store(attempt, args, kwargs, exc)
     except LockWaitTimeout:
         return None
-    return lease.handover() if lease.holds_slots else None
+    return lease.handover()
+
+
+#: How often (s) the worker's main process looks whether a pool process is free for a
+#: run it holds (a look at the worker's own state: no call to the lock store).
+ROOM_POLL = 0.02
+
+
+def _without_store(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
+                   exc: Optional[RedisError]) -> BeforePool:
+    """The worker's main process could not ask the lock store (``exc``; None: it asks
+    no more for a while, after a failure): the run is sent back to wait (``Ignore``), as
+    its pool process would send it back, fail-closed; with ``redislock_fail_open`` and an
+    outage, it goes to the pool (None), which runs it without a slot if it cannot ask
+    either."""
+    task, request = attempt.task, attempt.request
+    if attempt.setup.settings.fail_open and (exc is None or is_transient(exc)):
+        return None
+    if exc is not None:
+        report_store_error(task, request.id, _names(attempt.limiters), exc)
+    requeue(task, request, args, kwargs, attempt.setup.limits.retry, None)
 
 
 def _adopt(attempt: _Attempt, handed: Mapping[str, Any]) -> Optional[Lease]:
@@ -307,14 +374,16 @@ def _first_outcome(attempt: _Attempt) -> Any:
 
 
 def _lease_or_wait(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
-                   outcome: Any) -> Lease:
+                   outcome: Any, may_sleep: bool = True) -> Lease:
     """The lease of an admitted run. A run not admitted ends here (``Ignore``: re-queued,
-    or served by another copy of its message), or, eager, waits for its lease in place."""
+    or served by another copy of its message), or, eager, waits for its lease in place.
+    ``may_sleep``: a run due to start very soon may wait for it here (not in the
+    worker's main process)."""
     task, request, limits = attempt.task, attempt.request, attempt.setup.limits
     _end_if_another_copy_runs(attempt, outcome)
     if (request.delivery_info or {}).get("redelivered") and not attempt.eager:
         _follow_an_earlier_run(attempt, args, kwargs, outcome)
-    if isinstance(outcome, RateLimited) and not attempt.eager:
+    if isinstance(outcome, RateLimited) and not attempt.eager and may_sleep:
         try:
             outcome = _wait_briefly_for_start(attempt, outcome)
         except RedisError as exc:

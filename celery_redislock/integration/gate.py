@@ -6,18 +6,33 @@ A run that finds no slot must be invisible to Celery's run semantics: no
 consumer (``celery/worker/strategy.py``), limited tasks are given a strategy that asks
 their limits in the worker's main process, just before a request goes to the pool:
 
-* admitted: the lease goes to the pool process with the request (the request field
-  :data:`~.execution.ADMITTED`); the pool process adopts it (one script: renewed, and
-  described with its own process id), keeps it alive while the body runs and releases
-  it at the end. A pool process lost before or after that has its slots freed by the
-  main process, as before (see :mod:`.recovery`);
+* a pool process is free for the run: its limits are asked (one script). Admitted, the
+  lease (its slots, or the starts its rate limits gave it) goes to the pool process with
+  the request (the request field :data:`~.execution.ADMITTED`); the pool process adopts
+  it (one script: renewed, and described with its own process id), keeps it alive while
+  the body runs and releases it at the end. A pool process lost before or after that
+  has its slots freed by the main process, as before (see :mod:`.recovery`);
+* no pool process is free: the limits are *probed* (the same script, which takes
+  nothing when it would admit the run). Refused, the run is refused as below; else the
+  request is held here, and asked about for real once a pool process is free (the main
+  process looks at its own state every :data:`~.execution.ROOM_POLL` seconds), so that
+  a slot is never held by a run that waits for a process;
 * refused: the run is sent back to wait (see :mod:`.waiting`), or ends as served by
   another copy of its message, or follows an earlier run of its task (see
   :func:`~.waiting.follow`), and its message is acknowledged, without ever reaching
-  the pool;
-* anything else (a rate limit among its limits, the lock store unreachable, the pool
-  has no free process for it, a run that gave up waiting) goes to the pool as
-  before, where the run decides for itself (:func:`~.execution.run_limited`).
+  the pool. A rate limit's start promised within half a second is waited for here, the
+  request held on the worker's timer (as Celery's ``rate_limit`` holds it), twice at
+  the most;
+* the lock store failed the main process: the run is sent back to wait for it, as its
+  pool process would (fail-closed), and for 5 s the main process does not ask, so that
+  its event loop never stalls on a store that does not answer; with
+  ``redislock_fail_open`` the run goes to the pool, which runs it without a slot if it
+  cannot ask either;
+* a run that gave up waiting (``lock_max_wait``) goes to the pool, where its failure
+  is stored as the task's (:func:`~.execution.run_limited`).
+
+The copies of a waiting run's message (sent back, or sent when a slot was handed to it)
+send no ``task-received`` event: the run was received once, when it was first sent.
 
     >>> from celery_redislock import LimitedTask
     >>> LimitedTask.Strategy
@@ -27,32 +42,54 @@ their limits in the worker's main process, just before a request goes to the poo
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Callable
 
 from celery.exceptions import Ignore
 from celery.worker import state as worker_state
 from celery.worker.strategy import default as default_strategy
 
-from .execution import ADMITTED, admit_before_pool
+from .execution import ADMITTED, PROMISED, ROOM_POLL, Later, admit_before_pool
+from .handoff import WAIT_HEADER
 from .recovery import forget_copy, limits_of
 
 logger = logging.getLogger(__name__)
 
+#: How many times a run is held for a rate limit's start in the main process before
+#: it is sent back to the broker instead (as a pool process waits twice at the most).
+SHORT_WAITS = 2
+
 
 def limited_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., Any]:
     """Celery's default strategy for ``task``, with admission before the pool."""
-    return default_strategy(task, app, _GatedConsumer(consumer), **options)
+    gated = _GatedConsumer(consumer)
+    handler = default_strategy(task, app, gated, **options)
+
+    def task_message_handler(message: Any, *args: Any, **kwargs: Any) -> Any:
+        headers = getattr(message, "headers", None) or {}
+        gated.copy_of_a_wait = WAIT_HEADER in headers
+        try:
+            return handler(message, *args, **kwargs)
+        finally:
+            gated.copy_of_a_wait = False
+
+    return task_message_handler
 
 
 class _GatedConsumer:
     """The worker's consumer as Celery's default strategy sees it, with the requests it
     hands to the pool (directly, or after an ETA or countdown) passed through
-    :func:`gate` first. Everything else is the consumer's own."""
+    :func:`gate` first, and no ``task-received`` event for the copy of a waiting run's
+    message. Everything else is the consumer's own."""
 
     def __init__(self, consumer: Any) -> None:
         self._consumer = consumer
+        #: True while the strategy handles the copy of a waiting run's message.
+        self.copy_of_a_wait = False
         handle = consumer.on_task_request
         self.on_task_request = lambda request: gate(consumer, request, handle)
+        dispatcher = getattr(consumer, "event_dispatcher", None)
+        self.event_dispatcher = None if dispatcher is None else _Events(dispatcher, self)
 
     def apply_eta_task(self, request: Any) -> None:
         worker_state.task_reserved(request)
@@ -63,15 +100,53 @@ class _GatedConsumer:
         return getattr(self._consumer, name)
 
 
+class _Events:
+    """The consumer's event dispatcher, less the ``task-received`` event of a copy."""
+
+    def __init__(self, dispatcher: Any, gated: _GatedConsumer) -> None:
+        self._dispatcher = dispatcher
+        self._gated = gated
+
+    def send(self, type: str, *args: Any, **fields: Any) -> Any:
+        if type == "task-received" and self._gated.copy_of_a_wait:
+            return None
+        return self._dispatcher.send(type, *args, **fields)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dispatcher, name)
+
+
+class _Hold:
+    """What the main process knows of a request it holds back."""
+
+    __slots__ = ("probed", "promises", "waits")
+
+    def __init__(self) -> None:
+        self.promises: dict = {}
+        self.waits = 0
+        self.probed = False
+
+
+#: Requests held back in the worker's main process (on its timer), which take no pool
+#: process: they do not count when the gate looks for room.
+_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     """Hand ``request`` to the pool (``handle``) once its limits admit it, or end it here
-    (acknowledged, never run) when they do not."""
+    (acknowledged, never run) when they do not, or hold it here for a while."""
+    hold = _held.pop(request, None)
     task = request.task
     limits = limits_of(task)
-    if limits is None or request.revoked() or not _pool_has_room(consumer):
+    if limits is None or request.revoked():
         return handle(request)
+    room = _pool_has_room(consumer)
+    if hold is not None and hold.probed and not room:
+        return _hold_back(consumer, request, handle, hold, ROOM_POLL)
+    hold = hold or _Hold()
     try:
-        handed = admit_before_pool(task, limits, request._context)
+        answer = admit_before_pool(task, limits, request._context, room=room,
+                                   promises=hold.promises, may_wait=hold.waits < SHORT_WAITS)
     except Ignore:
         forget_copy(request)
         request.acknowledge()
@@ -79,14 +154,33 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     except Exception as exc:  # never lose a request: the pool process decides instead
         logger.warning("celery-redislock: task %s[%s]: could not ask its limits before the "
                        "pool (%r); the pool process asks", task.name, request.id, exc)
-        handed = None
-    if handed is not None:
-        request.request_dict[ADMITTED] = handed
+        answer = None
+    if isinstance(answer, Later):
+        hold.promises, hold.probed = dict(answer.promises), answer.probed
+        hold.waits += 0 if answer.probed else 1
+        return _hold_back(consumer, request, handle, hold, answer.seconds)
+    if answer is not None:
+        request.request_dict[ADMITTED] = answer
+    elif hold.promises:
+        request.request_dict[PROMISED] = hold.promises
     return handle(request)
 
 
+def _hold_back(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+               seconds: float) -> None:
+    """Ask about ``request`` again in ``seconds``; meanwhile it stays reserved by this
+    worker (its message unacknowledged, as Celery's ``rate_limit`` holds a request)."""
+    _held[request] = hold
+    consumer.timer.call_after(max(seconds, 0.001), gate, (consumer, request, handle),
+                              priority=6)
+
+
 def _pool_has_room(consumer: Any) -> bool:
-    """Whether a pool process is free for one more request: a slot taken here is held
-    until a pool process starts the run, so it is taken only when one can start it now."""
+    """Whether a pool process is free to start the request being gated at once: a slot
+    taken here is held until a pool process starts the run, so it is taken only then.
+    The requests reserved by this worker, the gated one among them, are those in (or on
+    their way to) the pool and those held back here."""
     processes = getattr(consumer.pool, "num_processes", None) or 0
-    return processes > 0 and len(worker_state.reserved_requests) <= processes
+    reserved = worker_state.reserved_requests
+    held = sum(1 for request in list(_held.keys()) if request in reserved)
+    return processes > 0 and len(reserved) - held <= processes

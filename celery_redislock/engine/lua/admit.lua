@@ -38,6 +38,10 @@
 --             fencing number it was given; 0 if none; -1 on Redis Cluster; see
 --             store.lua): a semaphore refuses (status 0) during the grace that follows
 --             a loss of the store's data
+-- ARGV[9+#KEYS]  '1' for a probe: refused, the run is refused as always (and what a
+--             refusal writes is written: a rate limiter's promise, a line's memory);
+--             admitted by every limiter, nothing is taken and the reply is {5, now, 0,
+--             0, 0, 0, 0} (a worker's main process asks so when no pool process is free)
 --
 -- Replies:
 --   "now_ms lease_end_ms fence contended last"   admitted, nothing else to do. The
@@ -237,6 +241,8 @@ if rate_refusal then
   end
   return reply(2, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000), 0, 0)
 end
+
+if ARGV[9 + #KEYS] == '1' then return reply(5, 0, 0, 0, 0, 0) end  -- a probe
 
 -- Phase 2: admitted by every limiter. One fencing number for the whole admission, above
 -- the last one of every semaphore (and the server's time in microseconds, so it keeps
