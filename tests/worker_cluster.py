@@ -144,7 +144,8 @@ class WorkerProcess:
 class WorkerCluster:
     """Several real Celery workers of ``app_module`` on a private Redis server.
 
-    ``workers`` processes run ``celery -A <app_module> worker -P prefork -c <concurrency>``,
+    ``workers`` processes run ``celery -A <app_module> worker -P <pool> -c <concurrency>``
+    (``pool`` is prefork unless said),
     named ``worker<i>@%h``, without gossip, mingle or heartbeat. ``app`` is a client-side
     instance of the same app (made by ``app_factory``) on the same URLs, for sending tasks
     and reading results; ``urls`` tells where everything is.
@@ -161,6 +162,7 @@ class WorkerCluster:
         workers: int = 3,
         concurrency: int = 3,
         extra_args: Optional[List[str]] = None,
+        pool: str = "prefork",
         separate_lock_store: bool = False,
         start_timeout: float = 60.0,
         stop_timeout: float = 20.0,
@@ -171,6 +173,8 @@ class WorkerCluster:
         self.workers = workers
         self.concurrency = concurrency
         self.extra_args = list(extra_args or [])
+        #: The worker's pool (``-P``): prefork, threads, solo...
+        self.pool = pool
         self.separate_lock_store = separate_lock_store
         #: With ``separate_lock_store``: the lock store's own server, which a test may
         #: kill and restart without touching the broker.
@@ -261,7 +265,7 @@ class WorkerCluster:
     def _worker_command(self, name: str) -> List[str]:
         return [
             sys.executable, "-m", "celery", "-A", self.app_module, "worker",
-            "-P", "prefork", "-c", str(self.concurrency), "-n", f"{name}@%h",
+            "-P", self.pool, "-c", str(self.concurrency), "-n", f"{name}@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-l", "info", *self.extra_args,
         ]

@@ -1,0 +1,89 @@
+"""A Celery app whose limited runs wait in every way a worker can meet them, and which
+records what Celery's own signals say of every run: the app of ``test_gate.py``.
+
+The workers run it with ``celery -A gate_app worker``; each prefetches four messages per
+pool process (Celery's default), so a worker holds more runs than it has processes.
+Every task stores STARTED (``track_started``) and sends task events.
+
+Besides the record store layout of :mod:`worker_app` (``runs:<id>``, ``started``, ...),
+the workers count, per task id, in the record store:
+
+``prerun``        hash: task id -> how many times ``task_prerun`` fired
+``postrun``       hash: task id -> how many times ``task_postrun`` fired
+``prerun-state``  hash: task id -> the task's state in the result backend, read by
+                  ``task_prerun`` just before the body: PENDING unless an earlier pass
+                  through a pool process stored STARTED for it
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from celery import Celery
+from celery.signals import task_postrun, task_prerun
+
+from celery_redislock import LimitedTask
+
+from worker_app import BROKER_URL_ENV, AppUrls, recorder
+
+SLOTTED = "gate_app.slotted"
+RATED = "gate_app.rated"
+PLAIN = "gate_app.plain"
+SLOTTED_KEY = "gate-slotted"
+RATED_KEY = "gate-rated"
+#: The rate of RATED: starts per second (burst 1).
+RATE = 4
+
+
+def create_app(urls: AppUrls) -> Celery:
+    """The app on ``urls``: one slot-limited task, one rate-limited task, one plain task."""
+    app = Celery("gate_app", broker=urls.broker, backend=urls.backend, set_as_current=False)
+    app.conf.update(
+        redislock_url=urls.lock,
+        broker_connection_retry_on_startup=True,
+        task_track_started=True,
+        worker_send_task_events=True,
+    )
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=SLOTTED, lock_slots=1,
+              lock_key=SLOTTED_KEY, lock_retry_backoff=0.05, lock_retry_backoff_max=0.3)
+    def slotted(self: Any, seconds: float) -> str:
+        """One at a time across the cluster."""
+        recorder(urls.record).run(self.request.id, [SLOTTED_KEY], seconds)
+        return self.request.id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=RATED,
+              lock_rate=f"{RATE}/s", lock_key=RATED_KEY)
+    def rated(self: Any, seconds: float) -> str:
+        """RATE starts a second across the cluster, no slot limit."""
+        recorder(urls.record).run(self.request.id, [RATED_KEY], seconds)
+        return self.request.id
+
+    @app.task(bind=True, shared=False, name=PLAIN)
+    def plain(self: Any, seconds: float) -> str:
+        """No limit: keeps a pool process busy."""
+        recorder(urls.record).run(self.request.id, ["plain"], seconds)
+        return self.request.id
+
+    def count(name: str, task_id: Optional[str]) -> None:
+        if task_id:
+            recorder(urls.record).client.hincrby(name, task_id, 1)
+
+    @task_prerun.connect(weak=False)
+    def on_prerun(task_id: Optional[str] = None, task: Any = None, **_: Any) -> None:
+        count("prerun", task_id)
+        if task is not None and task_id:
+            state = task.AsyncResult(task_id).state
+            recorder(urls.record).client.hset("prerun-state", task_id, state)
+
+    @task_postrun.connect(weak=False)
+    def on_postrun(task_id: Optional[str] = None, **_: Any) -> None:
+        count("postrun", task_id)
+
+    return app
+
+
+app: Optional[Celery] = (
+    create_app(AppUrls.from_environment()) if BROKER_URL_ENV in os.environ else None
+)

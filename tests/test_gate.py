@@ -1,0 +1,146 @@
+"""End to end: a limited run that waits is invisible to Celery's run semantics, however
+the worker meets the wait (see :mod:`celery_redislock.integration.gate`).
+
+Under a rate limit with a backlog, and with every pool process busy when the runs arrive
+(prefork and threads pools), each task is seen by Celery once: ``task_prerun`` and
+``task_postrun`` fire once, STARTED is not stored before the body's only start (the state
+is PENDING at ``task_prerun``), and one ``task-received`` event is sent for it whatever
+copies of its message the wait made. The workers run :mod:`gate_app`.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import TYPE_CHECKING, Any, Counter, Iterator, List
+
+import pytest
+import redis
+
+from celery_redislock import Semaphore
+
+from cluster_checks import lock_store, record_store, wait_until
+from gate_app import PLAIN, RATE, RATED, SLOTTED, SLOTTED_KEY, create_app
+
+if TYPE_CHECKING:
+    from worker_cluster import WorkerCluster, WorkerClusterFactory
+
+
+pytestmark = pytest.mark.slow
+
+
+class TaskEvents:
+    """Counts the ``task-received`` events of a cluster, per task id, from a thread."""
+
+    def __init__(self, cluster: WorkerCluster) -> None:
+        self.cluster = cluster
+        self.received: Counter[str] = collections.Counter()
+        self._receiver: Any = None
+        self._thread = threading.Thread(target=self._capture, daemon=True)
+
+    def _capture(self) -> None:
+        app = self.cluster.app
+        with app.connection_for_read() as connection:
+            self._receiver = app.events.Receiver(connection, handlers={
+                "task-received": lambda event: self.received.update([event["uuid"]]),
+            })
+            self._receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def start(self) -> TaskEvents:
+        """Capture from now on: once a plain task's event has come (the subscription is
+        in place then)."""
+        self._thread.start()
+        sent: List[str] = []
+
+        def seen() -> bool:
+            if not any(task_id in self.received for task_id in sent):
+                sent.append(self.cluster.app.send_task(PLAIN, (0,)).id)
+            return any(task_id in self.received for task_id in sent)
+
+        wait_until(seen, 30, "the event receiver", interval=0.5)
+        return self
+
+    def stop(self) -> None:
+        if self._receiver is not None:
+            self._receiver.should_stop = True
+        self._thread.join(5)
+
+
+@pytest.fixture
+def events_of() -> Iterator[Any]:
+    started: List[TaskEvents] = []
+
+    def start(cluster: WorkerCluster) -> TaskEvents:
+        events = TaskEvents(cluster).start()
+        started.append(events)
+        return events
+
+    yield start
+    for events in started:
+        events.stop()
+
+
+def settled(cluster: WorkerCluster) -> bool:
+    """No message waits in the broker or in a worker, and no slot is held."""
+    assert cluster.urls is not None
+    broker = redis.Redis.from_url(cluster.urls.broker)
+    return (broker.hlen("unacked") == 0 and broker.llen("celery") == 0
+            and Semaphore(lock_store(cluster), SLOTTED_KEY).holders() == 0)
+
+
+def assert_seen_once(record: Any, events: TaskEvents, ids: List[str]) -> None:
+    """Celery saw one run of each task: one prerun, one postrun, PENDING at prerun,
+    one body, one task-received event."""
+    assert {task_id: record.get(f"runs:{task_id}") for task_id in ids} == dict.fromkeys(
+        ids, "1")
+    prerun, postrun = record.hgetall("prerun"), record.hgetall("postrun")
+    assert {task_id: prerun.get(task_id) for task_id in ids} == dict.fromkeys(ids, "1")
+    assert {task_id: postrun.get(task_id) for task_id in ids} == dict.fromkeys(ids, "1")
+    states = record.hgetall("prerun-state")
+    assert {task_id: states.get(task_id) for task_id in ids} == dict.fromkeys(ids, "PENDING")
+    wait_until(lambda: all(events.received[task_id] >= 1 for task_id in ids), 10,
+               "a task-received event of each task")
+    assert {task_id: events.received[task_id] for task_id in ids} == dict.fromkeys(ids, 1)
+
+
+def test_a_rate_limited_backlog_is_run_once(worker_cluster_factory: WorkerClusterFactory,
+                                            events_of: Any) -> None:
+    """Ten runs at once under a rate of 4/s (burst 1), on two workers of two processes:
+    most wait (in the worker's main process for a start within half a second, or sent
+    back with a promised start), yet each is one run to Celery."""
+    cluster = worker_cluster_factory(workers=2, concurrency=2, app_module="gate_app",
+                                     app_factory=create_app)
+    events = events_of(cluster)
+    record = record_store(cluster)
+    ids = [cluster.app.send_task(RATED, (0.05,)).id for _ in range(10)]
+    wait_until(lambda: all(record.hexists("ended", task_id) for task_id in ids)
+               and settled(cluster), 40, "ten runs")
+    assert_seen_once(record, events, ids)
+    starts = sorted(int(record.hget("started", task_id)) for task_id in ids)
+    # Two starts at once (the burst), then one every 1/RATE s: the rate held them back.
+    assert starts[-1] - starts[0] >= (len(ids) - 2) / RATE * 0.8 * 1_000_000
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_runs_that_arrive_at_a_busy_pool_are_run_once(
+        worker_cluster_factory: WorkerClusterFactory, events_of: Any, pool: str) -> None:
+    """One worker of two processes, both busy with plain tasks of 1.5 s when eight runs
+    behind one slot and four under a rate of 4/s arrive (it prefetches eight messages):
+    the limits of runs that wait for a free process are only probed, so no run reaches a
+    process to be refused there; each is one run to Celery, and one at a time."""
+    cluster = worker_cluster_factory(workers=1, concurrency=2, app_module="gate_app",
+                                     app_factory=create_app, pool=pool)
+    events = events_of(cluster)
+    record = record_store(cluster)
+    busy = [cluster.app.send_task(PLAIN, (1.5,)).id for _ in range(2)]
+    wait_until(lambda: all(record.hexists("started", task_id) for task_id in busy), 20,
+               "both processes to be busy")
+    slotted = [cluster.app.send_task(SLOTTED, (0.2,)).id for _ in range(8)]
+    rated = [cluster.app.send_task(RATED, (0.05,)).id for _ in range(4)]
+    ids = slotted + rated
+    wait_until(lambda: all(record.hexists("ended", task_id) for task_id in ids)
+               and settled(cluster), 40, "twelve runs")
+    assert_seen_once(record, events, ids)
+    assert max(int(n) for n in record.lrange(f"peaks:{SLOTTED_KEY}", 0, -1)) == 1
+    assert min(int(record.hget("started", task_id)) for task_id in ids) >= min(
+        int(record.hget("ended", task_id)) for task_id in busy)
