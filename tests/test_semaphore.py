@@ -300,3 +300,33 @@ def test_available_counts_override_pause_and_the_waiting_line(redis_client):
     assert slots.available() == 2
     slots.release(held)
     assert slots.available() == 3
+
+
+def test_a_probe_takes_nothing_and_refuses_as_an_admission_does(redis_client):
+    """A probe (a worker's main process with no free pool process): admissible, nothing
+    is taken, neither a slot nor a rate's start; refused, it is the refusal an admission
+    gets, a rate's promise included."""
+    from celery_redislock.engine.admission import (
+        Busy,
+        RateLimit,
+        RateLimited,
+        SlotLimit,
+        WouldAdmit,
+        admit,
+    )
+    from celery_redislock.engine.rate import Rate
+
+    slot = SlotLimit("probed", 1, "redislock:")
+    rate = RateLimit("probed", Rate.parse("1/m", burst=0), "redislock:")
+    assert isinstance(admit(redis_client, [slot, rate], lease=10, probe=True), WouldAdmit)
+    assert redis_client.zcount(slot.key, "(0", "+inf") == 0
+    assert not redis_client.hexists(rate.key, "tat")
+    lease = admit(redis_client, [slot, rate], lease=10)
+    assert isinstance(lease, Lease)
+    assert isinstance(admit(redis_client, [slot], lease=10, probe=True), Busy)
+    lease.release()
+    refused = admit(redis_client, [rate], lease=10, probe=True)
+    assert isinstance(refused, RateLimited) and refused.wait > 50
+    # The promise was made: a newcomer is promised the start after it.
+    later = admit(redis_client, [rate], lease=10)
+    assert isinstance(later, RateLimited) and later.promise > refused.promise

@@ -58,6 +58,9 @@ class Channel:
 
     def __init__(self, client: Any) -> None:
         self.connection = client.connection_pool.make_connection()
+        self._pool = client.connection_pool
+        #: The timeout (s) set by :meth:`limit_waits`, or None: the client's own.
+        self.timeout: Optional[float] = None
         kwargs = client.connection_pool.connection_kwargs
         self.encoding = kwargs.get("encoding", "utf-8")
         self.decode = bool(kwargs.get("decode_responses", False))
@@ -112,6 +115,20 @@ class Channel:
             return
         _hand_over([(handler, [error] * count) for count, handler in pending])
         raise error
+
+    def limit_waits(self, seconds: float) -> None:
+        """From now on, give up on the lock store after ``seconds`` (to connect, or for
+        a reply) instead of the client's timeouts: the replies still owed are read,
+        then a connection with those timeouts replaces the channel's."""
+        if self.timeout == seconds:
+            return
+        self.settle()
+        kwargs = {**self._pool.connection_kwargs, "socket_timeout": seconds,
+                  "socket_connect_timeout": seconds}
+        with self._lock:
+            old, self.connection = self.connection, self._pool.connection_class(**kwargs)
+            self.timeout = seconds
+        old.disconnect()
 
     @property
     def unsettled(self) -> bool:
@@ -234,6 +251,23 @@ def channel_for(client: Any) -> Optional[Channel]:
         channel = channels[pool] = Channel(client)
     local.pool, local.channel = pool, channel
     return channel
+
+
+def limit_waits(client: Any, seconds: float) -> bool:
+    """Make this thread give up on ``client``'s lock store after ``seconds`` (to connect,
+    or for a reply), for a thread that must not wait long (a worker's event loop); False
+    when the client cannot have a channel (its own timeouts stay).
+
+        >>> import redis
+        >>> client = redis.Redis.from_url(redis_url, socket_timeout=10)
+        >>> limit_waits(client, 1.0), channel_for(client).timeout
+        (True, 1.0)
+    """
+    channel = channel_for(client)
+    if channel is None:
+        return False
+    channel.limit_waits(seconds)
+    return True
 
 
 def when_unsettled(hook: Optional[Callable[[], None]]) -> None:

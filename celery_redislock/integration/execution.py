@@ -36,7 +36,7 @@ from ..engine.admission import (
     holder_lease_end,
     owner_prefix,
 )
-from ..engine.channel import settle_all
+from ..engine.channel import limit_waits, settle_all
 from ..engine.holder import parse_holder, unit_of
 from ..engine.keeper import lease_keeper
 from ..engine.refusal import (
@@ -246,6 +246,10 @@ PROMISED = "redislock_promised"
 MAIN_PROCESS_PAUSE_AFTER_ERROR = 5.0
 _main_process_skips_until = [float("-inf")]
 
+#: How long (s) the worker's main process waits for the lock store (to connect, or for
+#: an answer) before it counts it failed (a plain ``redis.Redis`` client only).
+MAIN_PROCESS_TIMEOUT = 1.0
+
 
 @dataclass(frozen=True)
 class Later:
@@ -294,6 +298,7 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool
     if time.monotonic() < _main_process_skips_until[0]:
         return _without_store(attempt, args, kwargs, None)
     attempt.description = _describe_unadopted(task.name, request.hostname, request.id)
+    limit_waits(setup.client, MAIN_PROCESS_TIMEOUT)
     try:
         if attempt.waited.get("follows"):
             _follows_on(attempt, args, kwargs)
