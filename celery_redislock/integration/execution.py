@@ -300,20 +300,7 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool
     attempt.description = _describe_unadopted(task.name, request.hostname, request.id)
     limit_waits(setup.client, MAIN_PROCESS_TIMEOUT)
     try:
-        if attempt.waited.get("follows"):
-            _follows_on(attempt, args, kwargs)
-        outcome = attempt.admit(probe=not room)
-        if isinstance(outcome, WouldAdmit):
-            return Later(ROOM_POLL, attempt.promises, probed=True)
-        if (may_wait and isinstance(outcome, RateLimited)
-                and outcome.wait <= _short_wait(task, request)):
-            if (request.delivery_info or {}).get("redelivered"):
-                _follow_an_earlier_run(attempt, args, kwargs, outcome)
-            attempt.promises[outcome.key] = outcome.promise
-            return Later(outcome.wait, attempt.promises)
-        lease = _lease_or_wait(attempt, args, kwargs, outcome, may_sleep=False)
-    except Ignore:
-        raise
+        return _ask_before_pool(attempt, args, kwargs, room, may_wait)
     except RedisError as exc:
         if is_transient(exc):
             # The worker's main process must not wait on a lock store that does not
@@ -323,7 +310,24 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool
         return _without_store(attempt, args, kwargs, exc)
     except LockWaitTimeout:
         return None
-    return lease.handover()
+
+
+def _ask_before_pool(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
+                     room: bool, may_wait: bool) -> BeforePool:
+    """The lock store's answer for :func:`admit_before_pool`."""
+    task, request = attempt.task, attempt.request
+    if attempt.waited.get("follows"):
+        _follows_on(attempt, args, kwargs)
+    outcome = attempt.admit(probe=not room)
+    if isinstance(outcome, WouldAdmit):
+        return Later(ROOM_POLL, attempt.promises, probed=True)
+    if (may_wait and isinstance(outcome, RateLimited)
+            and outcome.wait <= _short_wait(task, request)):
+        if (request.delivery_info or {}).get("redelivered"):
+            _follow_an_earlier_run(attempt, args, kwargs, outcome)
+        attempt.promises[outcome.key] = outcome.promise
+        return Later(outcome.wait, attempt.promises)
+    return _lease_or_wait(attempt, args, kwargs, outcome, may_sleep=False).handover()
 
 
 #: How often (s) the worker's main process looks whether a pool process is free for a
