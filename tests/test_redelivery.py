@@ -33,16 +33,6 @@ def cluster(worker_cluster_factory: WorkerClusterFactory) -> WorkerCluster:
                                   app_factory=create_app)
 
 
-@pytest.fixture
-def roomy_cluster(worker_cluster_factory: WorkerClusterFactory) -> WorkerCluster:
-    """Two worker processes with a pool process free for every run the tests send (5):
-    admission happens in the worker's main process only while the pool has room for the
-    run (a slot is taken there only when a process can start it at once); a run that
-    arrives while every process is busy asks from its pool process, as before."""
-    return worker_cluster_factory(workers=2, concurrency=5, app_module="redelivery_app",
-                                  app_factory=create_app)
-
-
 def settled(cluster: WorkerCluster, key: str = KEY) -> bool:
     """No message waits in the broker or in a worker, and no slot of ``key`` is held."""
     assert cluster.urls is not None
@@ -85,11 +75,10 @@ def started(record, ids: List[str]) -> List[str]:
     return [task_id for task_id in ids if record.hexists("started", task_id)]
 
 
-def test_a_wait_is_not_a_run(roomy_cluster: WorkerCluster) -> None:
+def test_a_wait_is_not_a_run(cluster: WorkerCluster) -> None:
     """Five tasks behind one slot, with STARTED tracked: each waited, yet Celery saw one
     run of each: task_prerun and task_postrun once, and the state still PENDING when the
-    run began (a wait stored STARTED before)."""
-    cluster = roomy_cluster
+    run began (a wait stored STARTED before). (Busy pools and rate limits: test_gate.)"""
     record = record_store(cluster)
     ids = [cluster.app.send_task(TRACKED, (0.3,)).id for _ in range(5)]
     wait_until(lambda: len(record.hkeys("ended")) == 5 and settled(cluster, "tracked"), 60,

@@ -61,6 +61,9 @@
 --                                a start time, and nothing else is written
 --     {3, now, i, pause_end_ms or -1, 0, 0, 0}   limiter i is paused by an operator
 --     {4, now, i, 0, 0, 0, 0}    the ticket was served already: this copy must not run
+--                                (a served ticket whose other copy was surely still
+--                                out is remembered until that copy comes back, a week
+--                                at most, in '}:o:<name>:<ticket>')
 --
 -- A newcomer (no promise) is admitted by a rate limiter only when no promised start is
 -- still ahead of it, so waiters are served in the order they were promised. A run that
@@ -78,6 +81,8 @@ local express = string.sub(copy, 1, 1) == 'e'
 local keep_ticket = tonumber(ARGV[6])
 local reserve = tonumber(ARGV[7])
 local STATISTICS_TTL = 60000
+-- How long at most a served ticket waits for the other copy of its message (ms).
+local OUTSTANDING_COPY_MS = 7 * 24 * 3600 * 1000
 local seen = tonumber(ARGV[8 + #KEYS] or '0') or 0
 local now, now_us = server_now()
 -- Numbers go to Redis and into the reply as text made here with '%d': Lua's own number
@@ -102,6 +107,29 @@ local function rate_control(key)
   local control = string.gsub(key, '}:r:', '}:cr:', 1)
   local fields = redis.call('HMGET', control, 'paused_until', 'interval')
   return pause_end(fields[1], now), tonumber(fields[2])
+end
+
+-- The key that remembers, for a served ticket, the copy admitted while the other copy of
+-- its message is still out (see below), so that it is not forgotten before that copy
+-- comes back, however long a stopped worker or a backlog keeps it.
+local function outstanding_key(key, ticket)
+  return companion(key, 'o') .. ':' .. ticket
+end
+
+-- Whether the ticket was served to another copy of this message (the line remembers it,
+-- or an outstanding copy was waited for: this is it, and it is not waited for any more).
+local function served_by_another(key, ticket, this_copy)
+  local served = nil
+  if redis.call('ZSCORE', companion(key, 'x'), ticket) then
+    served = redis.call('HGET', companion(key, 'w'), 'd:' .. ticket) ~= this_copy
+  end
+  local outstanding = outstanding_key(key, ticket)
+  local admitted = redis.call('GET', outstanding)
+  if admitted and admitted ~= this_copy then
+    redis.call('DEL', outstanding)
+    served = true
+  end
+  return served
 end
 
 -- Phase 1: look at every limiter; stop at the first one that refuses the run.
@@ -140,9 +168,7 @@ for i = 1, #KEYS do
       limiter.reserved = true  -- handed its slots while it waited: they are this run's
     else
       local waiting = ticket ~= '' and redis.call('ZSCORE', companion(key, 'q'), ticket)
-      if ticket ~= '' and not waiting
-          and redis.call('ZSCORE', companion(key, 'x'), ticket)
-          and redis.call('HGET', companion(key, 'w'), 'd:' .. ticket) ~= copy then
+      if ticket ~= '' and not waiting and served_by_another(key, ticket, copy) then
         return reply(4, i, 0, 0, 0, 0)  -- served: another copy of the message ran
       end
       limiter.waiting = waiting and true or false
@@ -279,6 +305,13 @@ for i = 1, #KEYS do
       redis.call('HSET', companion(limiter.key, 'w'), 'd:' .. ticket, copy)
       redis.call('ZADD', xkey, now + keep_ticket, ticket)
       keep_line(limiter.key, keep_ticket + STATISTICS_TTL, {'w', 'x'})
+      if express or limiter.reserved then
+        -- The other copy is surely still out: the countdown copy, when this is the
+        -- express copy; the express copy (sent when the slot was reserved), when this
+        -- copy found the slot reserved for it. Waited for until it comes back.
+        redis.call('SET', outstanding_key(limiter.key, ticket), copy, 'PX',
+                   OUTSTANDING_COPY_MS)
+      end
     end
     redis.call('ZADD', limiter.key, lease_end_text, member, '-' .. fence_text, '#fence',
                limiter.minus_slots, '#slots')
