@@ -34,6 +34,8 @@ SLOTTED_KEY = "gate-slotted"
 RATED_KEY = "gate-rated"
 #: The rate of RATED: starts per second (burst 1).
 RATE = 4
+#: The lease of SLOTTED (seconds).
+LEASE = 2
 
 
 def create_app(urls: AppUrls) -> Celery:
@@ -47,9 +49,11 @@ def create_app(urls: AppUrls) -> Celery:
     )
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=SLOTTED, lock_slots=1,
-              lock_key=SLOTTED_KEY, lock_retry_backoff=0.05, lock_retry_backoff_max=0.3)
+              lock_key=SLOTTED_KEY, lock_lease=LEASE, lock_retry_backoff=0.05,
+              lock_retry_backoff_max=0.3)
     def slotted(self: Any, seconds: float) -> str:
-        """One at a time across the cluster."""
+        """One at a time across the cluster; a slot whose admission's answer was lost
+        comes back within LEASE seconds."""
         recorder(urls.record).run(self.request.id, [SLOTTED_KEY], seconds)
         return self.request.id
 

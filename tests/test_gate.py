@@ -19,7 +19,7 @@ import redis
 
 from celery_redislock import Semaphore
 
-from cluster_checks import lock_store, record_store, wait_until
+from cluster_checks import lock_store, record_store, server_time_us, wait_until
 from gate_app import PLAIN, RATE, RATED, SLOTTED, SLOTTED_KEY, create_app
 
 if TYPE_CHECKING:
@@ -144,3 +144,28 @@ def test_runs_that_arrive_at_a_busy_pool_are_run_once(
     assert max(int(n) for n in record.lrange(f"peaks:{SLOTTED_KEY}", 0, -1)) == 1
     assert min(int(record.hget("started", task_id)) for task_id in ids) >= min(
         int(record.hget("ended", task_id)) for task_id in busy)
+
+
+def test_runs_the_main_process_could_not_ask_are_run_once(
+        worker_cluster_factory: WorkerClusterFactory, events_of: Any) -> None:
+    """The lock store answers nothing for 4 s (CLIENT PAUSE) as four runs behind one slot
+    arrive: the worker's main process gives up on it after 1 s and sends the runs back,
+    fail-closed, without asking for 5 s; none reaches a pool process to be sent back
+    from there, and each is one run to Celery once the store answers again. A plain task
+    sent after them starts well before the store answers: the worker's event loop did
+    not wait for the store (it waited 10 s, the client's timeout, before)."""
+    cluster = worker_cluster_factory(workers=1, concurrency=2, app_module="gate_app",
+                                     app_factory=create_app, separate_lock_store=True)
+    events = events_of(cluster)
+    record = record_store(cluster)
+    paused_at = server_time_us(record)
+    lock_store(cluster).client_pause(4000, all=True)
+    ids = [cluster.app.send_task(SLOTTED, (0.1,)).id for _ in range(4)]
+    plain = cluster.app.send_task(PLAIN, (0,)).id
+    wait_until(lambda: all(record.hexists("ended", task_id) for task_id in ids)
+               and settled(cluster), 40, "four runs")
+    assert_seen_once(record, events, ids)
+    assert min(int(record.hget("started", task_id)) for task_id in ids) > paused_at + 4_000_000
+    assert int(record.hget("started", plain)) < paused_at + 3_000_000
+    assert "could not reach the lock store" in cluster.logs()
+    assert max(int(n) for n in record.lrange(f"peaks:{SLOTTED_KEY}", 0, -1)) == 1
