@@ -42,6 +42,7 @@ send no ``task-received`` event: the run was received once, when it was first se
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -128,14 +129,17 @@ class _Hold:
 
 
 #: Requests held back in the worker's main process (on its timer), which take no pool
-#: process: they do not count when the gate looks for room.
+#: process: they do not count when the gate looks for room. (The timer may be a thread of
+#: its own, beside the consumer's: hence the lock.)
 _held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_held_lock = threading.Lock()
 
 
 def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     """Hand ``request`` to the pool (``handle``) once its limits admit it, or end it here
     (acknowledged, never run) when they do not, or hold it here for a while."""
-    hold = _held.pop(request, None)
+    with _held_lock:
+        hold = _held.pop(request, None)
     task = request.task
     limits = limits_of(task)
     if limits is None or request.revoked():
@@ -170,9 +174,23 @@ def _hold_back(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: 
                seconds: float) -> None:
     """Ask about ``request`` again in ``seconds``; meanwhile it stays reserved by this
     worker (its message unacknowledged, as Celery's ``rate_limit`` holds a request)."""
-    _held[request] = hold
-    consumer.timer.call_after(max(seconds, 0.001), gate, (consumer, request, handle),
+    with _held_lock:
+        _held[request] = hold
+    consumer.timer.call_after(max(seconds, 0.001), _gate_again, (consumer, request, handle),
                               priority=6)
+
+
+def _gate_again(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
+    """:func:`gate`, from the timer: a request held back is never dropped by an error
+    (the pool process decides then)."""
+    try:
+        return gate(consumer, request, handle)
+    except Exception as exc:
+        logger.warning("celery-redislock: task %s[%s]: could not ask its limits before the "
+                       "pool (%r); the pool process asks", request.task.name, request.id, exc)
+        with _held_lock:
+            _held.pop(request, None)
+        return handle(request)
 
 
 def _pool_has_room(consumer: Any) -> bool:
@@ -182,5 +200,6 @@ def _pool_has_room(consumer: Any) -> bool:
     their way to) the pool and those held back here."""
     processes = getattr(consumer.pool, "num_processes", None) or 0
     reserved = worker_state.reserved_requests
-    held = sum(1 for request in list(_held.keys()) if request in reserved)
+    with _held_lock:
+        held = sum(1 for request in _held if request in reserved)
     return processes > 0 and len(reserved) - held <= processes
