@@ -63,7 +63,7 @@
 --     {4, now, i, 0, 0, 0, 0}    the ticket was served already: this copy must not run
 --                                (a served ticket whose other copy was surely still
 --                                out is remembered until that copy comes back, a week
---                                at most, in '}:o:<name>:<ticket>')
+--                                at most, in the hash '}:o:<name>:<ticket>')
 --
 -- A newcomer (no promise) is admitted by a rate limiter only when no promised start is
 -- still ahead of it, so waiters are served in the order they were promised. A run that
@@ -124,9 +124,9 @@ local function served_by_another(key, ticket, this_copy)
     served = redis.call('HGET', companion(key, 'w'), 'd:' .. ticket) ~= this_copy
   end
   local outstanding = outstanding_key(key, ticket)
-  local admitted = redis.call('GET', outstanding)
+  local admitted = redis.call('HGET', outstanding, 'copy')
   if admitted and admitted ~= this_copy then
-    redis.call('DEL', outstanding)
+    redis.call('HDEL', outstanding, 'copy')  -- the key goes with its only field
     served = true
   end
   return served
@@ -309,8 +309,9 @@ for i = 1, #KEYS do
         -- The other copy is surely still out: the countdown copy, when this is the
         -- express copy; the express copy (sent when the slot was reserved), when this
         -- copy found the slot reserved for it. Waited for until it comes back.
-        redis.call('SET', outstanding_key(limiter.key, ticket), copy, 'PX',
-                   OUTSTANDING_COPY_MS)
+        local outstanding = outstanding_key(limiter.key, ticket)
+        redis.call('HSET', outstanding, 'copy', copy)
+        redis.call('PEXPIRE', outstanding, OUTSTANDING_COPY_MS)
       end
     end
     redis.call('ZADD', limiter.key, lease_end_text, member, '-' .. fence_text, '#fence',
