@@ -197,9 +197,12 @@ def _pool_has_room(consumer: Any) -> bool:
     """Whether a pool process is free to start the request being gated at once: a slot
     taken here is held until a pool process starts the run, so it is taken only then.
     The requests reserved by this worker, the gated one among them, are those in (or on
-    their way to) the pool and those held back here."""
+    their way to) the pool and those held back here. A pool that does not say how many
+    processes it has is taken to have room (nothing would tell when it has)."""
     processes = getattr(consumer.pool, "num_processes", None) or 0
+    if processes <= 0:
+        return True
     reserved = worker_state.reserved_requests
     with _held_lock:
         held = sum(1 for request in _held if request in reserved)
-    return processes > 0 and len(reserved) - held <= processes
+    return len(reserved) - held <= processes
