@@ -117,8 +117,9 @@ def test_a_rate_limited_backlog_is_run_once(worker_cluster_factory: WorkerCluste
                and settled(cluster), 40, "ten runs")
     assert_seen_once(record, events, ids)
     starts = sorted(int(record.hget("started", task_id)) for task_id in ids)
-    # Two starts at once (the burst), then one every 1/RATE s: the rate held them back.
-    assert starts[-1] - starts[0] >= (len(ids) - 2) / RATE * 0.8 * 1_000_000
+    # Two starts at once (the burst), then one every 1/RATE s, 2 s in all: the rate held
+    # them back (a body may start some way after its admission on a loaded machine).
+    assert starts[-1] - starts[0] >= (len(ids) - 2) / RATE * 0.6 * 1_000_000
 
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
