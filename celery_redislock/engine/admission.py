@@ -394,6 +394,9 @@ class RateLimited:
     """Refused by a rate limit: the run is promised a start ``wait`` seconds from now.
 
     Coming back with ``promise`` (pass it in ``promises``) keeps its place in the line.
+    ``other_copy`` is True when the run waits in a semaphore's line and another copy of
+    its message holds this promise (it is kept in the line, see ``admit.lua``): this copy
+    is only the fallback. ``ahead`` is how many starts come before the promised one.
     """
 
     name: str
@@ -402,6 +405,8 @@ class RateLimited:
     wait: float
     server_time_ms: int
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+    other_copy: bool = False
+    ahead: int = 0
 
 
 @dataclass(frozen=True)
@@ -581,6 +586,8 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
         wait=max(0, int(b)) / 1000.0,
         server_time_ms=now_ms,
         handoffs=handoffs,
+        other_copy=bool(int(c)),
+        ahead=int(d),
     )
 
 

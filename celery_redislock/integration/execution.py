@@ -46,6 +46,7 @@ from ..engine.refusal import (
     is_transient,
     server_message,
 )
+from ..engine.scripts import is_cluster
 from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable, LockWaitTimeout
 from . import handoff, signals
 from .recovery import this_start
@@ -402,14 +403,19 @@ def _lease_or_wait(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, 
     if isinstance(outcome, Lease):
         return outcome
     if not attempt.eager:
-        # A run under a rate limit too waits by its promised start instead: a slot
-        # handed to it would sit reserved until that start (measured: a slot and a
-        # 10/s rate gave 6.5 starts/s instead of 10 when such runs joined the line).
-        joins = not any(isinstance(limiter, RateLimit) for limiter in attempt.limiters)
         requeue(task, request, args, kwargs, limits.retry, outcome, attempt.setup.client,
-                attempt.reserve_ms if joins else 0)
+                attempt.reserve_ms if _joins_lines(attempt) else 0)
     return _wait_in_place(task, limits, attempt.setup.client, attempt.limiters,
                           attempt.description, attempt.owner, outcome)
+
+
+def _joins_lines(attempt: _Attempt) -> bool:
+    """Whether a refused run of this attempt waits in its semaphores' lines. A run under
+    a rate limit too does (its promised start is kept in the line, for whichever copy
+    of its message asks), except on Redis Cluster, where its limits lie in different
+    hash slots, admitted one slot after the other: it comes back on countdowns."""
+    return not (is_cluster(attempt.setup.client)
+                and any(isinstance(limiter, RateLimit) for limiter in attempt.limiters))
 
 
 def _end_if_another_copy_runs(attempt: _Attempt, outcome: Any) -> None:
@@ -568,7 +574,8 @@ def _wait_briefly_for_start(attempt: _Attempt, outcome: Any) -> Any:
     at the most."""
     short_wait = _short_wait(attempt.task, attempt.request)
     for _ in range(2):
-        if not isinstance(outcome, RateLimited) or outcome.wait > short_wait:
+        if (not isinstance(outcome, RateLimited) or outcome.wait > short_wait
+                or outcome.other_copy):
             break
         attempt.promises[outcome.key] = outcome.promise
         time.sleep(outcome.wait)

@@ -55,6 +55,22 @@ PUBLISH_ATTEMPTS = 3
 #: from 10/s to 100/s reached 0.98-1.0, every run waiting for its start here.
 SHORT_WAIT = 0.5
 
+#: A run promised a start further away than this (seconds) asks again before it, after
+#: the longest of this, :data:`RECHECK_SHARE` of its wait and its place in the line over
+#: :data:`RECHECKS_PER_SECOND`: a rate raised at run time re-plans the line, and the
+#: runs far back hear of their earlier starts within about that time.
+RECHECK_MIN = 1.0
+RECHECK_SHARE = 0.1
+#: Runs far back in a long line ask again seldom enough that a rate limiter's waiting
+#: runs ask about this many times a second, plus a tenth of their number (each asks
+#: about once per tenth of its wait), however long the line.
+RECHECKS_PER_SECOND = 20
+
+#: A copy of a waiting run's message that finds its promised start held by the other
+#: copy comes back this long (seconds) after that start: the other copy runs the task,
+#: and this one then finds it served, or takes over if that copy never came.
+OTHER_COPY_DELAY = 1.0
+
 Refusal = Union[Busy, RateLimited, Paused, None]
 
 
@@ -226,12 +242,33 @@ def _countdown(policy: RetryPolicy, attempts: int, refusal: Refusal,
     """The countdown of a refused run, and how long it must wait at the least; a rate
     limit's promised start is added to ``promises``."""
     if isinstance(refusal, RateLimited):
-        promises[refusal.key] = refusal.promise
-        early = max(0.0, refusal.wait - SHORT_WAIT / 2)
-        return (early if ceiling is None else min(early, ceiling)), refusal.wait
+        countdown = rate_countdown(refusal)
+        if not refusal.other_copy:
+            promises[refusal.key] = refusal.promise
+        return (countdown if ceiling is None else min(countdown, ceiling)), refusal.wait
     if isinstance(refusal, Paused):
         return policy.paused_countdown(refusal.retry_hint, ceiling), refusal.retry_hint or 0.0
     return policy.countdown(attempts, refusal, ceiling), 0.0
+
+
+def rate_countdown(refusal: RateLimited) -> float:
+    """The countdown of a run a rate limiter promised a start: back :data:`SHORT_WAIT`
+    / 2 before it, or, far back in the line, sooner, to ask again (see
+    :data:`RECHECK_MIN`); a copy whose promise another copy holds, after it.
+
+        >>> rate_countdown(RateLimited("k", "k", 0, 0.75, 0))
+        0.5
+        >>> rate_countdown(RateLimited("k", "k", 0, 30.0, 0, ahead=60))
+        3.0
+        >>> rate_countdown(RateLimited("k", "k", 0, 2.0, 0, other_copy=True))
+        3.0
+    """
+    if refusal.other_copy:
+        return refusal.wait + OTHER_COPY_DELAY
+    early = max(0.0, refusal.wait - SHORT_WAIT / 2)
+    recheck = max(RECHECK_MIN, refusal.wait * RECHECK_SHARE,
+                  refusal.ahead / RECHECKS_PER_SECOND)
+    return min(early, recheck)
 
 
 def _give_up_if_too_long(task: Any, request: Any, max_wait: float, refusal: Refusal,

@@ -13,7 +13,9 @@
 --              The key lives at least a minute, and at least until its last lease ends.
 --              A run of cost k holds k members (units.lua).
 --   rate       hash: 'tat' -> theoretical arrival time (us), GCRA;
---              'line' -> end of the line of promised start times (us)
+--              'line' -> end of the line of promised start times (us);
+--              'iv' -> the interval (us) the state is counted in; 'rp' -> the last
+--              re-plan, "when(us) factor bound(us)", after the interval changed
 --
 -- KEYS[i]     the key of limiter i
 -- ARGV[1]     holder token, unique per acquisition
@@ -57,8 +59,12 @@
 --     {0, now, i, holders, ms_until_first_lease_end, average_hold_ms, position}
 --                                semaphore i is full (or its slots are promised to the
 --                                line); position: the ticket's place in the line, or -1
---     {2, now, i, promise_us, wait_ms, 0, 0}   rate limiter i refused; the run is promised
---                                a start time, and nothing else is written
+--     {2, now, i, promise_us, wait_ms, other, ahead}   rate limiter i refused; the run
+--                                is promised a start time (ahead: how many starts come
+--                                before it); nothing else is written, except for a run
+--                                in a semaphore's waiting line, which keeps its promise
+--                                and its reserved slots there; other is 1 when another
+--                                copy of the run's message holds this promise
 --     {3, now, i, pause_end_ms or -1, 0, 0, 0}   limiter i is paused by an operator
 --     {4, now, i, 0, 0, 0, 0}    the ticket was served already: this copy must not run
 --                                (a served ticket whose other copy was surely still
@@ -71,6 +77,10 @@
 -- left free by a late run); early and refused, it keeps its promise; at or after its
 -- promised time and refused (runs that came early took the free starts), it is promised
 -- the start at the end of the line, as a newcomer is: a start is promised to one run only.
+-- Early means at most EARLY_US before the promised start: a run that asks long before
+-- (to hear of a rate raised at run time) takes no start from runs due before it. A run
+-- waiting in a semaphore's line keeps its promises in the line, so that both copies of
+-- its message (the express one and the one sent back) use one promised start.
 
 local token = ARGV[1]
 local lease = tonumber(ARGV[2])
@@ -132,9 +142,95 @@ local function served_by_another(key, ticket, this_copy)
   return served
 end
 
+-- A run promised a start is admitted before it only this close to it (us), when the GCRA
+-- allows: a run that asks again long before its start (to hear of a rate raised at run
+-- time) never takes a start from the runs due before it.
+local EARLY_US = 500000
+
+-- Read rate limiter `limiter`'s spec (see ARGV[7+i]) and state, with the operators'
+-- interval (us) if one is set.
+local function read_rate(limiter, spec, interval_override)
+  local interval, tolerance, promise, cost = string.match(spec,
+    '^r:([^:]+):([^:]+):([^:]+):?(%d*)$')
+  limiter.interval = tonumber(interval)
+  tolerance = tonumber(tolerance)
+  if interval_override and interval_override > 0 then
+    if limiter.interval > 0 then
+      tolerance = tolerance / limiter.interval * interval_override
+    end
+    limiter.interval = interval_override
+  end
+  limiter.base = limiter.interval  -- the rate's own interval, whatever this run costs
+  cost = tonumber(cost)
+  if cost and cost > 1 then
+    -- A run that costs N starts: it needs N intervals of room at once, and takes them.
+    tolerance = tolerance - (cost - 1) * limiter.interval
+    limiter.interval = limiter.interval * cost
+  end
+  limiter.tolerance = tolerance
+  promise = tonumber(promise)
+  limiter.no_promise = promise < 0  -- a caller that will not wait: make it no promise
+  limiter.promise = limiter.no_promise and 0 or promise
+  local saved = redis.call('HMGET', limiter.key, 'tat', 'line', 'iv', 'rp')
+  limiter.tat = math.max(number(saved[1]), now_us)
+  limiter.line = math.max(number(saved[2]), now_us)
+  limiter.saved_interval = tonumber(saved[3])
+  limiter.replan = saved[4]
+end
+
+-- Re-plan a rate whose interval changed since its state was written (set-rate,
+-- clear-rate, a new configuration): what is owed from now on (the GCRA's 'tat') and the
+-- line of promised starts are rescaled to the new interval, about now, so that starts
+-- promised under the old rate move to where the new rate puts them. The change is kept
+-- ('rp' = "now factor bound") to move the promises that runs still carry (see below).
+local function replan(limiter)
+  local old = limiter.saved_interval
+  if old and old > 0 and old ~= limiter.base then
+    local factor = limiter.base / old
+    local bound = math.min(limiter.line, now_us + (limiter.line - now_us) * factor)
+    limiter.tat = now_us + (limiter.tat - now_us) * factor
+    limiter.line = math.floor(now_us + (limiter.line - now_us) * factor)
+    limiter.replan = string.format('%d %.17g %d', now_us, factor, bound)
+    limiter.replanned = true
+  end
+end
+
+-- A start promised under the rate before its last change, moved to where the new rate
+-- puts it; any other promise as it is. Promised before the change: below the lower of
+-- the line's ends before and after it (every start promised since lies beyond the new
+-- end), or beyond the line's end (the line only ever ends after every start promised
+-- under the current rate).
+local function replanned_promise(limiter, promise)
+  if promise <= 0 or not limiter.replan then return promise end
+  local at, factor, bound = string.match(limiter.replan, '^(%S+) (%S+) (%S+)$')
+  at, factor, bound = tonumber(at), tonumber(factor), tonumber(bound)
+  if not (at and factor and bound) then return promise end
+  if (promise > at and promise < bound) or promise > limiter.line then
+    return math.floor(at + (promise - at) * factor)
+  end
+  return promise
+end
+
+-- The fields of a rate limiter's state to write besides 'tat' / 'line': a re-plan, and
+-- the interval the state is counted in.
+local function rate_fields(limiter, fields)
+  if limiter.replanned then
+    fields[#fields + 1] = 'line'
+    fields[#fields + 1] = string.format('%d', limiter.line)
+    fields[#fields + 1] = 'rp'
+    fields[#fields + 1] = limiter.replan
+  end
+  if limiter.saved_interval ~= limiter.base then
+    fields[#fields + 1] = 'iv'
+    fields[#fields + 1] = string.format('%.17g', limiter.base)
+  end
+  return fields
+end
+
 -- Phase 1: look at every limiter; stop at the first one that refuses the run.
 local limiters = {}
 local rate_refusal = nil
+local has_rate = false
 for i = 1, #KEYS do
   local key = KEYS[i]
   local spec = ARGV[7 + i]
@@ -212,39 +308,80 @@ for i = 1, #KEYS do
   else
     local paused, interval_override = rate_control(key)
     if paused then return reply(3, i, paused, 0, 0, 0) end
-    local interval, tolerance, promise, cost = string.match(spec,
-      '^r:([^:]+):([^:]+):([^:]+):?(%d*)$')
-    limiter.interval = tonumber(interval)
-    tolerance = tonumber(tolerance)
-    if interval_override and interval_override > 0 then
-      if limiter.interval > 0 then
-        tolerance = tolerance / limiter.interval * interval_override
-      end
-      limiter.interval = interval_override
-    end
-    cost = tonumber(cost)
-    if cost and cost > 1 then
-      -- A run that costs N starts: it needs N intervals of room at once, and takes them.
-      tolerance = tolerance - (cost - 1) * limiter.interval
-      limiter.interval = limiter.interval * cost
-    end
-    promise = tonumber(promise)
-    limiter.no_promise = promise < 0  -- a caller that will not wait: make it no promise
-    if limiter.no_promise then promise = 0 end
-    local saved = redis.call('HMGET', key, 'tat', 'line')
-    limiter.tat = math.max(number(saved[1]), now_us)
-    limiter.line = math.max(number(saved[2]), now_us)
-    local allowed_at = limiter.tat - tolerance
-    if promise == 0 then allowed_at = math.max(allowed_at, limiter.line - tolerance) end
-    if now_us < allowed_at and not rate_refusal then
-      rate_refusal = {index = i, limiter = limiter, promise = promise, allowed_at = allowed_at}
-    end
+    read_rate(limiter, spec, interval_override)
+    has_rate = true
   end
   limiters[i] = limiter
 end
 
 local function expire_rate_state(limiter, tat, line)
   redis.call('PEXPIRE', limiter.key, math.ceil((math.max(tat, line) - now_us) / 1000) + 1000)
+end
+
+-- A run with a ticket in a semaphore's waiting line keeps the starts it was promised
+-- there: 'p:' .. ticket in the line's hash, rate key -> promise (us), whichever copy of
+-- its message asked. The other copy is then promised the same start, never a second one.
+local home = nil  -- the first semaphore whose line holds the ticket (waiting or handed a slot)
+local kept = {}
+if has_rate and ticket ~= '' then
+  for i = 1, #KEYS do
+    local limiter = limiters[i]
+    if limiter.kind == 's' and (limiter.reserved or limiter.waiting) then
+      home = limiter
+      break
+    end
+  end
+  if home then
+    local text = redis.call('HGET', companion(home.key, 'w'), 'p:' .. ticket)
+    if text then kept = cjson.decode(text) end
+  end
+end
+
+-- Phase 1b: every semaphore has a slot for the run; now the rate limiters.
+for i = 1, #KEYS do
+  local limiter = limiters[i]
+  if limiter.kind == 'r' then
+    replan(limiter)
+    local told = limiter.promise  -- what this copy of the message was promised
+    local held = tonumber(kept[limiter.key] or '')
+    if held then limiter.promise = held end
+    limiter.held = held
+    limiter.other_copy = held ~= nil and held ~= told
+    local promise = replanned_promise(limiter, limiter.promise)
+    limiter.promise = promise
+    local allowed_at = limiter.tat - limiter.tolerance
+    if promise == 0 then
+      allowed_at = math.max(allowed_at, limiter.line - limiter.tolerance)
+    else
+      allowed_at = math.max(allowed_at, promise - EARLY_US)
+    end
+    if now_us < allowed_at and not rate_refusal then
+      rate_refusal = {index = i, limiter = limiter, promise = promise, allowed_at = allowed_at}
+    end
+  end
+end
+
+-- The run waits in line for its promised start: the slots handed to it stay reserved
+-- for it until then (and the ticket is kept), and the promise is kept for its copies.
+local function keep_promise(limiter, promise)
+  kept[limiter.key] = string.format('%d', promise)
+  local wkey = companion(home.key, 'w')
+  redis.call('HSET', wkey, 'p:' .. ticket, cjson.encode(kept))
+  local until_ms = math.floor(promise / 1000) + math.max(reserve, 1000)
+  for i = 1, #KEYS do
+    local semaphore = limiters[i]
+    if semaphore.kind == 's' and (semaphore.reserved or semaphore.waiting) then
+      if reserve > 0 then
+        redis.call('ZADD', semaphore.key, 'GT', until_ms, RESERVED .. ticket)
+        add_units(semaphore.key, RESERVED .. ticket, semaphore.cost, until_ms, 'GT')
+        if redis.call('PTTL', semaphore.key) < until_ms - now + STATISTICS_TTL then
+          redis.call('PEXPIRE', semaphore.key, until_ms - now + STATISTICS_TTL)
+        end
+      end
+      redis.call('ZADD', companion(semaphore.key, 'x'), 'GT', until_ms + keep_ticket, ticket)
+    end
+  end
+  keep_line(home.key, until_ms - now + keep_ticket + STATISTICS_TTL, {'w', 'x'})
 end
 
 -- Refused by a rate limiter: keep an early run's promise, else promise a start time.
@@ -258,14 +395,22 @@ if rate_refusal then
     -- A newcomer, or a run that came back late and found its start taken by one that
     -- came early: the next start time at the end of the line, which is nobody else's
     -- (each start is promised to one run only, so no two runs contend for one start).
-    promise = math.max(limiter.line, rate_refusal.allowed_at)
+    promise = math.floor(math.max(limiter.line, rate_refusal.allowed_at))
     limiter.line = promise + limiter.interval
   end
-  if promise ~= rate_refusal.promise then
-    redis.call('HSET', limiter.key, 'line', string.format('%.0f', limiter.line))
+  if promise ~= rate_refusal.promise or limiter.replanned or
+      limiter.saved_interval ~= limiter.base then
+    redis.call('HSET', limiter.key, unpack(rate_fields(limiter,
+      {'line', string.format('%.0f', limiter.line), 'tat', string.format('%.0f', limiter.tat)})))
     expire_rate_state(limiter, limiter.tat, limiter.line)
   end
-  return reply(2, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000), 0, 0)
+  if home and promise ~= limiter.held then keep_promise(limiter, promise) end
+  -- Another copy of the run's message holds this promise: this one is told so (it
+  -- comes back after that start, in case that copy never does).
+  local other = (limiter.other_copy and promise == limiter.held) and 1 or 0
+  local ahead = math.max(0, math.floor((promise - now_us) / limiter.interval))
+  return reply(2, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000),
+               other, ahead)
 end
 
 if ARGV[9 + #KEYS] == '1' then return reply(5, 0, 0, 0, 0, 0) end  -- a probe
@@ -301,7 +446,8 @@ for i = 1, #KEYS do
       -- Served: out of the line, and remembered so the other copy does not run too.
       local xkey = companion(limiter.key, 'x')
       redis.call('ZREM', companion(limiter.key, 'q'), ticket)
-      redis.call('HDEL', companion(limiter.key, 'w'), ticket, 'm:' .. ticket, 'c:' .. ticket)
+      redis.call('HDEL', companion(limiter.key, 'w'), ticket, 'm:' .. ticket, 'c:' .. ticket,
+                 'p:' .. ticket)
       redis.call('HSET', companion(limiter.key, 'w'), 'd:' .. ticket, copy)
       redis.call('ZADD', xkey, now + keep_ticket, ticket)
       keep_line(limiter.key, keep_ticket + STATISTICS_TTL, {'w', 'x'})
@@ -322,7 +468,8 @@ for i = 1, #KEYS do
     end
   else
     local tat = limiter.tat + limiter.interval
-    redis.call('HSET', limiter.key, 'tat', string.format('%.0f', tat))
+    redis.call('HSET', limiter.key,
+               unpack(rate_fields(limiter, {'tat', string.format('%.0f', tat)})))
     expire_rate_state(limiter, tat, limiter.line)
   end
 end

@@ -8,7 +8,9 @@
 --   '}:w:'  hash: ticket -> waiter record (JSON, for operators),
 --                 'm:' .. ticket -> the run's message, re-published when it is served,
 --                 'd:' .. ticket -> once served, which copy of the message was admitted,
---                 'c:' .. ticket -> the run's cost in slots, when above 1 (units.lua)
+--                 'c:' .. ticket -> the run's cost in slots, when above 1 (units.lua),
+--                 'p:' .. ticket -> the starts rate limiters promised the waiter (JSON,
+--                 rate key -> us), kept for whichever copy of its message asks
 --   '}:x:'  sorted set, ticket -> when the ticket is forgotten (ms): a waiter whose message
 --           never came back is dropped then, and a served ticket is remembered until
 --           then, so that the other copy of its message (the one sent back with a
@@ -18,7 +20,8 @@
 --
 -- In K, a member '~' .. ticket is a reservation: a slot kept for that waiter while its
 -- message travels to a worker, scored by the end of the reservation like a lease (with
--- its units '~' .. ticket .. '*2'..., for a waiter that costs more than one slot).
+-- its units '~' .. ticket .. '*2'..., for a waiter that costs more than one slot); a
+-- waiter that also has a rate limit keeps it until a little after its promised start.
 --
 -- The line is served strictly in order: a waiter that needs more slots than are free
 -- keeps them free for itself (nobody behind it takes them) until enough are, so heavy
@@ -64,7 +67,7 @@ end
 local function forget_ticket(key, ticket)
   redis.call('ZREM', companion(key, 'q'), ticket)
   redis.call('HDEL', companion(key, 'w'), ticket, 'm:' .. ticket, 'd:' .. ticket,
-             'c:' .. ticket)
+             'c:' .. ticket, 'p:' .. ticket)
   redis.call('ZREM', companion(key, 'x'), ticket)
 end
 
