@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import pytest
+from test_handoff import line_events
 
 from celery_redislock.admin import control
 from celery_redislock.engine.admission import (
@@ -28,6 +29,12 @@ from celery_redislock.engine.admission import (
 from celery_redislock.engine.keys import companion_key
 from celery_redislock.engine.rate import Rate
 from celery_redislock.integration.handoff import join_line, reservation_ms
+
+from cluster_checks import assert_each_ran_once, peaks, record_store, wait_for_results
+from worker_app import PACED, PACED_KEY, PACED_RATE
+
+if TYPE_CHECKING:
+    from worker_cluster import WorkerClusterFactory
 
 PREFIX = "redislock:"
 KEEP_MS = 60_000
@@ -218,3 +225,46 @@ def test_lowered_rate_moves_promised_starts_later(redis_client) -> None:
     assert isinstance(newcomer, RateLimited) and newcomer.promise > ninth.promise
     control.clear_rate(redis_client, "lower")
 
+
+
+@pytest.mark.slow
+def test_slot_and_rate_backlog_waits_in_line_at_the_full_rate(
+        worker_cluster_factory: WorkerClusterFactory) -> None:
+    """A task with two slots and 10/s (burst 1); 40 runs sent at once to 2 workers x 2
+    processes. Never more than two run at once, never more than 10 + 1 admissions in any
+    second, and the backlog is admitted at the full rate (at least 95 % of 10/s, from
+    the first admission to the last, server clock); every task ran once. The runs that
+    found both slots taken waited in the semaphore's line: they were served slots in
+    exactly the order of the line (read with MONITOR)."""
+    cluster = worker_cluster_factory(workers=2, concurrency=2)
+    task = cluster.app.tasks[PACED]
+    with line_events(cluster) as events:
+        results = [task.delay() for _ in range(40)]
+        wait_for_results(cluster, results)
+
+    record = record_store(cluster)
+    assert_each_ran_once(record, results)
+    assert max(peaks(record, PACED_KEY)) <= 2
+    admitted = sorted(int(record.hget("admitted", result.id)) * 1000 for result in results)
+    started = sorted(int(record.hget("started", result.id)) for result in results)
+    burst = 1
+    rate = (len(admitted) - 1 - burst) / ((admitted[-1] - admitted[0]) / 1e6)
+    body_rate = (len(started) - 1 - burst) / ((started[-1] - started[0]) / 1e6)
+    print(f"\nadmitted at {rate:.2f}/s (bodies {body_rate:.2f}/s); most admissions in a "
+          f"second {most_in_any_window(admitted, 1_000_000)}; {len(events.line())} of 40 "
+          f"waited in line")
+    assert most_in_any_window(admitted, 1_000_000) <= PACED_RATE + burst
+    assert rate >= 0.95 * PACED_RATE
+    line = events.line()
+    assert len(line) >= 30, "the backlog did not wait in the line"
+    assert [task_id for task_id in events.served if task_id in line] == line
+
+
+def most_in_any_window(starts: List[int], window_us: int) -> int:
+    """The largest number of ``starts`` (sorted, µs) inside any half-open window."""
+    most, first = 0, 0
+    for last, start in enumerate(starts):
+        while start - starts[first] >= window_us:
+            first += 1
+        most = max(most, last - first + 1)
+    return most

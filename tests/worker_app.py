@@ -54,6 +54,11 @@ PATIENT_BACKOFF = 5.0
 HANDOFF_KEY = "handoff"
 HANDOFF_CRASH_ONCE = "worker_app.handoff_crash_once"
 PLAIN_ECHO = "worker_app.plain_echo"
+#: Two slots and 10/s (burst 1) on one key: the rate holds a backlog back, the slots
+#: make its runs wait in line.
+PACED = "worker_app.paced"
+PACED_KEY = "paced"
+PACED_RATE = 10
 QUIET_SLEEP = "worker_app.quiet_sleep"
 QUIET_KEY = "quiet"
 
@@ -227,6 +232,17 @@ def create_app(urls: AppUrls) -> Celery:
         """More slots than the cluster has processes, and no result stored: every run
         leaves its release to go with its process's next request to the lock store."""
         recorder(urls.record).run(self.request.id, [QUIET_KEY], seconds)
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=PACED, lock_slots=2,
+              lock_rate=f"{PACED_RATE}/s", lock_burst=1, lock_key=PACED_KEY)
+    def paced(self: Any, seconds: float = 0.02) -> str:
+        """At most two at once, and 10 starts a second; records when its limits
+        admitted it (server ms) in ``admitted``."""
+        record = recorder(urls.record)
+        record.client.hset("admitted", self.request.id,
+                           self.request.redislock_lease.acquired_at_ms)
+        record.run(self.request.id, [PACED_KEY], seconds)
+        return self.request.id
 
     @app.task(shared=False, name=PLAIN_ECHO)
     def plain_echo(value: Any) -> Any:
