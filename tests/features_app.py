@@ -111,6 +111,10 @@ def create_app(urls: AppUrls) -> Celery:
     @app.task(base=LimitedTask, bind=True, shared=False, name=RATED, lock_rate="20/s",
               lock_burst=0, lock_key=RATED_KEY, ignore_result=True)
     def rated(self: Any) -> None:
+        """20/s, no burst; records when its limit admitted it (server ms) in
+        ``admitted``."""
+        recorder(self.app.conf.features_record_url).client.hset(
+            "admitted", self.request.id, self.request.redislock_lease.acquired_at_ms)
         _run(self, RATED_KEY, 0)
 
     @app.task(bind=True, shared=False, name=PERIODIC_DROP)
