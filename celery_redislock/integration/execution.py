@@ -404,7 +404,8 @@ def _lease_or_wait(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, 
         return outcome
     if not attempt.eager:
         requeue(task, request, args, kwargs, limits.retry, outcome, attempt.setup.client,
-                attempt.reserve_ms if _joins_lines(attempt) else 0)
+                attempt.reserve_ms if _joins_lines(attempt) else 0,
+                [limiter.key for limiter in attempt.limiters if isinstance(limiter, SlotLimit)])
     return _wait_in_place(task, limits, attempt.setup.client, attempt.limiters,
                           attempt.description, attempt.owner, outcome)
 

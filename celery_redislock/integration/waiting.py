@@ -107,6 +107,7 @@ def requeue(
     refusal: Refusal,
     client: Any = None,
     reserve_ms: int = 0,
+    line_keys: Sequence[str] = (),
 ) -> NoReturn:
     """Re-publish the current run of ``task`` with a countdown, then end it (``Ignore``).
 
@@ -114,7 +115,8 @@ def requeue(
     :class:`Paused`, or None when the lock store could not be reached. A run refused by
     a semaphore also takes its place in the semaphore's waiting line (on ``client``),
     if it is not there yet, when ``reserve_ms`` > 0
-    (see :mod:`celery_redislock.integration.handoff`).
+    (see :mod:`celery_redislock.integration.handoff`); ``line_keys`` are the keys of the
+    run's semaphores, whose lines it leaves when it gives up while a rate limit holds it.
     Raises :class:`LockWaitTimeout` instead when the run has
     waited, or would have to wait, longer than ``policy.max_wait``.
     """
@@ -126,7 +128,7 @@ def requeue(
     countdown, must_wait = _countdown(policy, attempts, refusal, promises, ceiling)
     if policy.max_wait is not None:
         _give_up_if_too_long(task, request, policy.max_wait, refusal, client, waited,
-                             must_wait, state.get("ticket"))
+                             must_wait, state.get("ticket"), line_keys)
         countdown = min(countdown, max(policy.max_wait - waited, 0.0))
 
     joins_line = _joins_line(refusal, client, reserve_ms, since)
@@ -165,7 +167,7 @@ def until_when(refusal: Refusal, countdown: float, in_line: bool) -> str:
         return f"back in {countdown:.1f} s"
     back = _clock(refusal.server_time_ms + countdown * 1000)
     if isinstance(refusal, RateLimited):
-        return f"promised a start at {_clock(refusal.promise / 1000)} (back then)"
+        return f"promised a start at {_clock(refusal.promise / 1000)}, back at {back}"
     if isinstance(refusal, Paused):
         end = ("until resumed" if refusal.retry_hint is None else
                f"until {_clock(refusal.server_time_ms + refusal.retry_hint * 1000)}")
@@ -273,14 +275,15 @@ def rate_countdown(refusal: RateLimited) -> float:
 
 def _give_up_if_too_long(task: Any, request: Any, max_wait: float, refusal: Refusal,
                          client: Any, waited: float, must_wait: float,
-                         ticket: Optional[str]) -> None:
-    """Raise :class:`LockWaitTimeout` (leaving the waiting line) when the run has waited,
-    or would have to wait, ``max_wait`` seconds or more."""
+                         ticket: Optional[str], line_keys: Sequence[str] = ()) -> None:
+    """Raise :class:`LockWaitTimeout` (leaving the waiting lines) when the run has
+    waited, or would have to wait, ``max_wait`` seconds or more."""
     if waited + must_wait < max_wait or (waited <= 0 and must_wait <= 0):
         return
-    if ticket and client is not None and isinstance(refusal, (Busy, Paused)):
+    keys = [refusal.key] if isinstance(refusal, (Busy, Paused)) else list(line_keys)
+    if ticket and client is not None and keys:
         with contextlib.suppress(RedisError):  # else dropped when its time runs out
-            handoff.leave_line(client, [refusal.key], request.id)
+            handoff.leave_line(client, keys, request.id)
     more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
     raise LockWaitTimeout(
         f"Task {task.name!r}[{request.id}] {describe(refusal)} and gave up: it "

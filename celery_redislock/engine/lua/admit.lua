@@ -400,8 +400,11 @@ if rate_refusal then
   end
   if promise ~= rate_refusal.promise or limiter.replanned or
       limiter.saved_interval ~= limiter.base then
-    redis.call('HSET', limiter.key, unpack(rate_fields(limiter,
-      {'line', string.format('%.0f', limiter.line), 'tat', string.format('%.0f', limiter.tat)})))
+    local fields = {'line', string.format('%.0f', limiter.line)}
+    if limiter.replanned then
+      fields = {'tat', string.format('%.0f', limiter.tat)}  -- the line is among rate_fields
+    end
+    redis.call('HSET', limiter.key, unpack(rate_fields(limiter, fields)))
     expire_rate_state(limiter, limiter.tat, limiter.line)
   end
   if home and promise ~= limiter.held then keep_promise(limiter, promise) end
