@@ -231,7 +231,10 @@ def set_rate(app_or_client: Any, name: str, rate: str, *,
     """Override the rate of rate limiter ``name`` on every worker until
     :func:`clear_rate`: the next admission of every run under it, on any worker, uses
     ``rate`` (read inside the admission script, so at once); the burst stays the task's.
-    Runs promised a start under the old rate start at the new one's pace.
+    The first admission under the new rate re-plans the starts promised under the old
+    one (rescaled to the new rate, in the same atomic call), and the runs that hold them
+    ask again within about a second, or a tenth of their wait: a raised rate speeds up
+    the waiting backlog at once, a lowered one spreads it out.
 
         set_rate(app, "partner:acme", "100/m")
         set_rate(app, "proj.tasks.call_api", "5/s")    # what the task's lock_key renders
