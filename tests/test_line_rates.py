@@ -268,3 +268,19 @@ def most_in_any_window(starts: List[int], window_us: int) -> int:
             first += 1
         most = max(most, last - first + 1)
     return most
+
+
+def test_a_promise_is_moved_once_however_often_its_run_asks(redis_client) -> None:
+    """Raised from 1/s to 2/s: a run promised a start 6 s away is moved to about 3 s
+    away, and asking again (twice) keeps that start: a moved promise is not moved
+    again."""
+    rate = RateLimit("once", Rate.parse("1/s", burst=0), PREFIX)
+    assert isinstance(admit(redis_client, [rate], lease=1), Lease)
+    promised = [admit(redis_client, [rate], lease=1) for _ in range(6)]
+    control.set_rate(redis_client, "once", "2/s")
+    moved = admit(redis_client, [rate], lease=1, promises={rate.key: promised[-1].promise})
+    assert isinstance(moved, RateLimited) and moved.promise < promised[-1].promise - 2_000_000
+    for _ in range(2):
+        again = admit(redis_client, [rate], lease=1, promises={rate.key: moved.promise})
+        assert isinstance(again, RateLimited) and again.promise == moved.promise
+    control.clear_rate(redis_client, "once")

@@ -15,7 +15,8 @@
 --   rate       hash: 'tat' -> theoretical arrival time (us), GCRA;
 --              'line' -> end of the line of promised start times (us);
 --              'iv' -> the interval (us) the state is counted in; 'rp' -> the last
---              re-plan, "when(us) factor bound(us)", after the interval changed
+--              re-plan, "when(us) factor plan", after the interval changed (the last
+--              digit of a promised start (us) is the number of the plan it belongs to)
 --
 -- KEYS[i]     the key of limiter i
 -- ARGV[1]     holder token, unique per acquisition
@@ -178,37 +179,50 @@ local function read_rate(limiter, spec, interval_override)
   limiter.replan = saved[4]
 end
 
+-- The plan a rate limiter's promises belong to: the last decimal digit of every start
+-- it promises (us) is the number of its plan, 0 to 9, which moves on at each re-plan;
+-- 'rp' = "when(us) factor plan" records the last re-plan.
+local function plan_of(limiter)
+  if not limiter.replan then return nil, nil, 0 end
+  local at, factor, plan = string.match(limiter.replan, '^(%S+) (%S+) (%S+)$')
+  return tonumber(at), tonumber(factor), tonumber(plan) or 0
+end
+
+-- A start time as a promise of the current plan: the first time from `start` on (us)
+-- whose last digit is the plan's.
+local function stamped(limiter, start)
+  local _, _, plan = plan_of(limiter)
+  local promise = start - start % 10 + plan
+  if promise < start then promise = promise + 10 end
+  return promise
+end
+
 -- Re-plan a rate whose interval changed since its state was written (set-rate,
 -- clear-rate, a new configuration): what is owed from now on (the GCRA's 'tat') and the
 -- line of promised starts are rescaled to the new interval, about now, so that starts
--- promised under the old rate move to where the new rate puts them. The change is kept
--- ('rp' = "now factor bound") to move the promises that runs still carry (see below).
+-- promised under the old rate move to where the new rate puts them; the promises runs
+-- still carry are moved when they ask (below).
 local function replan(limiter)
   local old = limiter.saved_interval
   if old and old > 0 and old ~= limiter.base then
     local factor = limiter.base / old
-    local bound = math.min(limiter.line, now_us + (limiter.line - now_us) * factor)
+    local _, _, plan = plan_of(limiter)
     limiter.tat = now_us + (limiter.tat - now_us) * factor
     limiter.line = math.floor(now_us + (limiter.line - now_us) * factor)
-    limiter.replan = string.format('%d %.17g %d', now_us, factor, bound)
+    limiter.replan = string.format('%d %.17g %d', now_us, factor, (plan + 1) % 10)
     limiter.replanned = true
   end
 end
 
--- A start promised under the rate before its last change, moved to where the new rate
--- puts it; any other promise as it is. Promised before the change: below the lower of
--- the line's ends before and after it (every start promised since lies beyond the new
--- end), or beyond the line's end (the line only ever ends after every start promised
--- under the current rate).
+-- A start promised under an earlier plan (its last digit is not this plan's), moved to
+-- where the last re-plan put it; a promise of this plan, or of a start that had come
+-- by the re-plan, as it is. (Moved once: the moved promise is of this plan.)
 local function replanned_promise(limiter, promise)
-  if promise <= 0 or not limiter.replan then return promise end
-  local at, factor, bound = string.match(limiter.replan, '^(%S+) (%S+) (%S+)$')
-  at, factor, bound = tonumber(at), tonumber(factor), tonumber(bound)
-  if not (at and factor and bound) then return promise end
-  if (promise > at and promise < bound) or promise > limiter.line then
-    return math.floor(at + (promise - at) * factor)
+  local at, factor, plan = plan_of(limiter)
+  if promise <= 0 or not (at and factor) or promise % 10 == plan or promise <= at then
+    return promise
   end
-  return promise
+  return stamped(limiter, math.floor(at + (promise - at) * factor))
 end
 
 -- The fields of a rate limiter's state to write besides 'tat' / 'line': a re-plan, and
@@ -395,7 +409,7 @@ if rate_refusal then
     -- A newcomer, or a run that came back late and found its start taken by one that
     -- came early: the next start time at the end of the line, which is nobody else's
     -- (each start is promised to one run only, so no two runs contend for one start).
-    promise = math.floor(math.max(limiter.line, rate_refusal.allowed_at))
+    promise = stamped(limiter, math.floor(math.max(limiter.line, rate_refusal.allowed_at)))
     limiter.line = promise + limiter.interval
   end
   if promise ~= rate_refusal.promise or limiter.replanned or
