@@ -54,11 +54,13 @@ PATIENT_BACKOFF = 5.0
 HANDOFF_KEY = "handoff"
 HANDOFF_CRASH_ONCE = "worker_app.handoff_crash_once"
 PLAIN_ECHO = "worker_app.plain_echo"
-#: Two slots and 10/s (burst 1) on one key: the rate holds a backlog back, the slots
-#: make its runs wait in line.
+#: Two slots per customer and 10/s (burst 1) over all customers: the rate holds a
+#: backlog back, the slots make its runs wait in their customer's line.
 PACED = "worker_app.paced"
 PACED_KEY = "paced"
 PACED_RATE = 10
+PACED_LIMITS = [{"slots": 2, "key": "paced:{customer}"},
+                {"rate": f"{PACED_RATE}/s", "burst": 1, "key": PACED_KEY}]
 QUIET_SLEEP = "worker_app.quiet_sleep"
 QUIET_KEY = "quiet"
 
@@ -174,6 +176,7 @@ def create_app(urls: AppUrls) -> Celery:
                  set_as_current=False)
     app.conf.update(
         redislock_url=urls.lock,
+        redislock_limits={PACED: PACED_LIMITS},
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=1,
     )
@@ -233,15 +236,15 @@ def create_app(urls: AppUrls) -> Celery:
         leaves its release to go with its process's next request to the lock store."""
         recorder(urls.record).run(self.request.id, [QUIET_KEY], seconds)
 
-    @app.task(base=LimitedTask, bind=True, shared=False, name=PACED, lock_slots=2,
-              lock_rate=f"{PACED_RATE}/s", lock_burst=1, lock_key=PACED_KEY)
-    def paced(self: Any, seconds: float = 0.02) -> str:
-        """At most two at once, and 10 starts a second; records when its limits
-        admitted it (server ms) in ``admitted``."""
+    @app.task(base=LimitedTask, bind=True, shared=False, name=PACED)
+    def paced(self: Any, customer: int, seconds: float = 0.02) -> str:
+        """At most two at once per customer, and 10 starts a second in all (limits in
+        ``redislock_limits``); records when its limits admitted it (server ms) in
+        ``admitted``."""
         record = recorder(urls.record)
         record.client.hset("admitted", self.request.id,
                            self.request.redislock_lease.acquired_at_ms)
-        record.run(self.request.id, [PACED_KEY], seconds)
+        record.run(self.request.id, [f"{PACED_KEY}:{customer}"], seconds)
         return self.request.id
 
     @app.task(shared=False, name=PLAIN_ECHO)

@@ -366,6 +366,8 @@ for i = 1, #KEYS do
     local allowed_at = limiter.tat - limiter.tolerance
     if promise == 0 then
       allowed_at = math.max(allowed_at, limiter.line - limiter.tolerance)
+    elseif limiter.other_copy then
+      allowed_at = math.max(allowed_at, promise)  -- the fallback copy is never early
     else
       allowed_at = math.max(allowed_at, promise - EARLY_US)
     end
