@@ -345,3 +345,29 @@ def test_a_promise_is_moved_once_however_often_its_run_asks(redis_client) -> Non
         again = admit(redis_client, [rate], lease=1, promises={rate.key: moved.promise})
         assert isinstance(again, RateLimited) and again.promise == moved.promise
     control.clear_rate(redis_client, "once")
+
+
+def test_a_weighted_waiter_keeps_all_its_slots_until_its_start(redis_client) -> None:
+    """A run of cost 2 on 2 slots, under 2/s (no burst): handed both slots, it is
+    promised a start, and both of its reserved slots are kept until after it."""
+    slot = SlotLimit("acct5", 2, PREFIX, cost=2)
+    rate = RateLimit("api5", Rate.parse("2/s", burst=0), PREFIX)
+    holder = admit(redis_client, [slot, rate], lease=30)
+    assert isinstance(holder, Lease)
+    run = Run(redis_client, [slot, rate], "t5")
+    refused = run.ask("o:c1", ticket=False)
+    assert isinstance(refused, Busy)
+    join_line(redis_client, slot.key, run.ticket_id, refused.server_time_ms,
+              "{}", "message", keep_ms=KEEP_MS, reserve_ms=RESERVE_MS, cost=2)
+    holder._reserve_ms = RESERVE_MS
+    holder.release()
+    express = run.ask("e:c2", express=True)
+    assert isinstance(express, RateLimited)
+    ends = [redis_client.zscore(slot.key, f"~{run.ticket_id}{unit}") for unit in ("", "*2")]
+    assert all(end is not None and end >= express.promise / 1000 + RESERVE_MS - 1
+               for end in ends), ends
+    assert isinstance(admit(redis_client, [SlotLimit("acct5", 2, PREFIX)], lease=1), Busy)
+    wait_for_server_time(redis_client, express.promise)
+    admitted = run.ask("o:c3", promise=express.promise)
+    assert isinstance(admitted, Lease)
+    admitted.release()
