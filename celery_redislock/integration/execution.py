@@ -322,7 +322,7 @@ def _ask_before_pool(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str
     outcome = attempt.admit(probe=not room)
     if isinstance(outcome, WouldAdmit):
         return Later(ROOM_POLL, attempt.promises, probed=True)
-    if (may_wait and isinstance(outcome, RateLimited)
+    if (may_wait and isinstance(outcome, RateLimited) and not outcome.other_copy
             and outcome.wait <= _short_wait(task, request)):
         if (request.delivery_info or {}).get("redelivered"):
             _follow_an_earlier_run(attempt, args, kwargs, outcome)
