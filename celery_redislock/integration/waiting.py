@@ -61,9 +61,8 @@ SHORT_WAIT = 0.5
 #: runs far back hear of their earlier starts within about that time.
 RECHECK_MIN = 1.0
 RECHECK_SHARE = 0.1
-#: Runs far back in a long line ask again seldom enough that a rate limiter's waiting
-#: runs ask about this many times a second, plus a tenth of their number (each asks
-#: about once per tenth of its wait), however long the line.
+#: Runs far back in a long line ask again seldom enough that the N runs waiting for one
+#: rate limiter ask at most about this many times (1 + ln(N / this)) a second.
 RECHECKS_PER_SECOND = 20
 
 #: A copy of a waiting run's message that finds its promised start held by the other
