@@ -371,3 +371,22 @@ def test_a_weighted_waiter_keeps_all_its_slots_until_its_start(redis_client) -> 
     admitted = run.ask("o:c3", promise=express.promise)
     assert isinstance(admitted, Lease)
     admitted.release()
+
+
+def test_rate_recheck_setting_is_checked() -> None:
+    """``redislock_rate_recheck``: seconds above zero, or None."""
+    from celery import Celery
+
+    from celery_redislock.config.settings import read_settings
+    from celery_redislock.errors import LockConfigurationError
+
+    app = Celery(set_as_current=False)
+    assert read_settings(app).rate_recheck == 1.0
+    app.conf.redislock_rate_recheck = None
+    assert read_settings(app).rate_recheck is None
+    app.conf.redislock_rate_recheck = 30
+    assert read_settings(app).rate_recheck == 30.0
+    for bad in (0, -1, "1s", True, float("nan")):
+        app.conf.redislock_rate_recheck = bad
+        with pytest.raises(LockConfigurationError, match="redislock_rate_recheck"):
+            read_settings(app)

@@ -29,6 +29,10 @@
                            ``True``: a worker refuses to start unless the lock store's
                            ``maxmemory-policy`` is ``noeviction`` (default ``False``:
                            it logs a warning).
+``redislock_rate_recheck`` Seconds (default 1.0): a run promised a rate start further
+                           away asks again after at least this long (and a tenth of its
+                           wait), so that a rate changed at run time reaches it; ``None``:
+                           runs come back only for their promised start.
 =========================  ==============================================================
 """
 
@@ -60,6 +64,9 @@ class Settings:
     fail_open: bool = False
     signing_key: Optional[bytes] = field(default=None, repr=False)
     require_noeviction: bool = False
+    #: ``redislock_rate_recheck``: how soon (s) a run promised a rate start asks again
+    #: at the earliest; None: only for its start.
+    rate_recheck: Optional[float] = 1.0
 
 
 def read_settings(app: Any) -> Settings:
@@ -96,7 +103,19 @@ def read_settings(app: Any) -> Settings:
     return Settings(url=url, prefix=prefix, enabled=enabled,
                     client=conf.get("redislock_client"), transport_options=options,
                     fail_open=fail_open, signing_key=_signing_key(conf),
-                    require_noeviction=require_noeviction)
+                    require_noeviction=require_noeviction, rate_recheck=_rate_recheck(conf))
+
+
+def _rate_recheck(conf: Any) -> Optional[float]:
+    """``redislock_rate_recheck``: a positive number of seconds, or None."""
+    value = conf.get("redislock_rate_recheck", 1.0)
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 < value < float("inf")):
+        raise LockConfigurationError("setting redislock_rate_recheck must be a number of "
+                                     f"seconds above zero, or None, not {value!r}")
+    return float(value)
 
 
 #: The shortest signing key accepted (bytes).

@@ -25,7 +25,7 @@ from celery.exceptions import Ignore
 from redis.exceptions import RedisError
 
 from ..config.retry import RetryPolicy
-from ..config.settings import read_settings
+from ..config.settings import Settings, read_settings
 from ..engine.admission import Busy, Paused, RateLimited
 from ..engine.keys import SEMAPHORE_MARK
 from ..engine.refusal import describe_error, error_kind, server_message
@@ -55,11 +55,11 @@ PUBLISH_ATTEMPTS = 3
 #: from 10/s to 100/s reached 0.98-1.0, every run waiting for its start here.
 SHORT_WAIT = 0.5
 
-#: A run promised a start further away than this (seconds) asks again before it, after
-#: the longest of this, :data:`RECHECK_SHARE` of its wait and its place in the line over
-#: :data:`RECHECKS_PER_SECOND`: a rate raised at run time re-plans the line, and the
-#: runs far back hear of their earlier starts within about that time.
-RECHECK_MIN = 1.0
+#: A run promised a start further away than ``redislock_rate_recheck`` (1 s by default)
+#: asks again before it, after the longest of that, :data:`RECHECK_SHARE` of its wait and
+#: its place in the line over :data:`RECHECKS_PER_SECOND`: a rate raised at run time
+#: re-plans the line, and the runs far back hear of their earlier starts within about
+#: that time.
 RECHECK_SHARE = 0.1
 #: Runs far back in a long line ask again seldom enough that the N runs waiting for one
 #: rate limiter ask at most about this many times (1 + ln(N / this)) a second.
@@ -124,7 +124,8 @@ def requeue(
     promises: Dict[str, int] = dict(state.get("promises") or {})
     since, waited = _wait_so_far(state, refusal)
     ceiling = visibility_ceiling(task)
-    countdown, must_wait = _countdown(policy, attempts, refusal, promises, ceiling)
+    countdown, must_wait = _countdown(policy, attempts, refusal, promises, ceiling,
+                                      _settings(task).rate_recheck)
     if policy.max_wait is not None:
         _give_up_if_too_long(task, request, policy.max_wait, refusal, client, waited,
                              must_wait, state.get("ticket"), line_keys)
@@ -238,12 +239,18 @@ def _joins_line(refusal: Refusal, client: Any, reserve_ms: int, since: Optional[
     return isinstance(refusal, Paused) and SEMAPHORE_MARK in refusal.key
 
 
+def _settings(task: Any) -> Settings:
+    settings = getattr(task, "_redislock_settings", None)
+    return settings if settings is not None else read_settings(task._get_app())
+
+
 def _countdown(policy: RetryPolicy, attempts: int, refusal: Refusal,
-               promises: Dict[str, int], ceiling: Optional[float]) -> Tuple[float, float]:
+               promises: Dict[str, int], ceiling: Optional[float],
+               recheck: Optional[float] = 1.0) -> Tuple[float, float]:
     """The countdown of a refused run, and how long it must wait at the least; a rate
     limit's promised start is added to ``promises``."""
     if isinstance(refusal, RateLimited):
-        countdown = rate_countdown(refusal)
+        countdown = rate_countdown(refusal, recheck)
         if not refusal.other_copy:
             promises[refusal.key] = refusal.promise
         return (countdown if ceiling is None else min(countdown, ceiling)), refusal.wait
@@ -252,10 +259,11 @@ def _countdown(policy: RetryPolicy, attempts: int, refusal: Refusal,
     return policy.countdown(attempts, refusal, ceiling), 0.0
 
 
-def rate_countdown(refusal: RateLimited) -> float:
+def rate_countdown(refusal: RateLimited, recheck: Optional[float] = 1.0) -> float:
     """The countdown of a run a rate limiter promised a start: back :data:`SHORT_WAIT`
-    / 2 before it, or, far back in the line, sooner, to ask again (see
-    :data:`RECHECK_MIN`); a copy whose promise another copy holds, after it.
+    / 2 before it, or, far back in the line, sooner, to ask again after ``recheck``
+    seconds at the least (None: never sooner; see :data:`RECHECK_SHARE`); a copy whose
+    promise another copy holds, after it.
 
         >>> rate_countdown(RateLimited("k", "k", 0, 0.75, 0))
         0.5
@@ -263,13 +271,16 @@ def rate_countdown(refusal: RateLimited) -> float:
         3.0
         >>> rate_countdown(RateLimited("k", "k", 0, 2.0, 0, other_copy=True))
         3.0
+        >>> rate_countdown(RateLimited("k", "k", 0, 30.0, 0, ahead=60), None)
+        29.75
     """
     if refusal.other_copy:
         return refusal.wait + OTHER_COPY_DELAY
     early = max(0.0, refusal.wait - SHORT_WAIT / 2)
-    recheck = max(RECHECK_MIN, refusal.wait * RECHECK_SHARE,
-                  refusal.ahead / RECHECKS_PER_SECOND)
-    return min(early, recheck)
+    if recheck is None:
+        return early
+    return min(early, max(recheck, refusal.wait * RECHECK_SHARE,
+                          refusal.ahead / RECHECKS_PER_SECOND))
 
 
 def _give_up_if_too_long(task: Any, request: Any, max_wait: float, refusal: Refusal,
@@ -323,7 +334,7 @@ def _join_line(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str
     )
     express.options.pop("countdown", None)
     express.options.pop("eta", None)
-    settings = getattr(task, "_redislock_settings", None) or read_settings(task._get_app())
+    settings = _settings(task)
     message = handoff.pack_message(express, task.serializer or task.app.conf.task_serializer,
                                    settings.signing_key)
     if message is None:
