@@ -16,6 +16,7 @@ from celery import Celery, chain
 from celery.exceptions import Ignore, Reject
 
 from celery_redislock import (
+    Lease,
     LimitedTask,
     LockConfigurationError,
     LockStoreUnavailable,
@@ -23,6 +24,7 @@ from celery_redislock import (
     Semaphore,
     SingletonTask,
 )
+from celery_redislock.engine.admission import SlotLimit, admit
 
 from support import FAST_RETRY, INCARNATION, wait_until
 
@@ -112,21 +114,31 @@ def test_a_run_nobody_hears_of_frees_its_slot_soon_after(celery_app, celery_work
                what="the slot to come back")
 
 
-def test_a_run_with_a_next_step_frees_its_slot_before_that_step_starts(
-        celery_app, celery_worker, lock_client):
-    """A chained run that stores no result still writes its release at once: the next
-    step (here in the same worker thread, which asks the lock store nothing more) finds
-    the slot free."""
-    @celery_app.task(base=LimitedTask, lock_slots=2, ignore_result=True, shared=False)
+def test_a_next_step_that_finds_the_slot_taken_is_handed_it(celery_app, celery_worker,
+                                                             lock_client):
+    """A run that stores a result and has a next step also leaves its release to go with
+    its thread's next request to the lock store. Here the next step runs in the same
+    thread (a solo worker), whose admission carries that release: the semaphore, full
+    but for the first step's slot (the first step took the other one by hand), has its
+    slot back before the step asks, in the same write (see test_workers.py for a next
+    step in another process, which is handed the slot)."""
+    @celery_app.task(base=LimitedTask, lock_slots=2, lock_key="steps", shared=False)
     def first():
+        blocker = admit(lock_client, [SlotLimit("steps", 2, "redislock:")], lease=30)
+        assert isinstance(blocker, Lease)
         return 1
 
-    @celery_app.task(shared=False)
-    def second(_):
-        return holders(lock_client, first.name)
+    @celery_app.task(base=LimitedTask, lock_slots=2, lock_key="steps", shared=False,
+                     lock_retry_backoff=5.0, bind=True)
+    def second(self, value):
+        return value + 1
 
     celery_worker.reload()
-    assert chain(first.s(), second.s()).delay().get(timeout=10) == 0
+    started = time.monotonic()
+    value = chain(first.s(), second.s()).delay().get(timeout=10)
+    assert value == 2
+    assert time.monotonic() - started < 3.0, "the next step waited for its countdown"
+    assert holders(lock_client, "steps") == 1  # the blocker's slot; the steps' came back
 
 
 def test_released_when_the_body_fails(celery_app, celery_worker, lock_client):

@@ -63,6 +63,8 @@ PACED_LIMITS = [{"slots": 2, "key": "paced:{customer}"},
                 {"rate": f"{PACED_RATE}/s", "burst": 1, "key": PACED_KEY}]
 QUIET_SLEEP = "worker_app.quiet_sleep"
 QUIET_KEY = "quiet"
+CHAIN_STEP = "worker_app.chain_step"
+CHAIN_KEY = "chain-steps"
 
 #: Small countdowns when every slot is taken, so that the tests run fast.
 FAST_RETRY: Mapping[str, float] = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
@@ -246,6 +248,22 @@ def create_app(urls: AppUrls) -> Celery:
                            self.request.redislock_lease.acquired_at_ms)
         record.run(self.request.id, [f"{PACED_KEY}:{customer}"], seconds)
         return self.request.id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=CHAIN_STEP, lock_slots=2,
+              lock_key=CHAIN_KEY, lock_retry_backoff=PATIENT_BACKOFF)
+    def chain_step(self: Any, steps: Sequence[str], block: bool = False) -> Sequence[str]:
+        """One step of a chain: records its run and adds its id to ``steps``. With
+        ``block``, it also takes the key's other slot by hand (for 2 s, never released),
+        so that the next step finds the semaphore full until this step's release. A step
+        not handed a slot would wait for its countdown of 5 s or more."""
+        record = recorder(urls.record)
+        record.start(self.request.id, [CHAIN_KEY])
+        if block:
+            from celery_redislock.engine.admission import SlotLimit, admit
+            admit(redis.Redis.from_url(urls.lock), [SlotLimit(CHAIN_KEY, 2, "redislock:")],
+                  lease=2)
+        record.end(self.request.id, [CHAIN_KEY])
+        return [*steps, self.request.id]
 
     @app.task(shared=False, name=PLAIN_ECHO)
     def plain_echo(value: Any) -> Any:

@@ -258,15 +258,15 @@ class Lease:
         is not even written yet: it goes out in the same write as the thread's next
         request to the lock store (usually its next run's admission), which saves a
         network exchange, or is written by the lease keeper's thread within about
-        10 ms. Use that only where nobody is told that the run ended (no result stored,
-        nothing chained to it). The answer, read at the thread's next call (or by the
-        keeper), says whether a waiting line formed meanwhile; only then is the slot
-        handed over, and the messages to re-publish go to ``on_handoffs``, maybe from
-        the keeper's thread. Otherwise (a line, or the last free slot taken: the next
-        run to ask waits for this release) the release waits for its answer and
-        ``on_handoffs`` gets the messages at once. A release that fails after it was
-        sent is logged; its slot comes back when its lease ends. Raises ``RedisError``
-        if it could not be sent::
+        10 ms. Whoever learns of the run's end meanwhile (its result, a chained step)
+        and finds the semaphore full joins its line, which that release serves. The
+        answer, read at the thread's next call (or by the keeper), says whether a
+        waiting line formed meanwhile; only then is the slot handed over, and the
+        messages to re-publish go to ``on_handoffs``, maybe from the keeper's thread.
+        Otherwise (a line, or the last free slot taken: the next run to ask waits for
+        this release) the release waits for its answer and ``on_handoffs`` gets the
+        messages at once. A release that fails after it was sent is logged; its slot
+        comes back when its lease ends. Raises ``RedisError`` if it could not be sent::
 
             lease.release_soon(lambda messages: handoff.publish(app, messages))
         """

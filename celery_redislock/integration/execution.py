@@ -61,14 +61,6 @@ from .waiting import (
     wait_state,
 )
 
-try:
-    from celery.app.task import get_actual_ignore_result as _ignores_result
-except ImportError:  # Celery < 5.5: the task's setting decides (the request may add to it)
-
-    def _ignores_result(task: Any, request: Any) -> bool:
-        return bool(task.ignore_result)
-
-
 logger = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
@@ -453,15 +445,11 @@ def _run_holding(attempt: _Attempt, lease: Lease, body: Callable[[], Result]) ->
             sender=task, task_id=request.id, lease=lease,
             waited=(lease.acquired_at_ms - since) / 1000.0 if since else 0.0,
         )
-    succeeded = False
     try:
-        result = body()
-        succeeded = True
-        return result
+        return body()
     finally:
         if holds_slots:
-            give_back(task, lease, request, attempt.setup.publish,
-                      unnoticed=succeeded and _nobody_told_of_success(task, request))
+            give_back(task, lease, request, attempt.setup.publish)
             if signals.lock_released.receivers:
                 signals.lock_released.send(
                     sender=task, task_id=request.id, lease=lease,
@@ -663,30 +651,27 @@ def _names(limiters: Sequence[Any]) -> str:
     return ", ".join(repr(limiter.name) for limiter in limiters)
 
 
-def _nobody_told_of_success(task: Any, request: Any) -> bool:
-    """True when nothing comes out of this run's success: it stores no result, and no
-    callback, chain step or chord waits for it. No result or follow-up task can then
-    appear before its release reaches Redis (the task's own hooks in this process,
-    ``on_success`` and ``task_postrun``, may run first)."""
-    return (_ignores_result(task, request) and not request.callbacks
-            and not request.chain and not request.chord)
-
-
 def give_back(task: Any, lease: Lease, request: Any,
-              publish: Callable[[Any], Any], unnoticed: bool = False) -> None:
+              publish: Callable[[Any], Any]) -> None:
     """Release ``lease``; if Redis cannot be reached, its lease runs out by itself.
 
-    A worker's run does not wait for the answer (see :meth:`Lease.release_soon`); if
-    the run's end goes ``unnoticed`` (see :func:`_nobody_told_of_success`), its release
-    goes out with the process's next request to the lock store. An eager run waits for
-    the answer, so that its caller finds the slot free the moment it returns. ``publish``
-    re-publishes the messages of waiters handed the freed slot."""
+    A worker's run does not wait for the answer, and its release goes out with the
+    process's next request to the lock store (usually its next run's admission), or
+    from the lease keeper within about 10 ms (see :meth:`Lease.release_soon`): also
+    when the run stores a result or has a chain, a callback or a chord. Whoever
+    learns of the run's end and asks for the slot before the release is written (the
+    chain's next step, a client that read the result) finds it taken, joins the
+    semaphore's waiting line, and is handed the slot by that release. A lease that
+    took the last free slot, or found a line, is released at once and waits for the
+    answer, which hands the slot over. An eager run waits for the answer, so that its
+    caller finds the slot free the moment it returns. ``publish`` re-publishes the
+    messages of waiters handed the freed slot."""
     lease_keeper().forget(lease)
     try:
         if request.is_eager:
             lease.release_handing_over(publish)
         else:
-            lease.release_soon(publish, with_next_request=unnoticed)
+            lease.release_soon(publish, with_next_request=True)
     except RedisError as exc:
         logger.warning(
             "celery-redislock: task %s[%s] could not release its slot of %r (%s); the slot "
