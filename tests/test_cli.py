@@ -241,7 +241,7 @@ def test_reap_drops_only_expired_entries(app, holders, lock_client):
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "reaped 2 expired holder entries"
     assert live_holders(lock_client, CRAWL) == 2 and live_holders(lock_client, "other") == 1
-    assert lock_client.zcard(semaphore_key(CRAWL)) == 4  # 2 holders, '#fence', '#slots'
+    assert lock_client.zcard(semaphore_key(CRAWL)) == 5  # 2 holders, '#fence', '#slots', '#ttl'
     assert {m: lock_client.zscore(key, m) for m in statistics} == statistics
     assert lock_client.zscore(key, "#slots") == -1
     assert invoke(app, "reap").stdout.strip() == "reaped 0 expired holder entries"

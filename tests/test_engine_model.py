@@ -66,10 +66,11 @@ TICK_MS = 10_000  # one step of simulated time
 LEASE_TICKS = LEASE_MS // TICK_MS  # a lease not renewed for this many ticks has ended
 
 LIVE, ENDED, GONE = "live", "ended", "gone"
-STATISTICS = {"#fence", "#hold", "#slots"}
+STATISTICS = {"#fence", "#hold", "#slots", "#ttl"}
 
 
-# Moves time forward by ARGV[1] ms for one semaphore: its lease ends and its expiry.
+# Moves time forward by ARGV[1] ms for one semaphore: its lease ends and its expiry (and
+# the record of its expiry).
 # Returns 1 if the key expired meanwhile (and deletes it), else 0.
 PASS_TIME = """
 local key, elapsed = KEYS[1], tonumber(ARGV[1])
@@ -77,6 +78,8 @@ local entries = redis.call('ZRANGEBYSCORE', key, 0, '+inf', 'WITHSCORES')
 for i = 1, #entries, 2 do
   redis.call('ZADD', key, 'XX', tonumber(entries[i + 1]) - elapsed, entries[i])
 end
+local recorded = redis.call('ZSCORE', key, '#ttl')  -- minus when its expiry comes
+if recorded then redis.call('ZADD', key, tonumber(recorded) + elapsed, '#ttl') end
 local ttl = redis.call('PTTL', key)
 if ttl > elapsed then
   redis.call('PEXPIRE', key, ttl - elapsed)

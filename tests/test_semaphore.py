@@ -69,7 +69,8 @@ def assert_idle(client):
         if key == INCARNATION:
             continue  # the one key written once per key space, for good
         assert 0 < client.pttl(key) <= 60_000
-        assert {member for member in client.zrange(key, 0, -1)} <= {b"#fence", b"#hold", b"#slots"}
+        assert {member for member in client.zrange(key, 0, -1)} <= {
+            b"#fence", b"#hold", b"#slots", b"#ttl"}
 
 
 def test_average_hold_is_known_once_contended(redis_client):

@@ -64,5 +64,5 @@ def test_limited_task_with_a_sentinel_lock_store(celery_app, celery_worker, sent
     celery_worker.reload()
     assert guarded.delay().get(timeout=10) is True
     master = sentinel.master.client()
-    assert all(set(master.zrange(key, 0, -1)) <= {b"#fence", b"#hold", b"#slots"}
+    assert all(set(master.zrange(key, 0, -1)) <= {b"#fence", b"#hold", b"#slots", b"#ttl"}
                for key in master.keys("*sentinel-task*"))

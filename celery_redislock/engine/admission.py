@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 
 from .channel import channel_for
 from .holder import holder_member, unit_members
-from .keys import LINE, companion_key, rate_key, semaphore_key
+from .keys import rate_key, semaphore_key
 from .rate import Rate
 from .refusal import describe_error
 from .scripts import (
@@ -38,6 +38,10 @@ from .scripts import (
 )
 
 logger = logging.getLogger(__name__)
+
+#: The member of a semaphore that marks it contended (a run was refused, or waits in its
+#: line; see ``admit.lua``): a semaphore with a waiting line always has it.
+CONTENDED = "#hold"
 
 
 @dataclass(frozen=True)
@@ -276,7 +280,7 @@ class Lease:
             self.release_handing_over(on_handoffs)
             return
         key = self._keys[0]
-        channel.send(("ZREM", key, *self._members(0)), ("EXISTS", companion_key(key, LINE)),
+        channel.send(("ZREM", key, *self._members(0)), ("ZSCORE", key, CONTENDED),
                      then=functools.partial(self._released_soon, on_handoffs),
                      now=not with_next_request)
 
@@ -309,12 +313,13 @@ class Lease:
 
     def _release_uncontended(self) -> bool:
         """Nobody waited when the slot was taken: remove the entry with a plain ``ZREM``,
-        and look, in the same round trip, whether a waiting line formed since. Only then
+        and look, in the same round trip, whether a waiting line formed since (a
+        semaphore with a line is marked contended: its member ``#hold``). Only then
         (the first holders of a busy spell) does a second call hand the slot over. A run
         that joins the line after the look finds the slot free itself (``enqueue.lua``
         hands free slots to the line)."""
         key = self._keys[0]
-        commands = (("ZREM", key, *self._members(0)), ("EXISTS", companion_key(key, LINE)))
+        commands = (("ZREM", key, *self._members(0)), ("ZSCORE", key, CONTENDED))
         channel = channel_for(self._client)
         if channel is not None:
             removed, has_line = channel.call_many(*commands)
@@ -326,11 +331,12 @@ class Lease:
         self.handoffs.extend(self._wake_line_formed_meanwhile(removed, has_line))
         return bool(removed)
 
-    def _wake_line_formed_meanwhile(self, removed: Any, has_line: Any) -> List[Any]:
-        """After an uncontended release (``ZREM`` and ``EXISTS`` of the line): if it freed
-        the slot and a line formed while the lease was held, hand the free slots to the
+    def _wake_line_formed_meanwhile(self, removed: Any, contended: Any) -> List[Any]:
+        """After an uncontended release (``ZREM``, and ``ZSCORE`` of the mark of a
+        contended semaphore): if it freed the slot and the semaphore became contended
+        while the lease was held (a line may have formed), hand the free slots to the
         line; the messages to re-publish."""
-        if removed and has_line and self._reserve_ms > 0:
+        if removed and contended is not None and self._reserve_ms > 0:
             return list(WAKE.run(self._client, [self._keys[0]], [self._reserve_ms]))
         return []
 

@@ -8,8 +8,10 @@
 --              scored by the end of its lease (ms). Reservations '~ticket' (line.lua)
 --              count as holders. Members with negative scores keep statistics and never
 --              count: '#fence' (minus the last fencing number), '#slots' (minus the
---              configured number of slots) and, once a run has been refused, '#hold'
---              (minus 1 + the average hold time in ms; -0.5 until a release since).
+--              configured number of slots), once a run has been refused or has
+--              joined its line, '#hold' (minus 1 + the average hold time in ms; -0.5
+--              until a release since), and '#ttl' (see line.lua: when the key's time
+--              to live ends). Only a semaphore with '#hold' can have a waiting line.
 --              The key lives at least a minute, and at least until its last lease ends.
 --              A run of cost k holds k members (units.lua).
 --   rate       hash: 'tat' -> theoretical arrival time (us), GCRA;
@@ -265,7 +267,10 @@ for i = 1, #KEYS do
     -- Leases and reservations that ran out are dropped first: an admission always
     -- replaces them, so a late release of one of them says it no longer held its slot.
     redis.call('ZREMRANGEBYSCORE', key, '0', now_text)
-    local has_line = redis.call('EXISTS', companion(key, 'q')) == 1
+    -- A semaphore with a line has '#hold' (enqueue.lua sees to it, and keeps the
+    -- semaphore alive as long as its line): without it, nobody waits, and no more is read.
+    limiter.stats = redis.call('ZMSCORE', key, '#fence', '#hold', TTL_END)
+    local has_line = limiter.stats[2] and redis.call('EXISTS', companion(key, 'q')) == 1
     limiter.has_line = has_line
     if ticket ~= '' and has_line then prune_tickets(key, now) end
     local reserved = ticket ~= '' and redis.call('ZSCORE', key, RESERVED .. ticket)
@@ -301,7 +306,7 @@ for i = 1, #KEYS do
         local until_first_end = 0
         if first[2] then until_first_end = tonumber(first[2]) - now end
         if grace then until_first_end = math.max(until_first_end, grace - now) end
-        local hold = redis.call('ZSCORE', key, '#hold')
+        local hold = limiter.stats[2]
         if hold then
           hold = -tonumber(hold) - 1
         else
@@ -445,7 +450,7 @@ for i = 1, #KEYS do
   local limiter = limiters[i]
   if limiter.kind == 's' then
     has_semaphore = true
-    local stats = redis.call('ZMSCORE', limiter.key, '#fence', '#hold')
+    local stats = limiter.stats
     fence = math.max(fence, stats[1] and (1 - tonumber(stats[1])) or 0)
     if stats[2] or limiter.has_line then contended = 1 end
     if limiter.last then last = 1 end
@@ -479,11 +484,19 @@ for i = 1, #KEYS do
         redis.call('PEXPIRE', outstanding, OUTSTANDING_COPY_MS)
       end
     end
-    redis.call('ZADD', limiter.key, lease_end_text, member, '-' .. fence_text, '#fence',
-               limiter.minus_slots, '#slots')
-    add_units(limiter.key, token, limiter.cost, lease_end_text)
-    if redis.call('PTTL', limiter.key) < lease then
-      redis.call('PEXPIRE', limiter.key, math.max(lease, STATISTICS_TTL))
+    -- The key lives at least until this lease ends: its time to live is read from its
+    -- own record (TTL_END, line.lua), which the same command writes when it is extended.
+    local ttl_end = ttl_recorded(limiter.key, limiter.stats[3], now)
+    if ttl_end < lease_end then
+      local keep = math.max(math.floor(lease * 1.5), STATISTICS_TTL)
+      redis.call('ZADD', limiter.key, lease_end_text, member, '-' .. fence_text, '#fence',
+                 limiter.minus_slots, '#slots', ttl_score(now + keep), TTL_END)
+      add_units(limiter.key, token, limiter.cost, lease_end_text)
+      redis.call('PEXPIRE', limiter.key, keep)
+    else
+      redis.call('ZADD', limiter.key, lease_end_text, member, '-' .. fence_text, '#fence',
+                 limiter.minus_slots, '#slots')
+      add_units(limiter.key, token, limiter.cost, lease_end_text)
     end
   else
     local tat = limiter.tat + limiter.interval

@@ -26,6 +26,8 @@ for i = 1, #KEYS do
   redis.call('ZADD', KEYS[i], lease_end, new)
   add_units(KEYS[i], token_of(old), cost_of(3, i), lease_end, 'XX')
   if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[3]) then
+    -- recorded as admit.lua reads it (line.lua's '#ttl')
+    redis.call('ZADD', KEYS[i], string.format('%d', 1000 - lease_end), '#ttl')
     redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[3]))
   end
 end

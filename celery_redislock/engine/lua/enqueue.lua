@@ -21,6 +21,7 @@ local reserve = tonumber(ARGV[6])
 local now = server_now()
 
 prune_tickets(key, now)
+mark_line(key)
 redis.call('ZADD', companion(key, 'q'), 'NX', ARGV[2], ticket)
 redis.call('HSET', companion(key, 'w'), ticket, ARGV[3], 'm:' .. ticket, ARGV[4])
 if cost_of(6, 1) > 1 then

@@ -84,16 +84,54 @@ local function prune_tickets(key, now)
   for _, ticket in ipairs(old) do forget_ticket(key, ticket) end
 end
 
+-- A semaphore records when its time to live ends, as the member TTL_END scored minus
+-- that time (ms), less a second of margin, written by every script that extends it (in
+-- the same call): a script reads it with the semaphore's other statistics instead of
+-- asking PTTL. A key written before the record was kept is asked (ttl_recorded).
+local TTL_END = '#ttl'
+
+local function ttl_score(expires_ms)
+  return string.format('%d', 1000 - expires_ms)
+end
+
+-- When the time to live of semaphore `key` ends (ms), from its record `recorded` (the
+-- score of TTL_END, or false); before `now` if it has none.
+local function ttl_recorded(key, recorded, now)
+  if recorded then return -tonumber(recorded) end
+  local ttl = redis.call('PTTL', key)
+  if ttl < 0 then return now - 1 end
+  return now + ttl
+end
+
+-- Extend the time to live of semaphore `key` to `ms` from `now`, and record it.
+local function extend_semaphore(key, ms, now)
+  redis.call('ZADD', key, ttl_score(now + ms), TTL_END)
+  redis.call('PEXPIRE', key, ms)
+end
+
 -- Keep the given companion keys of the line (marks, e.g. {'w', 'x'}) alive at least `ms`
 -- longer (they hold nothing that must outlive that). A key is given half as long again
--- when it runs short, so that most calls find it long enough and write nothing.
+-- when it runs short, so that most calls find it long enough and write nothing. The
+-- semaphore itself lives at least as long as its line ('q'): its '#hold' says that it
+-- may have one (see mark_line).
 local function keep_line(key, ms, marks)
   for _, mark in ipairs(marks) do
     local companion_key = companion(key, mark)
-    if redis.call('PTTL', companion_key) < ms then
-      redis.call('PEXPIRE', companion_key, math.floor(ms * 1.5))
+    local ttl = redis.call('PTTL', companion_key)
+    if ttl < ms then
+      ttl = math.floor(ms * 1.5)
+      redis.call('PEXPIRE', companion_key, ttl)
+    end
+    if mark == 'q' and redis.call('PTTL', key) < ttl then
+      extend_semaphore(key, ttl, server_now())
     end
   end
+end
+
+-- A semaphore whose line gets a waiter is marked contended ('#hold', see admit.lua), if
+-- it is not yet: admissions and releases look for a line only in a semaphore so marked.
+local function mark_line(key)
+  redis.call('ZADD', key, 'NX', -0.5, '#hold')
 end
 
 -- Walk the line from the front and hand each waiter that has no reservation its cost in

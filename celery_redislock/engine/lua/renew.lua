@@ -29,7 +29,9 @@ local reasserted = 0
 
 local function keep_alive(key)
   if redis.call('PTTL', key) < lease then
-    redis.call('PEXPIRE', key, lease)  -- never shorter: PTTL was below the lease
+    -- never shorter: PTTL was below the lease; recorded as admit.lua reads it ('#ttl')
+    redis.call('ZADD', key, string.format('%d', 1000 - lease_end), '#ttl')
+    redis.call('PEXPIRE', key, lease)
   end
 end
 
