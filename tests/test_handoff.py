@@ -140,7 +140,7 @@ class LineEvents:
 
     def note(self, words: List[str]) -> None:
         command = words[0].upper()
-        if command == "ZADD" and len(words) == 5 and words[2] == "NX":
+        if command == "ZADD" and len(words) == 5 and words[2] == "NX" and ":q:" in words[1]:
             if all(ticket != words[4] for _, ticket, _ in self.joined):  # NX: first only
                 self.joined.append((int(words[3]), words[4], words[4].split(".")[0]))
             return
