@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from .channel import channel_for
 from .holder import holder_member, unit_members
+from .keeper import lease_keeper
 from .keys import rate_key, semaphore_key
 from .rate import Rate
 from .refusal import describe_error
@@ -128,6 +129,8 @@ class Lease:
     #: The slots taken in each semaphore of ``_keys`` (a weighted run's cost); empty
     #: when every one is 1. A cost above 1 is held as that many members (``units.lua``).
     _costs: List[int] = field(default_factory=list, repr=False, compare=False)
+    #: A release of it was sent (see :meth:`_adopted`).
+    _given_back: bool = field(default=False, repr=False, compare=False)
 
     @property
     def token(self) -> str:
@@ -186,14 +189,22 @@ class Lease:
                 "member": self._member, "contended": self._contended,
                 "last": self._took_last_slot, "reserve": self._reserve_ms,
                 "epoch": self._epoch, "costs": self._costs,
-                "parts": [part.handover() for part in self._parts]}
+                "parts": [part.handover() for part in self._parts],
+                "taken": self._taken_at}
 
     @classmethod
-    def adopt(cls, client: Any, record: Mapping[str, Any],
-              description: str) -> Optional[Lease]:
+    def adopt(cls, client: Any, record: Mapping[str, Any], description: str, *,
+              answer_later: bool = False) -> Optional[Lease]:
         """Take over the lease another process was admitted to (see :meth:`handover`),
         under this process's ``description``; renewed from now. None when it has no
         live lease left (it ran out before it was adopted): the caller must ask anew.
+
+        With ``answer_later``, a lease taken on this machine less than a third of a
+        lease ago (it cannot have run out yet) is adopted without waiting: the request
+        goes with this thread's next request to the lock store (see
+        :meth:`release_soon`), and an answer that the lease was gone meanwhile (an
+        operator freed it, the store lost its data) marks it ``lost``, as a renewal
+        would, through the lease keeper.
 
             >>> from celery_redislock.engine.admission import SlotLimit, admit
             >>> import redis
@@ -207,22 +218,54 @@ class Lease:
         if any(part is None for part in parts):
             return None
         token, acquired, fence = str(record["member"]).split(" ", 3)[:3]
-        member = holder_member(token, int(acquired), int(fence), description)
-        lease_end = int(record["end"])
-        costs = [int(cost) for cost in record.get("costs") or ()]
-        if record["keys"]:
-            lease_end = int(ADOPT.run(client, list(record["keys"]),
-                                      [record["member"], member,
-                                       milliseconds(float(record["lease"])), *costs]))
-            if lease_end == 0:
-                return None
-        return cls(name=str(record["name"]), fence=int(record["fence"]),
-                   lease_seconds=float(record["lease"]), acquired_at_ms=int(record["at"]),
-                   expires_at_ms=lease_end, _client=client, _keys=list(record["keys"]),
-                   _member=member, _contended=bool(record["contended"]),
-                   _took_last_slot=bool(record["last"]), _reserve_ms=int(record["reserve"]),
-                   _parts=[part for part in parts if part is not None],
-                   _epoch=int(record.get("epoch") or 0), _costs=costs)
+        lease = cls(name=str(record["name"]), fence=int(record["fence"]),
+                    lease_seconds=float(record["lease"]), acquired_at_ms=int(record["at"]),
+                    expires_at_ms=int(record["end"]), _client=client,
+                    _keys=list(record["keys"]),
+                    _member=holder_member(token, int(acquired), int(fence), description),
+                    _contended=bool(record["contended"]),
+                    _took_last_slot=bool(record["last"]), _reserve_ms=int(record["reserve"]),
+                    _parts=[part for part in parts if part is not None],
+                    _epoch=int(record.get("epoch") or 0),
+                    _costs=[int(cost) for cost in record.get("costs") or ()])
+        if not lease._keys:
+            return lease
+        adoption = [str(record["member"]), lease._member, milliseconds(lease.lease_seconds),
+                    *lease._costs]
+        young = time.monotonic() - float(record.get("taken") or "-inf") < lease.lease_seconds / 3
+        channel = channel_for(client) if answer_later and young and not parts else None
+        if channel is not None and client.connection_pool in _adopts_known:
+            channel.send((*ADOPT.evalsha(client), len(lease._keys), *lease._keys, *adoption),
+                         then=functools.partial(lease._adopted, adoption), now=False)
+            return lease
+        lease_end = int(ADOPT.run(client, lease._keys, adoption))
+        if lease_end == 0:
+            return None
+        if channel is not None:
+            _adopts_known.add(client.connection_pool)  # the server has the script now
+        lease.expires_at_ms = lease_end
+        return lease
+
+    def _adopted(self, adoption: List[Any], replies: List[Any]) -> None:
+        """The answer to an adoption sent without waiting (see :meth:`adopt`)."""
+        reply = replies[0]
+        if isinstance(reply, RedisError):  # e.g. NOSCRIPT: the server lost its scripts
+            _adopts_known.discard(getattr(self._client, "connection_pool", None))
+            try:
+                reply = ADOPT.run(self._client, self._keys, adoption)
+            except RedisError as exc:
+                reply = 0
+                logger.warning("celery-redislock: holder %s could not adopt its lease on %r "
+                               "(%s)", self.token, self.name, describe_error(exc))
+            if int(reply) and self._given_back:  # released before this answer came
+                for index, key in enumerate(self._keys):
+                    self._client.zrem(key, *self._members(index))
+                return
+        if int(reply) == 0:
+            self.lost = True
+            lease_keeper().report_lost(self, "the lease had ended before it was adopted")
+        else:
+            self.expires_at_ms = int(reply)
 
     def release(self, wait: bool = True) -> bool:
         """Give the slots back; False if they were no longer held (released already, or
@@ -243,6 +286,7 @@ class Lease:
             return all(results)
         if not self._keys:
             return False
+        self._given_back = True
         if len(self._keys) == 1 and not self._contended:
             return self._release_uncontended()
         held_ms = round((time.monotonic() - self._taken_at) * 1000)
@@ -274,6 +318,7 @@ class Lease:
 
             lease.release_soon(lambda messages: handoff.publish(app, messages))
         """
+        self._given_back = True
         channel = channel_for(self._client) if self._keys else None
         if (channel is None or len(self._keys) != 1 or self._contended
                 or self._took_last_slot):
@@ -618,6 +663,11 @@ def _lease(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
         _costs=costs if any(cost != 1 for cost in costs) else [],
     )
 
+
+#: Connection pools whose server ran ``adopt.lua`` for this process: an adoption sent
+#: without waiting finds the script there (see :meth:`Lease.adopt`).
+_adopts_known: weakref.WeakSet[Any] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_adopts_known.clear)
 
 #: Per client of a lock store: the latest incarnation of the store this process saw (the
 #: incarnation's ``born``, or a fencing number granted in it, µs). An admission passes it,

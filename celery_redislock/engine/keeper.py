@@ -121,6 +121,14 @@ class LeaseKeeper:
                 self._next_due = soon
                 self._wakeup.notify()
 
+    def report_lost(self, lease: Renewable, why: str) -> None:
+        """``lease`` was found gone (not by a renewal of this keeper): stop renewing it,
+        log it and run its ``on_lost`` callbacks, as for a failed renewal."""
+        with self._lock:
+            entry = self._kept.get(lease.token)
+        if entry is not None and entry.lease is lease:
+            self._report_lost(entry, why)
+
     def forget(self, lease: Renewable) -> None:
         """Stop renewing ``lease`` (it is about to be released, or was lost)."""
         with self._lock:
@@ -152,9 +160,10 @@ class LeaseKeeper:
             due = self._due_now()
             if not due:
                 self._wakeup.wait(timeout=self._seconds_to_next())
+        # Requests left unwritten go first: a renewal must find the adoption done.
+        settle_all(older_than=SETTLE_AFTER)
         for entry in due:
             self._renew(entry)
-        settle_all(older_than=SETTLE_AFTER)
 
     def _due_now(self) -> List[_Kept]:
         now = time.monotonic()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from importlib import resources
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
@@ -51,6 +51,12 @@ class LuaScript:
         folder = resources.files(__package__).joinpath("lua")
         parts = [folder.joinpath(name).read_text("utf-8") for name in (*after, filename)]
         return cls(filename, "\n".join(parts), flags)
+
+    def evalsha(self, client: Any) -> Tuple[str, str]:
+        """The start of an ``EVALSHA`` of this script on ``client``'s server, for a
+        caller that sends it itself (it must handle ``NoScriptError``)."""
+        holder = getattr(client, "connection_pool", client)
+        return "EVALSHA", self.plain_sha if getattr(holder, _PLAIN, False) else self.sha
 
     def run(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script on ``client`` (a redis-py client, or a cluster client when every

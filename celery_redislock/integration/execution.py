@@ -348,7 +348,8 @@ def _adopt(attempt: _Attempt, handed: Mapping[str, Any]) -> Optional[Lease]:
     process's (renewed, under its own description); None when it ran out meanwhile or
     the lock store did not answer: the run then asks anew."""
     try:
-        return Lease.adopt(attempt.setup.client, handed, attempt.description)
+        return Lease.adopt(attempt.setup.client, handed, attempt.description,
+                           answer_later=True)
     except RedisError:
         return None
 
