@@ -217,17 +217,8 @@ class Lease:
         parts = [cls.adopt(client, part, description) for part in record["parts"]]
         if any(part is None for part in parts):
             return None
-        token, acquired, fence = str(record["member"]).split(" ", 3)[:3]
-        lease = cls(name=str(record["name"]), fence=int(record["fence"]),
-                    lease_seconds=float(record["lease"]), acquired_at_ms=int(record["at"]),
-                    expires_at_ms=int(record["end"]), _client=client,
-                    _keys=list(record["keys"]),
-                    _member=holder_member(token, int(acquired), int(fence), description),
-                    _contended=bool(record["contended"]),
-                    _took_last_slot=bool(record["last"]), _reserve_ms=int(record["reserve"]),
-                    _parts=[part for part in parts if part is not None],
-                    _epoch=int(record.get("epoch") or 0),
-                    _costs=[int(cost) for cost in record.get("costs") or ()])
+        lease = cls._adopted_record(client, record, description,
+                                    [part for part in parts if part is not None])
         if not lease._keys:
             return lease
         adoption = [str(record["member"]), lease._member, milliseconds(lease.lease_seconds),
@@ -245,6 +236,21 @@ class Lease:
             _adopts_known.add(client.connection_pool)  # the server has the script now
         lease.expires_at_ms = lease_end
         return lease
+
+    @classmethod
+    def _adopted_record(cls, client: Any, record: Mapping[str, Any], description: str,
+                        parts: List[Lease]) -> Lease:
+        """The lease of :meth:`handover`'s ``record``, under ``description``."""
+        token, acquired, fence = str(record["member"]).split(" ", 3)[:3]
+        return cls(name=str(record["name"]), fence=int(record["fence"]),
+                   lease_seconds=float(record["lease"]), acquired_at_ms=int(record["at"]),
+                   expires_at_ms=int(record["end"]), _client=client,
+                   _keys=list(record["keys"]),
+                   _member=holder_member(token, int(acquired), int(fence), description),
+                   _contended=bool(record["contended"]),
+                   _took_last_slot=bool(record["last"]), _reserve_ms=int(record["reserve"]),
+                   _parts=parts, _epoch=int(record.get("epoch") or 0),
+                   _costs=[int(cost) for cost in record.get("costs") or ()])
 
     def _adopted(self, adoption: List[Any], replies: List[Any]) -> None:
         """The answer to an adoption sent without waiting (see :meth:`adopt`)."""
