@@ -73,8 +73,17 @@ def holders(cluster: WorkerCluster, name: str) -> int:
 
 
 def assert_slots_all_given_back(cluster: WorkerCluster, names: List[str]) -> None:
-    """Every slot of the semaphores ``names`` was released (none is left to expire)."""
-    assert {name: holders(cluster, name) for name in names} == dict.fromkeys(names, 0)
+    """Every slot of the semaphores ``names`` was released (none is left to expire): a
+    run's release goes with its process's next request to the lock store, or from its
+    lease keeper within about 10 ms, so it may come moments after the run's result."""
+    wait_until(lambda: all(holders(cluster, name) == 0 for name in names), 5,
+               f"the slots of {names} to come back")
+
+
+def slots_come_back(cluster: WorkerCluster, name: str) -> bool:
+    """Wait until semaphore ``name`` has no holder (see :func:`assert_slots_all_given_back`)."""
+    assert_slots_all_given_back(cluster, [name])
+    return True
 
 
 def assert_no_lease_lost(cluster: WorkerCluster) -> None:

@@ -17,6 +17,7 @@ from celery_redislock import Semaphore
 from cluster_checks import (
     assert_each_ran_once,
     assert_no_lease_lost,
+    assert_slots_all_given_back,
     lock_store,
     lua_commands,
     peaks,
@@ -88,7 +89,7 @@ def test_config_slots_limit_a_plain_task(cluster: WorkerCluster) -> None:
     record = record_store(cluster)
     assert_each_ran_once(record, results)
     assert max(peaks(record, "email")) == 2
-    assert Semaphore(lock_store(cluster), SEND_EMAIL).holders() == 0
+    assert_slots_all_given_back(cluster, [SEND_EMAIL])
     assert_no_lease_lost(cluster)
 
 
