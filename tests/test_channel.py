@@ -312,3 +312,20 @@ def test_an_old_lease_is_adopted_at_once(redis_client):
     mine = Lease.adopt(redis_client, record, '{"pid": 3}', answer_later=True)
     assert _live_holders(redis_client, mine) == [mine._member.encode()]
     mine.release()
+
+
+def test_a_semaphore_with_a_line_is_marked_and_outlives_it(redis_client):
+    """Admissions and uncontended releases look for a line only in a semaphore marked
+    contended ('#hold'): joining the line marks it, and keeps it at least as long as
+    its line, so that the mark cannot expire before the line does."""
+    lease = _uncontended_lease(redis_client, "marked")
+    key, line = lease._keys[0], lease._keys[0].replace("}:s:", "}:q:")
+    assert redis_client.zscore(key, "#hold") is None
+    _fill_and_join_line(redis_client, lease, "waiter-5")
+    assert redis_client.zscore(key, "#hold") is not None
+    assert redis_client.pttl(key) >= redis_client.pttl(line) > 60_000
+    handed: List[str] = []
+    lease.release_soon(lambda messages: handed.extend(_task_ids(messages)),
+                       with_next_request=True)
+    channel_for(redis_client).call("PING")  # the release looks at the mark: a line
+    assert handed == ["waiter-5"]

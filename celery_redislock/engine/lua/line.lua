@@ -121,9 +121,11 @@ local function keep_line(key, ms, marks)
     if ttl < ms then
       ttl = math.floor(ms * 1.5)
       redis.call('PEXPIRE', companion_key, ttl)
-    end
-    if mark == 'q' and redis.call('PTTL', key) < ttl then
-      extend_semaphore(key, ttl, server_now())
+      -- Only the line's extension can take it past the semaphore's end (nothing
+      -- shortens the semaphore's time to live).
+      if mark == 'q' and redis.call('PTTL', key) < ttl then
+        extend_semaphore(key, ttl, server_now())
+      end
     end
   end
 end
