@@ -271,19 +271,22 @@ def test_release_soon_waits_for_the_answer_when_a_waiter_is_likely(redis_client,
     assert _task_ids(handed) == ["waiter-3"]
 
 
-def test_a_young_lease_is_adopted_with_the_next_request(redis_client):
+def test_a_young_lease_is_adopted_without_waiting(redis_client):
     """A lease another process of this machine took just now is adopted without waiting:
-    the adoption goes with the thread's next request (here the release, itself left for
-    the admission after it), in order, so the slot comes back."""
+    the adoption is written at once (before the body starts), its answer read with the
+    thread's next request; the release, left for the admission after it, follows it in
+    order, so the slot comes back."""
     limit = SlotLimit("adopted", 2, "redislock:")
     first = admit(redis_client, [limit], lease=30)
     Lease.adopt(redis_client, first.handover(), '{"pid": 1}', answer_later=True).release()
     taken = admit(redis_client, [limit], lease=30)  # the script is known to the server now
     mine = Lease.adopt(redis_client, taken.handover(), '{"pid": 2}', answer_later=True)
     assert mine is not None and mine.token == taken.token
-    assert _live_holders(redis_client, mine) == [taken._member.encode()], "not written yet"
+    assert channel_for(redis_client).unsettled, "the answer is not awaited"
+    wait_until(lambda: _live_holders(redis_client, mine) == [mine._member.encode()],
+               timeout=5, what="the adoption to be written")
     mine.release_soon(lambda messages: None, with_next_request=True)
-    again = admit(redis_client, [limit], lease=30)  # writes the adoption, then the release
+    again = admit(redis_client, [limit], lease=30)  # reads the answer; writes the release
     assert isinstance(again, Lease)
     assert _live_holders(redis_client, mine) == [again._member.encode()]
     assert not mine.lost
@@ -295,11 +298,11 @@ def test_an_adoption_that_finds_the_lease_gone_reports_it_lost(redis_client):
     Lease.adopt(redis_client, admit(redis_client, [limit], lease=30).handover(), "{}",
                 answer_later=True).release()
     taken = admit(redis_client, [limit], lease=30)
+    redis_client.zrem(taken._keys[0], taken._member)  # an operator freed it meanwhile
     lost: List[Lease] = []
     mine = Lease.adopt(redis_client, taken.handover(), "{}", answer_later=True)
     lease_keeper().keep(mine, on_lost=lost.append)
-    redis_client.zrem(taken._keys[0], taken._member)  # an operator freed it meanwhile
-    channel_for(redis_client).call("PING")  # the next request writes the adoption
+    channel_for(redis_client).call("PING")  # the next request reads the adoption's answer
     assert mine.lost and lost == [mine]
     assert _live_holders(redis_client, mine) == []
 

@@ -201,10 +201,11 @@ class Lease:
 
         With ``answer_later``, a lease taken on this machine less than a third of a
         lease ago (it cannot have run out yet) is adopted without waiting: the request
-        goes with this thread's next request to the lock store (see
-        :meth:`release_soon`), and an answer that the lease was gone meanwhile (an
-        operator freed it, the store lost its data) marks it ``lost``, as a renewal
-        would, through the lease keeper.
+        is written now (before the caller starts the body: the worker's recovery frees
+        a holder that names no process at once), its answer read at this thread's next
+        call to the lock store (see :meth:`release_soon`), and an answer that the lease
+        was gone meanwhile (an operator freed it, the store lost its data) marks it
+        ``lost``, as a renewal would, through the lease keeper.
 
             >>> from celery_redislock.engine.admission import SlotLimit, admit
             >>> import redis
@@ -227,7 +228,7 @@ class Lease:
         channel = channel_for(client) if answer_later and young and not parts else None
         if channel is not None and client.connection_pool in _adopts_known:
             channel.send((*ADOPT.evalsha(client), len(lease._keys), *lease._keys, *adoption),
-                         then=functools.partial(lease._adopted, adoption), now=False)
+                         then=functools.partial(lease._adopted, adoption))
             return lease
         lease_end = int(ADOPT.run(client, lease._keys, adoption))
         if lease_end == 0:
