@@ -17,18 +17,25 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local lease_end = now + tonumber(ARGV[3])
 
+-- The holder's entry, and when the key's time to live ends as recorded ('#ttl', see
+-- line.lua: minus that time, less a second), or false.
+local ttl_ends = {}
 for i = 1, #KEYS do
-  local current = redis.call('ZSCORE', KEYS[i], old)
-  if not (current and tonumber(current) > now) then return 0 end
+  local scores = redis.call('ZMSCORE', KEYS[i], old, '#ttl')
+  if not (scores[1] and tonumber(scores[1]) > now) then return 0 end
+  ttl_ends[i] = scores[2] and -tonumber(scores[2])
 end
 for i = 1, #KEYS do
   redis.call('ZREM', KEYS[i], old)
   redis.call('ZADD', KEYS[i], lease_end, new)
   add_units(KEYS[i], token_of(old), cost_of(3, i), lease_end, 'XX')
-  if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[3]) then
-    -- recorded as admit.lua reads it (line.lua's '#ttl')
-    redis.call('ZADD', KEYS[i], string.format('%d', 1000 - lease_end), '#ttl')
-    redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[3]))
+  local ttl_end = ttl_ends[i] or (now + redis.call('PTTL', KEYS[i]))
+  if ttl_end < lease_end then
+    -- A second more than the lease: the record may be up to a second early, and the
+    -- key must never be shortened. Recorded as admit.lua reads it.
+    local keep = tonumber(ARGV[3]) + 1000
+    redis.call('ZADD', KEYS[i], string.format('%d', 1000 - (now + keep)), '#ttl')
+    redis.call('PEXPIRE', KEYS[i], keep)
   end
 end
 return lease_end
