@@ -323,9 +323,10 @@ def _ask_before_pool(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str
     return _lease_or_wait(attempt, args, kwargs, outcome, may_sleep=False).handover()
 
 
-#: How often (s) the worker's main process looks whether a pool process is free for a
-#: run it holds (a look at the worker's own state: no call to the lock store).
-ROOM_POLL = 0.02
+#: How often (s) the worker's main process looks whether a pool process is free for the
+#: runs it holds (a look at the worker's own state, no call to the lock store, made by
+#: one timer per worker and only while runs are held).
+ROOM_POLL = 0.002
 
 
 def _without_store(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],

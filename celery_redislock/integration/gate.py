@@ -12,11 +12,15 @@ their limits in the worker's main process, just before a request goes to the poo
   it (one script: renewed, and described with its own process id), keeps it alive while
   the body runs and releases it at the end. A pool process lost before or after that
   has its slots freed by the main process, as before (see :mod:`.recovery`);
-* no pool process is free: the limits are *probed* (the same script, which takes
-  nothing when it would admit the run). Refused, the run is refused as below; else the
-  request is held here, and asked about for real once a pool process is free (the main
-  process looks at its own state every :data:`~.execution.ROOM_POLL` seconds), so that
-  a slot is never held by a run that waits for a process;
+* no pool process is free: the request is held here, in one first-come first-served
+  queue per worker, and asked about once a pool process is free (one timer looks at the
+  worker's own state every :data:`~.execution.ROOM_POLL` seconds while the queue has
+  requests, and takes as many from its head as there are free processes), so that a
+  slot is never held by a run that waits for a process. A run that has waited
+  :data:`PROBE_AFTER` has its limits *probed* (the same script, which takes nothing
+  when it would admit the run): refused, it is refused as below, at once; else it waits
+  on for a process. Short waits for a process (a pool running short tasks back to back)
+  so cost no call to the lock store;
 * refused: the run is sent back to wait (see :mod:`.waiting`), or ends as served by
   another copy of its message, or follows an earlier run of its task (see
   :func:`~.waiting.follow`), and its message is acknowledged, without ever reaching
@@ -43,8 +47,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
-from typing import Any, Callable
+from collections import deque
+from typing import Any, Callable, Deque, List, Tuple
 
 from celery.exceptions import Ignore
 from celery.worker import state as worker_state
@@ -117,15 +123,27 @@ class _Events:
         return getattr(self._dispatcher, name)
 
 
+#: How long (s) a run may wait in the main process for a free pool process before its
+#: limits are probed (a run that would be refused is then sent back at once, instead of
+#: waiting here for a process only to be refused): short waits, as when a pool runs
+#: short tasks back to back, cost no call to the lock store.
+PROBE_AFTER = 0.25
+
+
 class _Hold:
     """What the main process knows of a request it holds back."""
 
-    __slots__ = ("probed", "promises", "waits")
+    __slots__ = ("probed", "promises", "since", "waits")
 
     def __init__(self) -> None:
         self.promises: dict = {}
         self.waits = 0
         self.probed = False
+        self.since = time.monotonic()
+
+    def may_wait_unprobed(self) -> bool:
+        """Whether, with no pool process free, the run waits for one without a probe."""
+        return self.probed or time.monotonic() - self.since < PROBE_AFTER
 
 
 #: Requests held back in the worker's main process (on its timer), which take no pool
@@ -133,6 +151,23 @@ class _Hold:
 #: its own, beside the consumer's: hence the lock.)
 _held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _held_lock = threading.Lock()
+
+
+
+class _Room:
+    """A worker's requests held until a pool process is free for them (unasked, or
+    probed and admissible), in the order they came; and whether the one timer that
+    serves them is set."""
+
+    __slots__ = ("queue", "timer_set")
+
+    def __init__(self) -> None:
+        self.queue: Deque[Tuple[Any, Callable[[Any], Any], _Hold]] = deque()
+        self.timer_set = False
+
+
+#: Each worker's (consumer's) queue of requests waiting for a free pool process.
+_rooms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
@@ -145,9 +180,9 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     if limits is None or request.revoked():
         return handle(request)
     room = _pool_has_room(consumer)
-    if hold is not None and hold.probed and not room:
-        return _hold_back(consumer, request, handle, hold, ROOM_POLL)
     hold = hold or _Hold()
+    if not room and hold.may_wait_unprobed():
+        return _wait_for_room(consumer, request, handle, hold)
     try:
         answer = admit_before_pool(task, limits, request._context, room=room,
                                    promises=hold.promises, may_wait=hold.waits < SHORT_WAITS)
@@ -161,7 +196,9 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
         answer = None
     if isinstance(answer, Later):
         hold.promises, hold.probed = dict(answer.promises), answer.probed
-        hold.waits += 0 if answer.probed else 1
+        if answer.probed:
+            return _wait_for_room(consumer, request, handle, hold)
+        hold.waits += 1
         return _hold_back(consumer, request, handle, hold, answer.seconds)
     if answer is not None:
         request.request_dict[ADMITTED] = answer
@@ -178,6 +215,53 @@ def _hold_back(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: 
         _held[request] = hold
     consumer.timer.call_after(max(seconds, 0.001), _gate_again, (consumer, request, handle),
                               priority=6)
+
+
+def _wait_for_room(consumer: Any, request: Any, handle: Callable[[Any], Any],
+                   hold: _Hold) -> None:
+    """Hold ``request`` at the end of its worker's queue of requests waiting for a free
+    pool process, and set the timer that serves that queue."""
+    with _held_lock:
+        _held[request] = hold
+        room = _rooms.get(consumer)
+        if room is None:
+            room = _rooms[consumer] = _Room()
+        room.queue.append((request, handle, hold))
+        if room.timer_set:
+            return
+        room.timer_set = True
+    consumer.timer.call_after(ROOM_POLL, _serve_waiting_for_room, (consumer, room), priority=6)
+
+
+def _serve_waiting_for_room(consumer: Any, room: _Room) -> None:
+    """Gate again, from the head of the queue, as many held requests as there are free
+    pool processes; come back in :data:`~.execution.ROOM_POLL` while any are left."""
+    with _held_lock:
+        free = _free_processes(consumer)
+        taken = [room.queue.popleft() for _ in range(min(free, len(room.queue)))]
+        taken += _due_for_a_probe(room)
+    for request, handle, _ in taken:
+        _gate_again(consumer, request, handle)
+    with _held_lock:
+        if not room.queue:
+            room.timer_set = False
+            return
+    consumer.timer.call_after(ROOM_POLL, _serve_waiting_for_room, (consumer, room), priority=6)
+
+
+def _due_for_a_probe(room: _Room) -> List[Tuple[Any, Callable[[Any], Any], _Hold]]:
+    """Take out of ``room`` the requests that have waited :data:`PROBE_AFTER` unprobed
+    (they are near its head: it is in order of arrival, the probed ones aside)."""
+    due = []
+    for waiting in room.queue:
+        hold = waiting[2]
+        if not hold.probed:
+            if hold.may_wait_unprobed():
+                break
+            due.append(waiting)
+    for waiting in due:
+        room.queue.remove(waiting)
+    return due
 
 
 def _gate_again(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
@@ -199,10 +283,18 @@ def _pool_has_room(consumer: Any) -> bool:
     The requests reserved by this worker, the gated one among them, are those in (or on
     their way to) the pool and those held back here. A pool that does not say how many
     processes it has is taken to have room (nothing would tell when it has)."""
+    with _held_lock:
+        return _free_processes(consumer) >= 0
+
+
+def _free_processes(consumer: Any) -> int:
+    """How many pool processes are free beyond the requests reserved by this worker and
+    not held here (the one being gated among them, once taken out of the held ones);
+    a large number for a pool that does not say how many processes it has. Called with
+    the held requests' lock taken."""
     processes = getattr(consumer.pool, "num_processes", None) or 0
     if processes <= 0:
-        return True
+        return 1 << 30
     reserved = worker_state.reserved_requests
-    with _held_lock:
-        held = sum(1 for request in _held if request in reserved)
-    return len(reserved) - held <= processes
+    held = sum(1 for request in _held if request in reserved)
+    return processes - (len(reserved) - held)
