@@ -87,6 +87,9 @@ app.conf.update(
     task_default_queue=QUEUE,
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
+    # BENCH_POOL_ASKS=1: the pool processes ask the limits (redislock_admit_before_pool
+    # False), as before admission moved to the worker's main process.
+    redislock_admit_before_pool=os.environ.get("BENCH_POOL_ASKS") != "1",
 )
 
 

@@ -36,6 +36,8 @@ RATED_KEY = "gate-rated"
 RATE = 4
 #: The lease of SLOTTED (seconds).
 LEASE = 2
+#: Set to ``1`` in a worker's environment: ``redislock_admit_before_pool = False``.
+POOL_ASKS_ENV = "GATE_APP_POOL_ASKS"
 
 
 def create_app(urls: AppUrls) -> Celery:
@@ -46,6 +48,7 @@ def create_app(urls: AppUrls) -> Celery:
         broker_connection_retry_on_startup=True,
         task_track_started=True,
         worker_send_task_events=True,
+        redislock_admit_before_pool=os.environ.get(POOL_ASKS_ENV) != "1",
     )
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=SLOTTED, lock_slots=1,

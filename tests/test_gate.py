@@ -20,7 +20,7 @@ import redis
 from celery_redislock import Semaphore
 
 from cluster_checks import lock_store, record_store, server_time_us, wait_until
-from gate_app import PLAIN, RATE, RATED, SLOTTED, SLOTTED_KEY, create_app
+from gate_app import PLAIN, POOL_ASKS_ENV, RATE, RATED, SLOTTED, SLOTTED_KEY, create_app
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
@@ -170,3 +170,22 @@ def test_runs_the_main_process_could_not_ask_are_run_once(
     assert int(record.hget("started", plain)) < paused_at + 3_000_000
     assert "could not reach the lock store" in cluster.logs()
     assert max(int(n) for n in record.lrange(f"peaks:{SLOTTED_KEY}", 0, -1)) == 1
+
+
+def test_with_admission_in_the_pool_the_limit_holds_and_each_task_runs_once(
+        worker_cluster_factory: WorkerClusterFactory, monkeypatch: Any) -> None:
+    """``redislock_admit_before_pool = False``: the pool processes ask (a wait then shows
+    to Celery as a run that ended IGNORED), and the limit and Celery's run count are the
+    same: eight runs behind one slot on two workers run one at a time, each once."""
+    monkeypatch.setenv(POOL_ASKS_ENV, "1")
+    cluster = worker_cluster_factory(workers=2, concurrency=2, app_module="gate_app",
+                                     app_factory=create_app)
+    record = record_store(cluster)
+    ids = [cluster.app.send_task(SLOTTED, (0.2,)).id for _ in range(8)]
+    wait_until(lambda: all(record.hexists("ended", task_id) for task_id in ids)
+               and settled(cluster), 60, "eight runs")
+    assert {task_id: record.get(f"runs:{task_id}") for task_id in ids} == dict.fromkeys(
+        ids, "1")
+    assert max(int(n) for n in record.lrange(f"peaks:{SLOTTED_KEY}", 0, -1)) == 1
+    prerun = record.hgetall("prerun")
+    assert sum(int(prerun[task_id]) for task_id in ids) > len(ids)  # the pool asked

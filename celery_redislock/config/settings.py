@@ -29,6 +29,14 @@
                            ``True``: a worker refuses to start unless the lock store's
                            ``maxmemory-policy`` is ``noeviction`` (default ``False``:
                            it logs a warning).
+``redislock_admit_before_pool``
+                           ``True`` (the default): a worker asks a run's limits in its
+                           main process, before the pool, so that a run that waits is
+                           never a run to Celery (no prerun/postrun, no STARTED).
+                           ``False``: the pool process asks, as the body is about to run
+                           (a wait then shows to Celery as a run that ended IGNORED);
+                           one lock-store request less per run, for throughput-bound
+                           apps of very short tasks (see docs/benchmarks.md).
 ``redislock_rate_recheck`` Seconds (default 1.0): a run promised a rate start further
                            away asks again after at least this long (and a tenth of its
                            wait), so that a rate changed at run time reaches it; ``None``:
@@ -67,6 +75,8 @@ class Settings:
     #: ``redislock_rate_recheck``: how soon (s) a run promised a rate start asks again
     #: at the earliest; None: only for its start.
     rate_recheck: Optional[float] = 1.0
+    #: ``redislock_admit_before_pool``: limits asked in the worker's main process.
+    admit_before_pool: bool = True
 
 
 def read_settings(app: Any) -> Settings:
@@ -91,19 +101,21 @@ def read_settings(app: Any) -> Settings:
             f"setting redislock_transport_options must be a dict, not {options!r}"
         )
     prefix = check_prefix(conf.get("redislock_key_prefix", DEFAULT_PREFIX))
-    fail_open = conf.get("redislock_fail_open", False)
-    if not isinstance(fail_open, bool):
-        raise LockConfigurationError(
-            f"setting redislock_fail_open must be True or False, not {fail_open!r}"
-        )
-    require_noeviction = conf.get("redislock_require_noeviction", False)
-    if not isinstance(require_noeviction, bool):
-        raise LockConfigurationError("setting redislock_require_noeviction must be True or "
-                                     f"False, not {require_noeviction!r}")
     return Settings(url=url, prefix=prefix, enabled=enabled,
                     client=conf.get("redislock_client"), transport_options=options,
-                    fail_open=fail_open, signing_key=_signing_key(conf),
-                    require_noeviction=require_noeviction, rate_recheck=_rate_recheck(conf))
+                    fail_open=_flag(conf, "redislock_fail_open", False),
+                    signing_key=_signing_key(conf),
+                    require_noeviction=_flag(conf, "redislock_require_noeviction", False),
+                    rate_recheck=_rate_recheck(conf),
+                    admit_before_pool=_flag(conf, "redislock_admit_before_pool", True))
+
+
+def _flag(conf: Any, name: str, default: bool) -> bool:
+    """The setting ``name``, which must be True or False."""
+    value = conf.get(name, default)
+    if not isinstance(value, bool):
+        raise LockConfigurationError(f"setting {name} must be True or False, not {value!r}")
+    return value
 
 
 def _rate_recheck(conf: Any) -> Optional[float]:

@@ -56,6 +56,7 @@ from celery.exceptions import Ignore
 from celery.worker import state as worker_state
 from celery.worker.strategy import default as default_strategy
 
+from ..config.settings import read_settings
 from .execution import ADMITTED, PROMISED, ROOM_POLL, Later, admit_before_pool
 from .handoff import WAIT_HEADER
 from .recovery import forget_copy, limits_of
@@ -68,7 +69,10 @@ SHORT_WAITS = 2
 
 
 def limited_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., Any]:
-    """Celery's default strategy for ``task``, with admission before the pool."""
+    """Celery's default strategy for ``task``, with admission before the pool (unless
+    ``redislock_admit_before_pool`` is False: then the pool process asks)."""
+    if not read_settings(app).admit_before_pool:
+        return default_strategy(task, app, consumer, **options)
     gated = _GatedConsumer(consumer)
     handler = default_strategy(task, app, gated, **options)
 
