@@ -19,6 +19,12 @@ release is sent so.
 
 Only plain ``redis.Redis`` clients over a ``ConnectionPool`` get a channel; any other
 client (Cluster, custom pools) is called the ordinary way.
+
+Under gevent's monkey-patching (Celery's gevent pool) ``threading.local`` is a
+greenlet's, and every task runs in a greenlet of its own: a channel per greenlet would
+open a connection per run, and count each against the pool's ``max_connections`` for
+good. There the greenlets of an OS thread share its channels; the channel's lock (then
+gevent's) makes them take turns, one request and its replies at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -225,7 +232,16 @@ def _hand_over(done: List[Tuple[ReplyHandler, List[Any]]]) -> None:
             logger.exception("celery-redislock: handling a lock store reply failed")
 
 
-_local = threading.local()
+def _thread_local() -> Any:
+    """Storage of the OS thread: ``threading.local`` unless gevent patched it to be a
+    greenlet's, then the original (the module docstring says why)."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        return monkey.get_original("threading", "local")()
+    return threading.local()
+
+
+_local = _thread_local()
 #: Channels of this process with replies still to read (see :func:`settle_all`).
 _unsettled: Set[Channel] = set()
 _unsettled_hook: Optional[Callable[[], None]] = None
@@ -234,7 +250,8 @@ _last_unsettled = float("-inf")
 
 
 def channel_for(client: Any) -> Optional[Channel]:
-    """This thread's channel to ``client``, or None if the client cannot have one."""
+    """This thread's channel to ``client``, or None if the client cannot have one (under
+    gevent, the OS thread's, shared by its greenlets)."""
     pool = getattr(client, "connection_pool", None)
     local = _local
     if getattr(local, "pool", None) is pool and pool is not None:
@@ -303,7 +320,7 @@ def settle_all(older_than: float = 0.0) -> None:
 def _forget_parent_channels() -> None:
     """A forked child makes its own connections: its parent's belong to the parent."""
     global _local, _last_unsettled
-    _local = threading.local()
+    _local = _thread_local()
     _unsettled.clear()
     _last_unsettled = float("-inf")
 
