@@ -3,6 +3,8 @@ against real redis-servers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from typing import Any, List
 
@@ -332,3 +334,39 @@ def test_a_semaphore_with_a_line_is_marked_and_outlives_it(redis_client):
                        with_next_request=True)
     channel_for(redis_client).call("PING")  # the release looks at the mark: a line
     assert handed == ["waiter-5"]
+
+
+#: Run under gevent's monkey-patching, as Celery's gevent pool runs a worker: many
+#: greenlets, each asking through ``channel_for`` as a task run does.
+_GREENLETS = """
+import sys
+from gevent import monkey
+monkey.patch_all()
+import gevent
+import redis
+from celery_redislock.engine.channel import channel_for
+
+client = redis.Redis.from_url(sys.argv[1], max_connections=3)
+channels = set()
+
+def ask(n):
+    channel = channel_for(client)
+    channels.add(id(channel))
+    assert channel.call("ECHO", str(n)) == str(n).encode()
+    gevent.sleep(0)
+    assert channel.call_many(("ECHO", "a"), ("ECHO", str(n))) == [b"a", str(n).encode()]
+
+gevent.joinall([gevent.spawn(ask, n) for n in range(200)], raise_error=True)
+print(len(channels))
+"""
+
+
+def test_greenlets_of_a_thread_share_its_channel(redis_server):
+    """Under gevent every task runs in a greenlet of its own: 200 greenlets (more than
+    the pool's ``max_connections``) ask through one channel, each getting its own
+    replies, instead of opening a connection each."""
+    pytest.importorskip("gevent")
+    done = subprocess.run([sys.executable, "-c", _GREENLETS, redis_server.url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
