@@ -370,3 +370,45 @@ def test_greenlets_of_a_thread_share_its_channel(redis_server):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1"
+
+
+_INTERRUPTED = """
+import sys
+from gevent import monkey
+monkey.patch_all()
+import gevent
+import redis
+from celery_redislock.engine.channel import channel_for
+
+client = redis.Redis.from_url(sys.argv[1])
+seen = []
+
+def interrupted():
+    try:
+        with gevent.Timeout(0.02):
+            channel_for(client).call("BLPOP", "redislock-test-nothing", "0.2")
+    except gevent.Timeout:
+        seen.append("timeout")
+
+def after():
+    gevent.sleep(0.05)
+    seen.append(channel_for(client).call("ECHO", "mine"))
+    gevent.sleep(0.3)
+    seen.append(channel_for(client).call("ECHO", "again"))
+
+gevent.joinall([gevent.spawn(interrupted), gevent.spawn(after)], raise_error=True)
+print(seen)
+"""
+
+
+def test_a_greenlet_interrupted_mid_request_leaves_no_reply_to_the_next(redis_server):
+    """A greenlet interrupted while it waits for a reply (a time limit's
+    ``gevent.Timeout``, a ``revoke(terminate=True)``) must not leave its reply on the
+    connection that the thread's other greenlets share: the next request would read it
+    as its own. redis-py drops a connection whose read or write was interrupted (so
+    since 4.5.5), and the next request opens one."""
+    pytest.importorskip("gevent")
+    done = subprocess.run([sys.executable, "-c", _INTERRUPTED, redis_server.url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['timeout', b'mine', b'again']"
