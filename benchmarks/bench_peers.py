@@ -169,13 +169,14 @@ def run_rounds(bench: Bench, args: argparse.Namespace) -> List[Batch]:
     other kind (rotated) between two plain batches: plain, A, plain, B, plain..., and
     divides each by the geometric mean of the plain batches on either side of it, so
     that the machine's drift cancels out of its ratio."""
-    kinds = [kind for kind in bench.app.KINDS if kind != bench.app.PLAIN]
-    for mode in bench.app.MODES:
-        for kind in bench.app.KINDS:
+    kinds = [kind for kind in chosen_kinds(bench.app, args) if kind != bench.app.PLAIN]
+    modes = chosen_modes(bench.app, args)
+    for mode in modes:
+        for kind in [bench.app.PLAIN, *kinds]:
             run_batch(bench, kind, mode, args.warmup, -1)
     batches = []
     for round_index in range(args.rounds):
-        for mode in rotated(bench.app.MODES, round_index):
+        for mode in rotated(modes, round_index):
             plain = run_batch(bench, bench.app.PLAIN, mode, args.tasks, round_index)
             batches.append(plain)
             for kind in rotated(kinds, round_index):
@@ -186,6 +187,21 @@ def run_rounds(bench: Bench, args: argparse.Namespace) -> List[Batch]:
                 batches.extend((batch, after))
                 plain = after
     return batches
+
+
+def chosen_kinds(app: ModuleType, args: argparse.Namespace) -> List[str]:
+    """The kinds ``--kinds`` names (every kind by default), the plain task first."""
+    wanted = args.kinds.split(",") if args.kinds else list(app.KINDS)
+    unknown = sorted(set(wanted) - set(app.KINDS))
+    if unknown:
+        raise SystemExit(f"unknown kinds {unknown}: choose from {list(app.KINDS)}")
+    return [app.PLAIN, *[kind for kind in app.KINDS if kind in wanted and kind != app.PLAIN]]
+
+
+def chosen_modes(app: ModuleType, args: argparse.Namespace) -> List[str]:
+    """The modes ``--modes`` names (both by default)."""
+    wanted = args.modes.split(",") if args.modes else list(app.MODES)
+    return [mode for mode in app.MODES if mode in wanted]
 
 
 def run(args: argparse.Namespace) -> Tuple[ModuleType, List[Batch], Dict[str, Any]]:
@@ -245,8 +261,8 @@ def build_report(app: ModuleType, batches: List[Batch], args: argparse.Namespace
                  machine: Dict[str, Any]) -> Dict[str, Any]:
     """The machine-readable report."""
     results = {
-        mode: {kind: summarize(batches, kind, mode) for kind in app.KINDS}
-        for mode in app.MODES
+        mode: {kind: summarize(batches, kind, mode) for kind in chosen_kinds(app, args)}
+        for mode in chosen_modes(app, args)
     }
     return {
         "benchmark": "peers",
@@ -254,7 +270,7 @@ def build_report(app: ModuleType, batches: List[Batch], args: argparse.Namespace
         "rounds": args.rounds,
         "pool": args.pool,
         "concurrency": args.concurrency,
-        "kinds": list(app.KINDS),
+        "kinds": chosen_kinds(app, args),
         "plain": app.PLAIN,
         "environment": machine,
         "results": results,
@@ -329,6 +345,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="the worker's pool")
     parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per batch")
+    parser.add_argument("--kinds", default="",
+                        help="comma-separated kinds to run (default: all), e.g. slots,once")
+    parser.add_argument("--modes", default="", help="ignored, stored or both (default)")
     return parser.parse_args(argv)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List
 
 import redis
 from celery.result import AsyncResult, ResultSet
@@ -104,8 +104,29 @@ def lua_commands(cluster: WorkerCluster) -> Iterator[List[List[str]]]:
     """The commands the lock store's scripts ran during the block, each as its words, in
     the order the server ran them (read with MONITOR): what the scripts decided, however
     late loaded worker processes got round to acting on it. Filled when the block ends."""
+    with _monitored(cluster, lambda event: event["client_type"] == "lua") as commands:
+        yield commands
+
+
+@contextmanager
+def store_commands(cluster: WorkerCluster) -> Iterator[List[List[str]]]:
+    """The commands clients sent to the lock store's database during the block (not
+    those its scripts ran), each as its words, in the order the server ran them (read
+    with MONITOR). Filled when the block ends."""
+    assert cluster.urls is not None
+    database = int(cluster.urls.lock.rsplit("/", 1)[1])
+    with _monitored(cluster, lambda event: event["client_type"] != "lua"
+                    and int(event["db"]) == database) as commands:
+        yield commands
+
+
+@contextmanager
+def _monitored(cluster: WorkerCluster,
+               keep: Callable[[Dict[str, Any]], bool]) -> Iterator[List[List[str]]]:
+    """The commands the lock store's server ran during the block that ``keep`` keeps
+    (given MONITOR's event), each as its words, in order. Filled when the block ends."""
     commands: List[List[str]] = []
-    ready, end = threading.Event(), f"lua-commands-end-{id(commands)}"
+    ready, end = threading.Event(), f"monitored-end-{id(commands)}"
 
     def watch() -> None:
         with lock_store(cluster).monitor() as monitor:
@@ -114,7 +135,7 @@ def lua_commands(cluster: WorkerCluster) -> Iterator[List[List[str]]]:
                 words = event["command"].split()
                 if words[:2] == ["ECHO", end]:
                     return
-                if event["client_type"] == "lua":
+                if keep(event):
                     commands.append(words)
 
     watcher = threading.Thread(target=watch, daemon=True)

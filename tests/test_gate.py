@@ -130,7 +130,7 @@ def test_a_rate_limited_backlog_is_run_once(worker_cluster_factory: WorkerCluste
     events = events_of(cluster)
     record = record_store(cluster)
     ids = [cluster.app.send_task(RATED, (0.05,)).id for _ in range(10)]
-    wait_until(lambda: all(record.hexists("ended", task_id) for task_id in ids)
+    wait_until(lambda: all(record.hexists("postrun", task_id) for task_id in ids)
                and settled(cluster), 40, "ten runs")
     assert_seen_once(record, events, ids)
     starts = sorted(int(record.hget("started", task_id)) for task_id in ids)
@@ -157,7 +157,7 @@ def test_runs_that_arrive_at_a_busy_pool_are_run_once(
     slotted = [cluster.app.send_task(SLOTTED, (0.2,)).id for _ in range(8)]
     rated = [cluster.app.send_task(RATED, (0.05,)).id for _ in range(4)]
     ids = slotted + rated
-    wait_until(lambda: all(record.hexists("ended", task_id) for task_id in ids)
+    wait_until(lambda: all(record.hexists("postrun", task_id) for task_id in ids)
                and settled(cluster), 40, "twelve runs")
     assert_seen_once(record, events, ids)
     assert max(int(n) for n in record.lrange(f"peaks:{SLOTTED_KEY}", 0, -1)) == 1
@@ -181,7 +181,7 @@ def test_runs_the_main_process_could_not_ask_are_run_once(
     lock_store(cluster).client_pause(4000, all=True)
     ids = [cluster.app.send_task(SLOTTED, (0.1,)).id for _ in range(4)]
     plain = cluster.app.send_task(PLAIN, (0,)).id
-    wait_until(lambda: all(record.hexists("ended", task_id) for task_id in ids)
+    wait_until(lambda: all(record.hexists("postrun", task_id) for task_id in ids)
                and settled(cluster), 40, "four runs")
     assert_seen_once(record, events, ids)
     assert min(int(record.hget("started", task_id)) for task_id in ids) > paused_at + 4_000_000
@@ -200,7 +200,7 @@ def test_with_admission_in_the_pool_the_limit_holds_and_each_task_runs_once(
                                      app_factory=create_app)
     record = record_store(cluster)
     ids = [cluster.app.send_task(SLOTTED, (0.2,)).id for _ in range(8)]
-    wait_until(lambda: all(record.hexists("ended", task_id) for task_id in ids)
+    wait_until(lambda: all(record.hexists("postrun", task_id) for task_id in ids)
                and settled(cluster), 60, "eight runs")
     assert {task_id: record.get(f"runs:{task_id}") for task_id in ids} == dict.fromkeys(
         ids, "1")

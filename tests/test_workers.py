@@ -22,6 +22,7 @@ from cluster_checks import (
     peaks,
     record_store,
     server_time_us,
+    store_commands,
     wait_for_results,
     wait_until,
 )
@@ -89,6 +90,32 @@ def test_releases_left_for_the_next_request_all_reach_the_lock_store(
     seen = peaks(record, QUIET_KEY)
     assert len(seen) == 40
     assert max(seen) <= 9, f"concurrency per start: {seen}"
+    assert_no_lease_lost(cluster)
+
+
+def test_the_main_process_takes_and_gives_back_each_slot_in_one_script_call(
+        cluster: WorkerCluster) -> None:
+    """A slot the worker's main process takes for a run goes with the request to a pool
+    process, which runs under it as it stands (no adoption), and the main process gives
+    it back with its next admission once the pool reports the run's end: one script
+    call per run (the admission), the release riding with the next one as two plain
+    commands. Every run runs once, every slot comes back."""
+    task = cluster.app.tasks[QUIET_SLEEP]
+    record = record_store(cluster)
+    with store_commands(cluster) as commands:
+        sent = [task.delay(0.05) for _ in range(40)]
+        wait_until(lambda: all(record.get(f"runs:{result.id}") for result in sent),
+                   timeout=60, what="every run to start")
+        wait_until(lambda: record.get(f"running:{QUIET_KEY}") == "0", timeout=10,
+                   what="every run to end")
+        wait_until(lambda: holders(cluster, QUIET_KEY) == 0, timeout=5,
+                   what="every slot to come back")
+
+    assert_each_ran_once(record, sent)
+    scripts = sum(1 for words in commands if words[0].upper() == "EVALSHA")
+    # 40 admissions; a few more for probes of runs that waited for a pool process and
+    # for the workers' registrations (adopting each lease in its pool process made 80).
+    assert 40 <= scripts <= 50, f"{scripts} script calls for 40 runs"
     assert_no_lease_lost(cluster)
 
 

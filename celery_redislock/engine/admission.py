@@ -239,6 +239,23 @@ class Lease:
         return lease
 
     @classmethod
+    def of_handover(cls, client: Any, record: Mapping[str, Any]) -> Lease:
+        """The lease of :meth:`handover`'s ``record`` as it stands, with no request to the
+        lock store: for the process that took it, to give it back unused.
+
+            >>> from celery_redislock.engine.admission import SlotLimit, admit
+            >>> import redis
+            >>> client = redis.Redis.from_url(redis_url)
+            >>> lease = admit(client, [SlotLimit("handover-doc", 1, "doc:")], lease=5)
+            >>> Lease.of_handover(client, lease.handover()).release()
+            True
+        """
+        parts = [cls.of_handover(client, part) for part in record["parts"]]
+        lease = cls._adopted_record(client, record, "", parts)
+        lease._member = str(record["member"])
+        return lease
+
+    @classmethod
     def _adopted_record(cls, client: Any, record: Mapping[str, Any], description: str,
                         parts: List[Lease]) -> Lease:
         """The lease of :meth:`handover`'s ``record``, under ``description``."""

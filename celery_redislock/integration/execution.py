@@ -206,25 +206,63 @@ def run_limited(
     setup = _Setup.of(task, limits)
     if not setup.settings.enabled:
         return body()
-    attempt = _Attempt.of(task, setup, args, kwargs,
-                          task.request if request is None else request)
-    handed = None if attempt.eager else getattr(attempt.request, ADMITTED, None)
+    request = task.request if request is None else request
+    handed = None if request.is_eager else getattr(request, ADMITTED, None)
+    if handed and handed.get(MAIN_RELEASES) and _young(handed):
+        return _run_holding(task, request, Lease.of_handover(setup.client, handed), body,
+                            since=wait_state(request).get("since"))
+    attempt = _Attempt.of(task, setup, args, kwargs, request)
     if handed:
         lease = _adopt(attempt, handed)
         if lease is not None:
-            return _run_holding(attempt, lease, body)
+            return _holding(attempt, lease, body)
     elif attempt.waited.get("follows") and not attempt.eager:
         _follows_on(attempt, args, kwargs)
     outcome = _first_outcome(attempt)
     if outcome is _WITHOUT_SLOT:
         return body()
     lease = _lease_or_wait(attempt, args, kwargs, outcome)
-    return _run_holding(attempt, lease, body)
+    return _holding(attempt, lease, body)
 
 
 #: The request field that carries a lease the worker's main process was admitted to, for
 #: the pool process that runs the task to adopt (see :func:`admit_before_pool`).
 ADMITTED = "redislock_admitted"
+
+
+#: The key of an admitted lease's record (:data:`ADMITTED`) that says the worker's main
+#: process gives it back when it learns of the run's end (see :func:`release_for_pool`):
+#: the pool process neither adopts it nor releases it, unless it comes to it too late
+#: for that (see :func:`_young`), and only renews it should the run last that long.
+MAIN_RELEASES = "main_releases"
+
+
+def _young(handed: Mapping[str, Any]) -> bool:
+    """Whether the lease of ``handed`` was taken less than a third of a lease ago, on
+    this machine's monotonic clock: it cannot have run out, and needs no renewal yet."""
+    taken = float(handed.get("taken") or "-inf")
+    return time.monotonic() - taken < float(handed["lease"]) / 3
+
+
+def release_for_pool(task: Any, limits: TaskLimits, handed: Mapping[str, Any]) -> None:
+    """Give back, from the worker's main process, the lease it was admitted to for a run
+    that a pool process has ended (:data:`MAIN_RELEASES`), as :func:`give_back` does:
+    the release goes out with this thread's next request to the lock store (usually
+    the next run's admission), or from the lease keeper within about 10 ms.
+
+    A pool process that came to the run too late to take it over unadopted adopted it
+    under a description of its own, and released it itself: this release then finds
+    nothing to free."""
+    setup = _Setup.of(task, limits)
+    lease = Lease.of_handover(setup.client, handed)
+    try:
+        lease.release_soon(setup.publish, with_next_request=True)
+    except RedisError as exc:
+        logger.warning(
+            "celery-redislock: task %s: could not release its slot of %r (%s); the slot "
+            "comes back when its lease ends, within %.0f s",
+            task.name, lease.name, describe_error(exc), lease.lease_seconds,
+        )
 
 
 #: The request field that carries the start times rate limiters promised a run while the
@@ -429,9 +467,13 @@ def _end_if_another_copy_runs(attempt: _Attempt, outcome: Any) -> None:
     raise Ignore()
 
 
-def _run_holding(attempt: _Attempt, lease: Lease, body: Callable[[], Result]) -> Result:
-    """Run ``body`` holding ``lease``: kept alive meanwhile, given back however it ends."""
-    task, request = attempt.task, attempt.request
+def _run_holding(task: Any, request: Any, lease: Lease, body: Callable[[], Result], *,
+                 since: Optional[int] = None,
+                 publish: Optional[Callable[[Any], Any]] = None) -> Result:
+    """Run ``body`` holding ``lease``: kept alive meanwhile, given back however it ends
+    (re-publishing with ``publish`` the messages of waiters handed its slots), or left
+    for the worker's main process to give back (no ``publish``: :data:`MAIN_RELEASES`).
+    ``since``: when the run first asked (server ms), for the ``lock_acquired`` signal."""
     _forget_wait(request)
     holds_slots = lease.holds_slots
     if holds_slots:
@@ -442,7 +484,6 @@ def _run_holding(attempt: _Attempt, lease: Lease, body: Callable[[], Result]) ->
     request.redislock_lease = lease
     lease_started = time.monotonic()
     if signals.lock_acquired.receivers:
-        since = attempt.waited.get("since")
         signals.lock_acquired.send(
             sender=task, task_id=request.id, lease=lease,
             waited=(lease.acquired_at_ms - since) / 1000.0 if since else 0.0,
@@ -451,12 +492,21 @@ def _run_holding(attempt: _Attempt, lease: Lease, body: Callable[[], Result]) ->
         return body()
     finally:
         if holds_slots:
-            give_back(task, lease, request, attempt.setup.publish)
+            if publish is None:
+                lease_keeper().forget(lease)
+            else:
+                give_back(task, lease, request, publish)
             if signals.lock_released.receivers:
                 signals.lock_released.send(
                     sender=task, task_id=request.id, lease=lease,
                     held=time.monotonic() - lease_started,
                 )
+
+
+def _holding(attempt: _Attempt, lease: Lease, body: Callable[[], Result]) -> Result:
+    """:func:`_run_holding` for a run that asked (``attempt``) and releases itself."""
+    return _run_holding(attempt.task, attempt.request, lease, body,
+                        since=attempt.waited.get("since"), publish=attempt.setup.publish)
 
 
 def _follow_an_earlier_run(attempt: _Attempt, args: Sequence[Any],
@@ -686,6 +736,21 @@ def give_back(task: Any, lease: Lease, request: Any,
     else:
         logger.debug("celery-redislock: task %s[%s] released %r", task.name, request.id,
                      lease.name)
+
+
+def give_back_unstarted(task: Any, limits: TaskLimits, handed: Mapping[str, Any]) -> None:
+    """Give back at once the lease the worker's main process was admitted to (``handed``,
+    see :func:`admit_before_pool`) for a run that will not start after all (revoked
+    while its limits were asked), instead of leaving it until it runs out."""
+    lease = Lease.of_handover(_Setup.of(task, limits).client, handed)
+    if not lease.holds_slots:
+        return
+    try:
+        lease.release()
+    except RedisError as exc:
+        logger.warning("celery-redislock: task %s: could not give back the slots of a revoked "
+                       "run (%s); they come back when the lease ends, within %.0f s",
+                       task.name, describe_error(exc), lease.lease_seconds)
 
 
 @worker_process_shutdown.connect

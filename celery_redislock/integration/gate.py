@@ -6,16 +6,22 @@ A run that finds no slot must be invisible to Celery's run semantics: no
 consumer (``celery/worker/strategy.py``), limited tasks are given a strategy that asks
 their limits in the worker's main process, just before a request goes to the pool:
 
-* a pool process is free for the run: its limits are asked (one script). Admitted, the
-  lease (its slots, or the starts its rate limits gave it) goes to the pool process with
-  the request (the request field :data:`~.execution.ADMITTED`); the pool process adopts
-  it (one script: renewed, and described with its own process id), keeps it alive while
-  the body runs and releases it at the end. A pool process lost before or after that
-  has its slots freed by the main process, as before (see :mod:`.recovery`);
+* a pool process is free for the run: its limits are asked (one script). Admitted,
+  the lease (its slots, or the starts its rate limits gave it) goes to the pool process
+  with the request (the request field :data:`~.execution.ADMITTED`); the pool process
+  runs under it as it stands (and renews it should the run last a third of a lease),
+  and this process gives it back when the pool reports the run's end (see
+  :func:`_act_at_end`), with its next request to the lock store. On a worker with no
+  event loop (gevent, eventlet) the pool process adopts the lease (one script: renewed,
+  and described with its own process id) and releases it at the end. A pool process
+  lost before or after that has its slots freed by the main process, as before (see
+  :mod:`.recovery`);
 * no pool process is free: the request is held here, in one first-come first-served
   queue per worker, and asked about once a pool process is free (one timer looks at the
   worker's own state every :data:`~.execution.ROOM_POLL` seconds while the queue has
-  requests, and takes as many from its head as there are free processes), so that a
+  requests, and takes as many from its head as there are free processes; and the end
+  of every limited run the main process hands to the pool serves the queue at once, so
+  that a process freed by such a run is not left idle until the timer), so that a
   slot is never held by a run that waits for a process. A run that has waited
   :data:`PROBE_AFTER` has its limits *probed* (the same script, which takes nothing
   when it would admit the run): refused, it is refused as below, at once; else it waits
@@ -45,19 +51,30 @@ send no ``task-received`` event: the run was received once, when it was first se
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Deque, List, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from celery.exceptions import Ignore
 from celery.worker import state as worker_state
 from celery.worker.strategy import default as default_strategy
 
 from ..config.settings import read_settings
-from .execution import ADMITTED, PROMISED, ROOM_POLL, Later, admit_before_pool
+from .execution import (
+    ADMITTED,
+    MAIN_RELEASES,
+    PROMISED,
+    ROOM_POLL,
+    BeforePool,
+    Later,
+    admit_before_pool,
+    give_back_unstarted,
+    release_for_pool,
+)
 from .handoff import WAIT_HEADER
 from .recovery import forget_copy, limits_of
 
@@ -163,11 +180,13 @@ class _Room:
     probed and admissible), in the order they came; and whether the one timer that
     serves them is set."""
 
-    __slots__ = ("queue", "timer_set")
+    __slots__ = ("queue", "thread", "timer_set")
 
     def __init__(self) -> None:
         self.queue: Deque[Tuple[Any, Callable[[Any], Any], _Hold]] = deque()
         self.timer_set = False
+        #: The thread that made the queue (the worker's consumer), which serves it.
+        self.thread = threading.get_ident()
 
 
 #: Each worker's (consumer's) queue of requests waiting for a free pool process.
@@ -188,15 +207,39 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     if not room and hold.may_wait_unprobed():
         return _wait_for_room(consumer, request, handle, hold)
     try:
-        answer = admit_before_pool(task, limits, request._context, room=room,
-                                   promises=hold.promises, may_wait=hold.waits < SHORT_WAITS)
-    except Ignore:
+        answer, error = admit_before_pool(
+            task, limits, request._context, room=room, promises=hold.promises,
+            may_wait=hold.waits < SHORT_WAITS), None
+    except Exception as exc:
+        answer, error = None, exc
+    return _answered(consumer, request, handle, hold, answer, error)
+
+
+def _answered(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+              answer: BeforePool, error: Optional[BaseException]) -> Any:
+    """Act on the limits' answer about ``request`` (or the error asking them raised); a
+    request is never dropped by an error here (the pool process decides then)."""
+    try:
+        return _act_on_answer(consumer, request, handle, hold, answer, error)
+    except Exception as exc:
+        logger.warning("celery-redislock: task %s[%s]: could not act on its limits' answer "
+                       "before the pool (%r); the pool process asks", request.task.name,
+                       request.id, exc)
+        with _held_lock:
+            _held.pop(request, None)
+        return handle(request)
+
+
+def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+                   answer: BeforePool, error: Optional[BaseException]) -> Any:
+    if isinstance(error, Ignore):
         forget_copy(request)
         request.acknowledge()
         return None
-    except Exception as exc:  # never lose a request: the pool process decides instead
+    if error is not None:  # never lose a request: the pool process decides instead
         logger.warning("celery-redislock: task %s[%s]: could not ask its limits before the "
-                       "pool (%r); the pool process asks", task.name, request.id, exc)
+                       "pool (%r); the pool process asks", request.task.name, request.id,
+                       error)
         answer = None
     if isinstance(answer, Later):
         hold.promises, hold.probed = dict(answer.promises), answer.probed
@@ -204,11 +247,86 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
             return _wait_for_room(consumer, request, handle, hold)
         hold.waits += 1
         return _hold_back(consumer, request, handle, hold, answer.seconds)
+    limits = limits_of(request.task)
+    if answer is not None and request.revoked():  # revoked while its limits were asked
+        if limits is not None:
+            give_back_unstarted(request.task, limits, answer)
+        return None
+    release = None
     if answer is not None:
-        request.request_dict[ADMITTED] = answer
+        release = _release_here(consumer, request, limits, answer)
+        request.request_dict[ADMITTED] = answer if release is None else {
+            **answer, MAIN_RELEASES: True}
     elif hold.promises:
         request.request_dict[PROMISED] = hold.promises
+    _act_at_end(consumer, request, release)
     return handle(request)
+
+
+def _release_here(consumer: Any, request: Any, limits: Any,
+                  handed: Dict[str, Any]) -> Optional[Callable[[], None]]:
+    """How the worker's main process gives back the slots it was admitted to for
+    ``request`` once the run ends (with its next request to the lock store); None when
+    the pool process is to (a worker with no event loop: gevent, eventlet; no slots)."""
+    if getattr(consumer, "hub", None) is None or limits is None or not (
+            handed.get("keys") or handed.get("parts")):
+        return None
+    return functools.partial(release_for_pool, request.task, limits, handed)
+
+
+def _act_at_end(consumer: Any, request: Any, release: Optional[Callable[[], None]]) -> None:
+    """Have the end of ``request``'s run, as the worker's main process learns of it,
+    give back the slots the main process took for it (``release``), and serve the
+    requests waiting for a free pool process at once, instead of leaving the process
+    it frees idle until the queue's timer.
+
+    Only the end of a run whose body has ended gives the slots back here: its result
+    (``on_success``, whatever the task's state) or a failure the trace returned
+    (``on_failure`` with ``return_ok``). A pool process lost, or killed at a hard time
+    limit or by a terminating revoke (its body may still run for a moment), has its
+    slots freed by :mod:`.recovery` once the process is gone."""
+    released = [release is None]
+
+    def give_back() -> None:
+        if not released[0] and release is not None:
+            released[0] = True
+            release()
+
+    def succeeded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return ended_well(*args, **kwargs)
+        finally:
+            give_back()
+            _serve_waiting_now(consumer)
+
+    def failed(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return ended_badly(*args, **kwargs)
+        finally:
+            if kwargs.get("return_ok"):
+                give_back()
+            _serve_waiting_now(consumer)
+
+    ended_well, ended_badly = request.on_success, request.on_failure
+    try:
+        request.on_success, request.on_failure = succeeded, failed
+    except AttributeError:  # a request class with __slots__ only: the timer serves
+        if release is not None:
+            request.request_dict[ADMITTED].pop(MAIN_RELEASES, None)
+
+
+def _serve_waiting_now(consumer: Any) -> None:
+    """Gate the requests at the head of ``consumer``'s queue that the free pool
+    processes can take now, when called in the thread that serves the queue (a pool
+    may report a run's end from a thread of its own: the queue's timer serves then)."""
+    room = _rooms.get(consumer)
+    if room is None or not room.queue or room.thread != threading.get_ident():
+        return
+    with _held_lock:
+        free = _free_processes(consumer)
+        taken = [room.queue.popleft() for _ in range(min(free, len(room.queue)))]
+    for request, handle, _ in taken:
+        _gate_again(consumer, request, handle)
 
 
 def _hold_back(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,

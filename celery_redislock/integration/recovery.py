@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import redis
@@ -110,7 +111,8 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
         return sum(free_owner_slots(task._get_app(), client, keys, prefix, limits.lease)
                    for keys in by_hash_slot(client, slot_keys))
 
-    alive = [pid for pid in holder_pids(client, slot_keys, prefix) if process_alive(pid)]
+    pids = holder_pids(client, slot_keys, prefix) + _accepted_pids(task_id)
+    alive = [pid for pid in pids if process_alive(pid)]
     if not alive:
         return free()
     threading.Thread(
@@ -118,6 +120,18 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
         name="celery-redislock-recovery", daemon=True,
     ).start()
     return 0
+
+
+#: The requests of this worker that a pool process accepted, by task id: a holder the
+#: worker's main process took for a run, and gives back itself, names no process (see
+#: :data:`~.execution.MAIN_RELEASES`); the request says which process runs it.
+_accepted: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _accepted_pids(task_id: str) -> List[int]:
+    request = _accepted.get(task_id)
+    pid = getattr(request, "worker_pid", None)
+    return [pid] if isinstance(pid, int) and pid != os.getpid() else []
 
 
 def holder_pids(client: Any, keys: Sequence[str], prefix: str) -> List[int]:
@@ -329,6 +343,7 @@ class LimitedRequest(Request):
         its id, whatever copy of its message (sent back to wait) a worker holds."""
         super().on_accepted(pid, time_accepted)
         worker_state.requests[self.id] = self
+        _accepted[self.id] = self
 
     def terminate(self, pool: Any, signal: Any = None) -> None:
         """``revoke(terminate=True)`` found this request by its id; a copy of a waiting
