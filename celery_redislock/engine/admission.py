@@ -250,10 +250,15 @@ class Lease:
             >>> Lease.of_handover(client, lease.handover()).release()
             True
         """
-        parts = [cls.of_handover(client, part) for part in record["parts"]]
-        lease = cls._adopted_record(client, record, "", parts)
-        lease._member = str(record["member"])
-        return lease
+        return cls(name=str(record["name"]), fence=int(record["fence"]),
+                   lease_seconds=float(record["lease"]), acquired_at_ms=int(record["at"]),
+                   expires_at_ms=int(record["end"]), _client=client,
+                   _keys=list(record["keys"]), _member=str(record["member"]),
+                   _contended=bool(record["contended"]),
+                   _took_last_slot=bool(record["last"]), _reserve_ms=int(record["reserve"]),
+                   _parts=[cls.of_handover(client, part) for part in record["parts"]],
+                   _epoch=int(record.get("epoch") or 0),
+                   _costs=[int(cost) for cost in record.get("costs") or ()])
 
     @classmethod
     def _adopted_record(cls, client: Any, record: Mapping[str, Any], description: str,

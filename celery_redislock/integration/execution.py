@@ -72,15 +72,17 @@ os.register_at_fork(after_in_child=_described.clear)
 _json_string = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 
 
-def _describe(task_name: str, worker: Any, task_id: Any) -> str:
-    """Who holds a slot, for operators: JSON with the task, its id, the worker, the process.
+def _describe(task_name: str, worker: Any, task_id: Any, pid: Optional[int] = -1) -> str:
+    """Who holds a slot, for operators: JSON with the task, its id, the worker, the process
+    (this one, unless ``pid`` says another, or None for none).
 
     The part that only changes with the process is made once per task and process."""
-    start = _described.get((task_name, worker))
+    start = _described.get((task_name, worker, pid))
     if start is None:
-        start = _described[(task_name, worker)] = (
+        pid_text = "null" if pid is None else os.getpid() if pid == -1 else pid
+        start = _described[(task_name, worker, pid)] = (
             f'{{"task": {json.dumps(task_name)}, "worker": {json.dumps(worker)}, '
-            f'"pid": {os.getpid()}, "id": '
+            f'"pid": {pid_text}, "id": '
         )
     task_id = _json_string(task_id) if type(task_id) is str else json.dumps(task_id)
     return f"{start}{task_id}}}"
@@ -88,10 +90,10 @@ def _describe(task_name: str, worker: Any, task_id: Any) -> str:
 
 def _describe_unadopted(task_name: str, worker: Any, task_id: Any) -> str:
     """Who holds a slot that the worker's main process took for a run no pool process
-    has adopted yet: no process id, so that a lost pool process's slots are freed at
-    once (see :func:`~.recovery.free_run_slots`)."""
-    return (f'{{"task": {json.dumps(task_name)}, "worker": {json.dumps(worker)}, '
-            f'"pid": null, "id": {json.dumps(task_id)}}}')
+    has adopted: no process id, so that a lost pool process's slots are freed once the
+    process its request was accepted by is gone (see :func:`~.recovery.free_run_slots`).
+    """
+    return _describe(task_name, worker, task_id, pid=None)
 
 
 def task_settings(task: Any) -> Settings:
