@@ -267,9 +267,13 @@ def _release_here(consumer: Any, request: Any, limits: Any,
                   handed: Dict[str, Any]) -> Optional[Callable[[], None]]:
     """How the worker's main process gives back the slots it was admitted to for
     ``request`` once the run ends (with its next request to the lock store); None when
-    the pool process is to (a worker with no event loop: gevent, eventlet; no slots)."""
-    if getattr(consumer, "hub", None) is None or limits is None or not (
-            handed.get("keys") or handed.get("parts")):
+    the pool process is to: a worker with no event loop (gevent, eventlet), no slots, a
+    lease in several parts (Redis Cluster), or a contended one (a line had formed, or
+    the run took the last free slot: someone is likely to wait for this release, which
+    the pool process sends the moment the body ends, before the result goes back to
+    this process)."""
+    if (getattr(consumer, "hub", None) is None or limits is None or not handed.get("keys")
+            or handed.get("parts") or handed.get("contended") or handed.get("last")):
         return None
     return functools.partial(release_for_pool, request.task, limits, handed)
 
