@@ -14,6 +14,7 @@ from celery.signals import task_prerun
 from celery_redislock.engine.admission import declare_fresh
 from celery_redislock.integration.signals import lock_contended, rate_limited
 
+import redis_process
 from redis_process import RedisServer
 from support import BROKER_DB, LOCK_DB
 
@@ -42,6 +43,14 @@ def own_redis_server():
     server = RedisServer().start()
     yield server
     server.cleanup()
+
+
+@pytest.fixture
+def closed_port():
+    """A port of 127.0.0.1 that refuses connections for the whole test: held bound, so
+    that no other test process's server can take it meanwhile."""
+    with redis_process.closed_port() as port:
+        yield port
 
 
 @pytest.fixture(scope="session")
