@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -14,11 +15,36 @@ from celery.signals import task_prerun
 from celery_redislock.engine.admission import declare_fresh
 from celery_redislock.integration.signals import lock_contended, rate_limited
 
+import redis_process
 from redis_process import RedisServer
 from support import BROKER_DB, LOCK_DB
 
 #: The fixtures of real multi-worker clusters (``cluster``, ...), for every test module.
 pytest_plugins = ["worker_cluster"]
+
+#: The test files that take longest (measured: from about a minute and a half down to a
+#: quarter of one, most of it waiting on real workers), longest first. The suite runs in
+#: several processes, a file at a time to each (pyproject.toml: pytest-xdist's
+#: ``--dist loadfile``, handed out in collection order): these go first, so that none of
+#: them is left to run alone at the end while the other processes idle. The other files
+#: follow in their usual order.
+LONGEST_FIRST = (
+    "test_gate.py", "test_faults.py", "test_handoff.py", "test_namesakes.py",
+    "test_workers.py", "test_store_loss.py", "test_celery_task.py", "test_config_workers.py",
+    "test_redelivery.py", "test_engine_model.py", "test_metrics.py", "test_unique.py",
+    "test_store_refusals.py", "test_cli_project.py", "test_quickstart.py",
+    "test_rate_control.py", "test_demo.py", "test_period.py", "test_handoff_lock_store.py",
+    "test_line_rates.py", "test_cli.py", "test_web.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    """The longest files first (see :data:`LONGEST_FIRST`); each file's tests keep their
+    order, and so do the other files."""
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    tests_directory = Path(__file__).resolve().parent
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank))
+               if item.path.parent == tests_directory else len(rank))
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +68,14 @@ def own_redis_server():
     server = RedisServer().start()
     yield server
     server.cleanup()
+
+
+@pytest.fixture
+def closed_port():
+    """A port of 127.0.0.1 that refuses connections for the whole test: held bound, so
+    that no other test process's server can take it meanwhile."""
+    with redis_process.closed_port() as port:
+        yield port
 
 
 @pytest.fixture(scope="session")

@@ -138,7 +138,10 @@ def create_app(urls: AppUrls) -> Celery:
     @app.task(base=LimitedTask, bind=True, shared=False, name=WEIGHTED, lock_rate="10/s",
               lock_burst=1, lock_cost=2, lock_key=WEIGHTED_KEY, ignore_result=True)
     def weighted(self: Any) -> None:
-        """Each run uses 2 starts of 10/s: 5 runs a second, 200 ms apart."""
+        """Each run uses 2 starts of 10/s: 5 runs a second, 200 ms apart; records when its
+        limit admitted it (server ms) in ``admitted``, as ``rated`` does."""
+        recorder(self.app.conf.features_record_url).client.hset(
+            "admitted", self.request.id, self.request.redislock_lease.acquired_at_ms)
         _run(self, WEIGHTED_KEY, 0)
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=WEIGHTED_SLOTS, lock_slots=4,

@@ -12,7 +12,8 @@ from celery import Celery
 
 from celery_redislock import LimitedTask, Semaphore
 from celery_redislock.config.settings import redis_client
-from celery_redislock.testing import RedisServer, free_port
+
+from redis_process import AddressInUse, RedisServer, free_port, started
 
 
 def app_on(url, **conf):
@@ -61,18 +62,25 @@ def tls_server():
          "-out", str(directory / "cert.pem")],
         check=True, capture_output=True,
     )
-    port = free_port()
-    server = RedisServer(extra_args=[
-        "--tls-port", str(port), "--tls-cert-file", str(directory / "cert.pem"),
-        "--tls-key-file", str(directory / "key.pem"),
-        "--tls-ca-cert-file", str(directory / "cert.pem"), "--tls-auth-clients", "no",
-    ])
+    tls_ports = []
+
+    def on_fresh_ports():
+        tls_ports.append(free_port())
+        return RedisServer(extra_args=[
+            "--tls-port", str(tls_ports[-1]), "--tls-cert-file", str(directory / "cert.pem"),
+            "--tls-key-file", str(directory / "key.pem"),
+            "--tls-ca-cert-file", str(directory / "cert.pem"), "--tls-auth-clients", "no",
+        ])
+
     try:
-        server.start()
+        server = started(on_fresh_ports)
+    except AddressInUse:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     except RuntimeError as exc:
         shutil.rmtree(directory, ignore_errors=True)
         pytest.skip(f"this redis-server has no TLS: {exc}")
-    yield port, directory / "cert.pem"
+    yield tls_ports[-1], directory / "cert.pem"
     server.cleanup()
     shutil.rmtree(directory, ignore_errors=True)
 

@@ -21,7 +21,6 @@ from celery_redislock.admin.control import limit_state
 from celery_redislock.engine.admission import Busy, Lease, Paused, SlotLimit, admit
 from celery_redislock.engine.keys import semaphore_key
 from celery_redislock.engine.scripts import HOLDERS
-from celery_redislock.testing import free_port
 
 from cli_app import CALL_API_PATIENT, CRAWL, URL_ENV, api_name, create_app, create_worker_app
 from support import LOCK_DB, wait_until
@@ -252,8 +251,8 @@ def test_reap_drops_only_expired_entries(app, holders, lock_client):
     ["set-slots", CRAWL, "3"], ["clear-slots", CRAWL], ["pause", CRAWL, "--for", "5s"],
     ["resume", CRAWL], ["watch", "--once"],
 ])
-def test_unreachable_redis_fails_cleanly(args):
-    app = create_app(f"redis://127.0.0.1:{free_port()}/0")
+def test_unreachable_redis_fails_cleanly(args, closed_port):
+    app = create_app(f"redis://127.0.0.1:{closed_port}/0")
     result = invoke(app, *args)
     assert_clean_failure(result)
     assert "lock store Redis failed" in result.stderr
@@ -297,8 +296,8 @@ def test_celery_command_pauses_and_resumes(lock_url, holders, lock_client):
     assert result.stderr.strip() == "Error: expected a whole number, not 'zero'"
 
 
-def test_celery_command_fails_cleanly_without_redis():
-    result = run_celery(f"redis://127.0.0.1:{free_port()}/0", "status", "--json")
+def test_celery_command_fails_cleanly_without_redis(closed_port):
+    result = run_celery(f"redis://127.0.0.1:{closed_port}/0", "status", "--json")
     assert result.returncode != 0
     assert "Traceback" not in result.stderr + result.stdout
     assert "lock store Redis failed" in result.stderr

@@ -124,17 +124,26 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerCluster]
 
 @pytest.mark.slow
 def test_weighted_runs_start_at_their_share_of_the_rate(cluster: WorkerCluster) -> None:
-    """10/s, burst 1, each run costing 2: on two workers, 10 runs start 200 ms apart."""
+    """10/s, burst 1, each run costing 2: on two workers, 10 runs start 200 ms apart.
+
+    Judged by the admissions (the lease's ``acquired_at_ms``, server clock), as the limit
+    decides them: a body records its start after its run was handed to a pool process,
+    later by however long that took, which on a busy machine may bring two recorded starts
+    closer than their admissions."""
     task = cluster.app.tasks[WEIGHTED]
     record = record_store(cluster)
     for _ in range(10):
         task.delay()
     wait_until(lambda: record.hlen("started") >= 10, 30, "10 weighted runs")
+    admitted = sorted(int(value) / 1e3 for value in record.hvals("admitted"))
     starts = sorted(int(value) / 1e6 for value in record.hvals("started"))
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    print(f"\nweighted runs: {(len(starts) - 1) / (starts[-1] - starts[0]):.2f}/s, "
-          f"smallest gap {min(gaps) * 1000:.0f} ms")
-    assert min(gaps) > 0.15, gaps  # 200 ms apart, less the recording's jitter
+    assert len(admitted) == len(starts) == 10
+    gaps = [b - a for a, b in zip(admitted, admitted[1:])]
+    print(f"\nweighted runs: admitted {(len(admitted) - 1) / (admitted[-1] - admitted[0]):.2f}/s, "
+          f"smallest gap {min(gaps) * 1000:.0f} ms; started "
+          f"{(len(starts) - 1) / (starts[-1] - starts[0]):.2f}/s")
+    assert min(gaps) > 0.15, gaps  # 200 ms apart
+    assert (len(admitted) - 1) / (admitted[-1] - admitted[0]) < 5.5
     assert (len(starts) - 1) / (starts[-1] - starts[0]) < 5.5
 
 

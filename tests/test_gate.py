@@ -109,6 +109,10 @@ def assert_seen_once(record: Any, events: TaskEvents, ids: List[str]) -> None:
     one body, one task-received event."""
     assert {task_id: record.get(f"runs:{task_id}") for task_id in ids} == dict.fromkeys(
         ids, "1")
+    # The callers waited for each body's end; task_postrun fires just after it, in the
+    # pool process, and is not recorded yet if the test got there first.
+    wait_until(lambda: all(record.hexists("postrun", task_id) for task_id in ids), 10,
+               "the task_postrun of each task")
     prerun, postrun = record.hgetall("prerun"), record.hgetall("postrun")
     assert {task_id: prerun.get(task_id) for task_id in ids} == dict.fromkeys(ids, "1")
     assert {task_id: postrun.get(task_id) for task_id in ids} == dict.fromkeys(ids, "1")

@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from celery_redislock.testing import RedisServer
-
 import soak_app
 from cluster_checks import assert_each_ran_once, peaks, record_store, wait_for_results, wait_until
+from redis_process import RedisServer
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory

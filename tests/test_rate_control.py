@@ -88,7 +88,9 @@ def _starts(record) -> List[float]:
 def test_rate_lowered_at_run_time_slows_starts_on_every_worker(cluster: WorkerCluster) -> None:
     """A backlog runs at 20/s (no burst) on two workers; set_rate lowers it to 4/s: the
     starts after the change (a second allowed for runs admitted just before) are spaced
-    at least ~250 ms apart, whichever worker runs them."""
+    at least ~250 ms apart, whichever worker runs them. The spacing is judged by the
+    admissions (server clock), as the limit decides them: a body records its start after
+    its run was handed to a pool process, later by however long that took."""
     task = cluster.app.tasks[RATED]
     record = record_store(cluster)
     for _ in range(30):
@@ -102,17 +104,19 @@ def test_rate_lowered_at_run_time_slows_starts_on_every_worker(cluster: WorkerCl
     starts = _starts(record)
     before = [t for t in starts if t < changed_at]
     slow = [t for t in starts if t > changed_at + 1]
-    gaps = [b - a for a, b in zip(slow, slow[1:])]
+    admitted = _admissions(record)
+    slow_admitted = [t for t in admitted if t > changed_at + 1]
+    gaps = [b - a for a, b in zip(slow_admitted, slow_admitted[1:])]
     hosts = {record.get(f"host:{task_id}") for task_id in record.hkeys("started")}
     print(f"\nstarts/s before {(len(before) - 1) / (before[-1] - before[0]):.1f}, "
           f"after lowering to 4/s {(len(slow) - 1) / (slow[-1] - slow[0]):.2f}; smallest gap "
           f"after {min(gaps) * 1000:.0f} ms; workers {len(hosts)}")
     assert min(b - a for a, b in zip(before, before[1:])) < 0.15  # faster than 4/s before
-    assert min(gaps) > 0.2, gaps  # 250 ms apart, less the recording's jitter
+    assert len(slow_admitted) >= 2, admitted
+    assert min(gaps) > 0.2, gaps  # 250 ms apart
     assert (len(slow) - 1) / (slow[-1] - slow[0]) < 4.5
-    # Judged by the admissions (server clock): in no second that began after the change
-    # were more than 4 runs admitted (no burst).
-    admitted = _admissions(record)
+    # And in no second that began after the change were more than 4 runs admitted (no
+    # burst).
     after = [t for t in admitted if t >= changed_at]
     assert most_in_any_window(after, 1.0) <= 4, after
     control.clear_rate(cluster.app, RATED_KEY)

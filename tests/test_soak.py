@@ -25,10 +25,10 @@ import redis
 from celery.result import ResultSet
 
 from celery_redislock import Semaphore
-from celery_redislock.testing import RedisServer
 
 import soak_app
 from cluster_checks import peaks, record_store
+from redis_process import RedisServer
 from support import wait_until
 
 if TYPE_CHECKING:

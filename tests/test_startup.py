@@ -84,11 +84,9 @@ def test_broken_limits_stop_the_worker_with_one_line_each(tmp_path, redis_server
                                                     "does not resolve (DNS)"),
     ("redis://127.0.0.1:{closed}/1", "127.0.0.1:{closed}: connection refused"),
 ], ids=["dns", "refused"])
-def test_unreachable_lock_store_is_named_in_one_line(tmp_path, redis_server, lock_url, reason):
-    from celery_redislock.testing import free_port
-
-    closed = free_port()
-    lock_url, reason = lock_url.format(closed=closed), reason.format(closed=closed)
+def test_unreachable_lock_store_is_named_in_one_line(tmp_path, redis_server, closed_port,
+                                                     lock_url, reason):
+    lock_url, reason = lock_url.format(closed=closed_port), reason.format(closed=closed_port)
     broker = redis_server.database_url(BROKER_DB)
     log = tmp_path / "worker.log"
     with log.open("w") as sink:

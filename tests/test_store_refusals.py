@@ -301,13 +301,12 @@ def test_the_documented_acl_user_can_do_everything_the_package_does(
     assert admin.acl_log() == [], admin.acl_log()
 
 
-def test_an_unreachable_lock_store_does_not_stop_a_worker_from_starting(celery_app):
+def test_an_unreachable_lock_store_does_not_stop_a_worker_from_starting(celery_app,
+                                                                        closed_port):
     """A worker may start before its lock store: the start check lets it start, even
     with redislock_require_noeviction (runs wait for the store; the worker's start logs
     one line saying where the store is and why it cannot be reached)."""
-    from celery_redislock.testing import free_port
-
-    celery_app.conf.redislock_url = f"redis://127.0.0.1:{free_port()}/0"
+    celery_app.conf.redislock_url = f"redis://127.0.0.1:{closed_port}/0"
     celery_app.conf.redislock_require_noeviction = True
     check_lock_store(celery_app)  # does not raise
 

@@ -97,14 +97,13 @@ def test_owned_lease_compare_and_delete(redis_client) -> None:
     assert theirs.once(30) is None and redis_client.pttl(unique_key("k")) <= 1000
 
 
-def test_unique_send_fails_closed_when_the_lock_store_is_unreachable() -> None:
+def test_unique_send_fails_closed_when_the_lock_store_is_unreachable(closed_port: int) -> None:
     """The key cannot be checked: the send raises LockStoreUnavailable and nothing is
     published; with redislock_fail_open the task is sent without the check."""
     from celery_redislock import LockStoreUnavailable
-    from celery_redislock.testing import free_port
 
     app = _app()
-    app.conf.redislock_url = f"redis://127.0.0.1:{free_port()}/0"
+    app.conf.redislock_url = f"redis://127.0.0.1:{closed_port}/0"
     app.conf.redislock_transport_options = {}
     task = app.task(base=LimitedTask, name="proj.job", shared=False, lock_unique=True,
                     lock_key="job:{job_id}")(job)

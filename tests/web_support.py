@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -21,8 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from celery_redislock.testing import free_port
-
+from redis_process import START_ATTEMPTS, free_port
 from support import wait_until
 
 TESTS = Path(__file__).resolve().parent
@@ -51,18 +51,29 @@ class Served:
     """``app`` served on 127.0.0.1 by uvicorn in a daemon thread, until :meth:`stop`."""
 
     def __init__(self, app: Any) -> None:
+        self.app = app
+        self._serve_on(free_port())
+
+    def _serve_on(self, port: int) -> None:
         import uvicorn
 
-        self.port = free_port()
+        self.port = port
         self.base = f"http://127.0.0.1:{self.port}/"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
+                                log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self) -> Served:
-        self.thread.start()
-        wait_until(lambda: self.server.started or not self.thread.is_alive(), timeout=15,
-                   what="uvicorn to start")
+        """Serve, and wait until uvicorn listens; on a fresh port while the port was
+        taken (by another test process) before uvicorn could bind it."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self.thread.start()
+            wait_until(lambda: self.server.started or not self.thread.is_alive(), timeout=15,
+                       what="uvicorn to start")
+            if self.server.started or attempt == START_ATTEMPTS or not taken(self.port):
+                break
+            self._serve_on(free_port())
         assert self.server.started, "uvicorn did not start"
         return self
 
@@ -85,20 +96,32 @@ class WebCommand:
         self.process: Optional[subprocess.Popen] = None
 
     def start(self, timeout: float = 30.0) -> WebCommand:
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(self.command, env=self.env, cwd=TESTS,
-                                            stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL)
+        """Start the command, and wait until the dashboard answers; on a fresh port while
+        the port was taken (by another test process) before the command could bind it."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            with open(self.log, "wb") as out:
+                self.process = subprocess.Popen(self.command, env=self.env, cwd=TESTS,
+                                                stdout=out, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL)
+            wait_until(self._up_or_exited, timeout=timeout, interval=0.1,
+                       what="the dashboard to answer")
+            if self.process.poll() is None:
+                return self
+            if attempt == START_ATTEMPTS or "address already in use" not in self.output():
+                raise AssertionError(f"the dashboard exited at start:\n{self.output()}")
+            self.port = free_port()
+            self.base = f"http://127.0.0.1:{self.port}/"
+            self.command[self.command.index("--port") + 1] = str(self.port)
+        raise AssertionError("unreachable")
 
-        def up() -> bool:
-            assert self.process is not None and self.process.poll() is None, self.output()
-            try:
-                return request(self.base + "api/state", timeout=2)[0] == 200
-            except OSError:
-                return False
-
-        wait_until(up, timeout=timeout, interval=0.1, what="the dashboard to answer")
-        return self
+    def _up_or_exited(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            return True  # exited: the caller says why
+        try:
+            return request(self.base + "api/state", timeout=2)[0] == 200
+        except OSError:
+            return False
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -111,6 +134,16 @@ class WebCommand:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
+
+
+def taken(port: int) -> bool:
+    """Whether another socket holds ``port`` of 127.0.0.1 (this one cannot bind it)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def chromium() -> Optional[Tuple[str, str]]:
