@@ -91,6 +91,14 @@ class RateLimit:
 Limiter = Union[SlotLimit, RateLimit]
 
 
+def handed_young(record: Mapping[str, Any]) -> bool:
+    """Whether the lease of a :meth:`Lease.handover` record was taken, on this machine,
+    less than a third of a lease ago (by the monotonic clock): it cannot have run out,
+    and needs no renewal yet."""
+    taken = float(record.get("taken") or "-inf")
+    return time.monotonic() - taken < float(record["lease"]) / 3
+
+
 @dataclass
 class Lease:
     """One holder's slots: what an admission hands out.
@@ -224,8 +232,8 @@ class Lease:
             return lease
         adoption = [str(record["member"]), lease._member, milliseconds(lease.lease_seconds),
                     *lease._costs]
-        young = time.monotonic() - float(record.get("taken") or "-inf") < lease.lease_seconds / 3
-        channel = channel_for(client) if answer_later and young and not parts else None
+        channel = (channel_for(client) if answer_later and handed_young(record) and not parts
+                   else None)
         if channel is not None and client.connection_pool in _adopts_known:
             channel.send((*ADOPT.evalsha(client), len(lease._keys), *lease._keys, *adoption),
                          then=functools.partial(lease._adopted, adoption))
@@ -264,16 +272,11 @@ class Lease:
     def _adopted_record(cls, client: Any, record: Mapping[str, Any], description: str,
                         parts: List[Lease]) -> Lease:
         """The lease of :meth:`handover`'s ``record``, under ``description``."""
-        token, acquired, fence = str(record["member"]).split(" ", 3)[:3]
-        return cls(name=str(record["name"]), fence=int(record["fence"]),
-                   lease_seconds=float(record["lease"]), acquired_at_ms=int(record["at"]),
-                   expires_at_ms=int(record["end"]), _client=client,
-                   _keys=list(record["keys"]),
-                   _member=holder_member(token, int(acquired), int(fence), description),
-                   _contended=bool(record["contended"]),
-                   _took_last_slot=bool(record["last"]), _reserve_ms=int(record["reserve"]),
-                   _parts=parts, _epoch=int(record.get("epoch") or 0),
-                   _costs=[int(cost) for cost in record.get("costs") or ()])
+        lease = cls.of_handover(client, {**record, "parts": []})
+        token, acquired, fence = lease._member.split(" ", 3)[:3]
+        lease._member = holder_member(token, int(acquired), int(fence), description)
+        lease._parts = parts
+        return lease
 
     def _adopted(self, adoption: List[Any], replies: List[Any]) -> None:
         """The answer to an adoption sent without waiting (see :meth:`adopt`)."""

@@ -33,6 +33,7 @@ from ..engine.admission import (
     Ticket,
     WouldAdmit,
     admit,
+    handed_young,
     holder_lease_end,
     owner_prefix,
 )
@@ -210,7 +211,7 @@ def run_limited(
         return body()
     request = task.request if request is None else request
     handed = None if request.is_eager else getattr(request, ADMITTED, None)
-    if handed and handed.get(MAIN_RELEASES) and _young(handed):
+    if handed and handed.get(MAIN_RELEASES) and handed_young(handed):
         return _run_holding(task, request, Lease.of_handover(setup.client, handed), body,
                             since=wait_state(request).get("since"))
     attempt = _Attempt.of(task, setup, args, kwargs, request)
@@ -235,15 +236,9 @@ ADMITTED = "redislock_admitted"
 #: The key of an admitted lease's record (:data:`ADMITTED`) that says the worker's main
 #: process gives it back when it learns of the run's end (see :func:`release_for_pool`):
 #: the pool process neither adopts it nor releases it, unless it comes to it too late
-#: for that (see :func:`_young`), and only renews it should the run last that long.
+#: for that (see :func:`~..engine.admission.handed_young`), and only renews it should
+#: the run last that long.
 MAIN_RELEASES = "main_releases"
-
-
-def _young(handed: Mapping[str, Any]) -> bool:
-    """Whether the lease of ``handed`` was taken less than a third of a lease ago, on
-    this machine's monotonic clock: it cannot have run out, and needs no renewal yet."""
-    taken = float(handed.get("taken") or "-inf")
-    return time.monotonic() - taken < float(handed["lease"]) / 3
 
 
 def release_for_pool(task: Any, limits: TaskLimits, handed: Mapping[str, Any]) -> None:

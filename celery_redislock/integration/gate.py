@@ -63,6 +63,7 @@ from celery.exceptions import Ignore
 from celery.worker import state as worker_state
 from celery.worker.strategy import default as default_strategy
 
+from ..config.limit import TaskLimits
 from ..config.settings import read_settings
 from .execution import (
     ADMITTED,
@@ -207,50 +208,31 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     if not room and hold.may_wait_unprobed():
         return _wait_for_room(consumer, request, handle, hold)
     try:
-        answer, error = admit_before_pool(
-            task, limits, request._context, room=room, promises=hold.promises,
-            may_wait=hold.waits < SHORT_WAITS), None
-    except Exception as exc:
-        answer, error = None, exc
-    return _answered(consumer, request, handle, hold, answer, error)
-
-
-def _answered(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
-              answer: BeforePool, error: Optional[BaseException]) -> Any:
-    """Act on the limits' answer about ``request`` (or the error asking them raised); a
-    request is never dropped by an error here (the pool process decides then)."""
-    try:
-        return _act_on_answer(consumer, request, handle, hold, answer, error)
-    except Exception as exc:
-        logger.warning("celery-redislock: task %s[%s]: could not act on its limits' answer "
-                       "before the pool (%r); the pool process asks", request.task.name,
-                       request.id, exc)
-        with _held_lock:
-            _held.pop(request, None)
-        return handle(request)
-
-
-def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
-                   answer: BeforePool, error: Optional[BaseException]) -> Any:
-    if isinstance(error, Ignore):
+        answer = admit_before_pool(task, limits, request._context, room=room,
+                                   promises=hold.promises, may_wait=hold.waits < SHORT_WAITS)
+    except Ignore:
         forget_copy(request)
         request.acknowledge()
         return None
-    if error is not None:  # never lose a request: the pool process decides instead
+    except Exception as exc:  # never lose a request: the pool process decides instead
         logger.warning("celery-redislock: task %s[%s]: could not ask its limits before the "
-                       "pool (%r); the pool process asks", request.task.name, request.id,
-                       error)
+                       "pool (%r); the pool process asks", task.name, request.id, exc)
         answer = None
+    return _act_on_answer(consumer, request, handle, hold, limits, answer)
+
+
+def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+                   limits: TaskLimits, answer: BeforePool) -> Any:
+    """Hold ``request`` here for a while, or hand it to the pool with what its limits
+    (``limits``) gave it (``answer``)."""
     if isinstance(answer, Later):
         hold.promises, hold.probed = dict(answer.promises), answer.probed
         if answer.probed:
             return _wait_for_room(consumer, request, handle, hold)
         hold.waits += 1
         return _hold_back(consumer, request, handle, hold, answer.seconds)
-    limits = limits_of(request.task)
     if answer is not None and request.revoked():  # revoked while its limits were asked
-        if limits is not None:
-            give_back_unstarted(request.task, limits, answer)
+        give_back_unstarted(request.task, limits, answer)
         return None
     release = None
     if answer is not None:
@@ -263,7 +245,7 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
     return handle(request)
 
 
-def _release_here(consumer: Any, request: Any, limits: Any,
+def _release_here(consumer: Any, request: Any, limits: TaskLimits,
                   handed: Dict[str, Any]) -> Optional[Callable[[], None]]:
     """How the worker's main process gives back the slots it was admitted to for
     ``request`` once the run ends (with its next request to the lock store); None when
@@ -272,7 +254,7 @@ def _release_here(consumer: Any, request: Any, limits: Any,
     the run took the last free slot: someone is likely to wait for this release, which
     the pool process sends the moment the body ends, before the result goes back to
     this process)."""
-    if (getattr(consumer, "hub", None) is None or limits is None or not handed.get("keys")
+    if (getattr(consumer, "hub", None) is None or not handed.get("keys")
             or handed.get("parts") or handed.get("contended") or handed.get("last")):
         return None
     return functools.partial(release_for_pool, request.task, limits, handed)
