@@ -7,7 +7,16 @@ import time
 import pytest
 
 from celery_redislock import LockConfigurationError, Rate, RateLimiter
-from celery_redislock.engine.admission import RateLimit, SlotLimit, admit
+from celery_redislock.engine.admission import (
+    Booked,
+    Lease,
+    RateLimit,
+    RateLimited,
+    SlotLimit,
+    Ticket,
+    admit,
+)
+from celery_redislock.testing import RedisServer
 
 
 def server_us(client):
@@ -160,10 +169,34 @@ def test_acquire_gives_up_after_timeout(redis_client):
 
 
 def test_state_expires_when_idle(redis_client):
+    """The state lives a second past the last start it counts (100 ms ahead at 10/s),
+    and at most twice that, so that most admissions need no PEXPIRE."""
     limiter = RateLimiter(redis_client, "ttl", "10/s")
     limiter.try_acquire()
     ttl = redis_client.pttl(limiter.limit.key)
-    assert 0 < ttl <= 1200
+    assert 1000 < ttl <= 2 * 1100
+    assert int(redis_client.hget(limiter.limit.key, "exp")) > 0
+
+
+def test_most_admissions_of_a_busy_rate_set_no_time_to_live():
+    """A rate limiter's key keeps its time to live's end in its state: of 100 admissions
+    in a row only the first sets it (and then only when it runs short), and together
+    they cost at most five commands each in the lock store (its own server, so that
+    nothing else is counted)."""
+    with RedisServer() as server:
+        client = server.client()
+        limiter = RateLimiter(client, "busy", "1000/s", burst=200)
+        assert limiter.try_acquire()  # the script is loaded
+        before = client.info("commandstats")
+        assert all(limiter.try_acquire() for _ in range(100))
+        after = client.info("commandstats")
+        client.close()
+    calls = {name[len("cmdstat_"):]: stat["calls"] - before.get(name, {}).get("calls", 0)
+             for name, stat in after.items()}
+    calls.pop("info", None)
+    assert calls.get("evalsha", 0) == 100
+    assert calls.get("pexpire", 0) <= 1, calls
+    assert sum(calls.values()) <= 5 * 100, calls
 
 
 def test_slots_and_rate_are_all_or_nothing(redis_client):
@@ -195,3 +228,73 @@ def test_a_paused_name_admits_nobody_until_resumed(redis_client):
     assert limiter.acquire(timeout=0.2) is False
     resume(redis_client, "paused-api")
     assert limiter.try_acquire() is True
+
+
+def test_a_booked_start_is_counted_as_taken_at_its_time(redis_client):
+    """``book_ms``: a run that would be promised a start that soon is admitted from it
+    (``Booked``), in one call, and the start counts as taken: the next run is booked
+    (or promised) one interval later, and a run outside the booking's reach is only
+    promised its start."""
+    limit = RateLimit("booked", Rate.parse("10/s", burst=0), "redislock:")
+    first = admit(redis_client, [limit], lease=5)
+    assert isinstance(first, Lease)
+    booked = [admit(redis_client, [limit], lease=5, book_ms=500) for _ in range(3)]
+    assert [type(outcome) for outcome in booked] == [Booked] * 3
+    starts = [first.acquired_at_ms, *(outcome.lease.acquired_at_ms for outcome in booked)]
+    assert all(98 <= b - a <= 102 for a, b in zip(starts, starts[1:])), starts
+    assert all(outcome.lease.expires_at_ms == outcome.lease.acquired_at_ms + 5000
+               for outcome in booked)
+    assert 0.2 <= booked[-1].wait <= 0.31
+    # The next start is 400 ms away: beyond a 300 ms booking, so only promised.
+    later = admit(redis_client, [limit], lease=5, book_ms=300)
+    assert isinstance(later, RateLimited)
+    assert 399_000 <= later.promise - starts[0] * 1000 <= 401_000
+
+
+def test_only_a_lone_rate_limit_books(redis_client):
+    """A run with a slot limit beside its rate, with a place in a waiting line, or
+    probing, is promised its start as before: a booked start would hold its slot, or its
+    line's promise, while it waits."""
+    rate = RateLimit("lone", Rate.parse("10/s", burst=0), "redislock:")
+    slots = SlotLimit("lone", 5, "redislock:")
+    assert isinstance(admit(redis_client, [rate], lease=5), Lease)
+    assert isinstance(admit(redis_client, [slots, rate], lease=5, book_ms=500), RateLimited)
+    assert isinstance(admit(redis_client, [rate], lease=5, book_ms=500, probe=True),
+                      RateLimited)
+    ticket = Ticket("t.1", False, 60_000, "o:1")
+    assert isinstance(admit(redis_client, [rate], lease=5, book_ms=500, ticket=ticket),
+                      RateLimited)
+
+
+def test_a_booked_start_given_back_leaves_the_rate_as_it_was(redis_client):
+    """A booked start its run cannot take on time is given back (one script): the
+    rate limiter's count moves back by one interval."""
+    limit = RateLimit("given-back", Rate.parse("10/s", burst=0), "redislock:")
+    admit(redis_client, [limit], lease=5)
+    before = int(redis_client.hget(limit.key, "tat"))
+    booked = admit(redis_client, [limit], lease=5, book_ms=500)
+    assert isinstance(booked, Booked)
+    assert int(redis_client.hget(limit.key, "tat")) == before + 100_000
+    assert booked.give_back()
+    assert int(redis_client.hget(limit.key, "tat")) == before
+
+
+def test_booked_starts_never_crowd_a_window(redis_client):
+    """Runs booked back to back, with newcomers promised between them, get starts one
+    interval apart: no window of a period holds more than the rate and its burst."""
+    limit = RateLimit("crowd", Rate.parse("20/s", burst=2), "redislock:")
+    starts = []
+    for index in range(30):
+        outcome = admit(redis_client, [limit], lease=5, book_ms=60_000)
+        if isinstance(outcome, Lease):
+            starts.append(outcome.acquired_at_ms)
+        else:
+            assert isinstance(outcome, Booked)
+            starts.append(outcome.lease.acquired_at_ms)
+        if index % 5 == 4:
+            promised = admit(redis_client, [limit], lease=5)
+            assert isinstance(promised, RateLimited)
+            starts.append(promised.promise // 1000)
+    starts.sort()
+    most = max(sum(1 for t in starts if s <= t < s + 1000) for s in starts)
+    assert most <= 20 + 2, starts

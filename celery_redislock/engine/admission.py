@@ -493,6 +493,41 @@ class RateLimited:
 
 
 @dataclass(frozen=True)
+class Booked:
+    """Admitted from a start ``wait`` seconds from now, booked for the run (see
+    ``admit(..., book_ms=...)``): its one rate limiter ``key`` counts that start as
+    taken. The caller holds the run until then and starts it under ``lease`` without
+    asking again; a run it cannot start then gives the start back (:meth:`give_back`)
+    and asks anew.
+
+        >>> from celery_redislock.engine.rate import Rate
+        >>> import redis
+        >>> client = redis.Redis.from_url(redis_url)
+        >>> limit = RateLimit("booked-doc", Rate.parse("10/s", burst=0), "doc:")
+        >>> first = admit(client, [limit], lease=5)
+        >>> second = admit(client, [limit], lease=5, book_ms=500)
+        >>> type(second).__name__, 0 < second.wait <= 0.1
+        ('Booked', True)
+        >>> second.lease.acquired_at_ms >= first.acquired_at_ms + 100, second.give_back()
+        (True, True)
+    """
+
+    lease: Lease
+    key: str
+    #: The rate's interval for this run (µs; its cost's starts): what :meth:`give_back`
+    #: gives back.
+    interval_us: float
+    wait: float
+    server_time_ms: int
+    handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+
+    def give_back(self) -> bool:
+        """Give the booked start back (the run did not start on time); True if the rate
+        limiter still counted it. One script."""
+        return bool(REFUND.run(self.lease._client, [self.key], [repr(self.interval_us)]))
+
+
+@dataclass(frozen=True)
 class WouldAdmit:
     """The answer to a probe (``admit(..., probe=True)``): every limiter would admit the
     run now, and nothing was taken. The run must still ask to be admitted."""
@@ -501,8 +536,9 @@ class WouldAdmit:
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
 
 
-#: What :func:`admit` answers (:class:`WouldAdmit` only to a probe).
-Outcome = Union[Lease, Busy, RateLimited, Paused, Served, WouldAdmit]
+#: What :func:`admit` answers (:class:`WouldAdmit` only to a probe, :class:`Booked` only
+#: with ``book_ms``).
+Outcome = Union[Lease, Busy, RateLimited, Paused, Served, WouldAdmit, Booked]
 
 
 def admit(
@@ -516,6 +552,7 @@ def admit(
     ticket: Optional[Ticket] = None,
     reserve_ms: int = 0,
     probe: bool = False,
+    book_ms: int = 0,
 ) -> Outcome:
     """Try once to pass every limiter: a :class:`Lease`, or why not (:class:`Busy`,
     :class:`RateLimited`, :class:`Paused`, :class:`Served`).
@@ -523,6 +560,11 @@ def admit(
     ``probe``: take nothing if every limiter would admit the run, and answer
     :class:`WouldAdmit`; a refusal is the same as without it (a rate limiter's promise
     is made). For a caller that cannot hold a slot yet, but can act on a refusal.
+
+    ``book_ms``: a run whose only limiter is a rate limiter, with no ``ticket``, that
+    would be promised a start within that many milliseconds is admitted from that start
+    (:class:`Booked`), for a caller that can hold the run until then and start it on
+    time; one call instead of a promise and a second admission.
 
     ``promises`` maps a rate limiter's Redis key to the start time (µs) it promised this
     run earlier. ``owner`` starts the holder token (see :func:`owner_prefix`).
@@ -541,7 +583,7 @@ def admit(
             return _admit_across_slots(client, groups, token, lease, description, promises,
                                        ticket, reserve_ms, probe)
     return _admit_group(client, limiters, token, lease, description, promises, ticket,
-                        reserve_ms, probe)
+                        reserve_ms, probe, book_ms)
 
 
 @dataclass(frozen=True)
@@ -616,14 +658,15 @@ def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, le
 
 def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
                  description: str, promises: Mapping[str, int], ticket: Ticket,
-                 reserve_ms: int, probe: bool = False) -> Outcome:
+                 reserve_ms: int, probe: bool = False, book_ms: int = 0) -> Outcome:
     """One admit.lua call for limiters that share a Redis node and hash slot."""
     reply = ADMIT.run(
         client,
         [limiter.key for limiter in limiters],
         [token, milliseconds(lease), description, ticket.id, ticket.mode, ticket.keep_ms,
          reserve_ms, *(limiter.spec(promises) for limiter in limiters),
-         -1 if is_cluster(client) else seen_incarnation(client), *(("1",) if probe else ())],
+         -1 if is_cluster(client) else seen_incarnation(client),
+         *(("1" if probe else "0", book_ms) if probe or book_ms else ())],
     )
     if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended last"
         now_ms, lease_end, fence, contended, last = map(int, reply.split())
@@ -640,6 +683,15 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
     if status == 5:
         return WouldAdmit(server_time_ms=now_ms, handoffs=handoffs)
     limiter = limiters[index - 1]
+    if status == 6:
+        assert isinstance(limiter, RateLimit)
+        start_ms = int(a) // 1000
+        return Booked(
+            lease=_lease(client, limiters, token, lease, description, reserve_ms, start_ms,
+                         start_ms + milliseconds(lease), 0, 0, 0, []),
+            key=limiter.key, interval_us=limiter.rate.interval * 1_000_000 * limiter.cost,
+            wait=max(0, int(b)) / 1000.0, server_time_ms=now_ms, handoffs=handoffs,
+        )
     if status == 0:
         assert isinstance(limiter, SlotLimit)
         return Busy(

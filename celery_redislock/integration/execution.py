@@ -22,6 +22,7 @@ from ..config.limit import TaskLimits
 from ..config.settings import Settings, read_settings, redis_client
 from ..engine.admission import (
     FREED_AS_LOST,
+    Booked,
     Busy,
     Lease,
     Outcome,
@@ -176,13 +177,13 @@ class _Attempt:
             eager=eager, reserve_ms=0 if eager else setup.reserve_ms,
         )
 
-    def admit(self, probe: bool = False) -> Outcome:
-        """One admission attempt (a probe: see :func:`admit`); the hand-offs it brings
-        are published at once."""
+    def admit(self, probe: bool = False, book_ms: int = 0) -> Outcome:
+        """One admission attempt (a probe, a booking: see :func:`admit`); the hand-offs
+        it brings are published at once."""
         outcome = admit(self.setup.client, self.limiters, lease=self.setup.limits.lease,
                         description=self.description, promises=self.promises,
                         owner=self.owner, ticket=self.ticket, reserve_ms=self.reserve_ms,
-                        probe=probe)
+                        probe=probe, book_ms=book_ms)
         if outcome.handoffs:
             handoff.publish(self.task.app, outcome.handoffs)
         return outcome
@@ -284,11 +285,13 @@ class Later:
     """What :func:`admit_before_pool` answers for a run to be held in the worker's main
     process and asked about again after ``seconds``: a rate limiter promised it a start
     that close (``promises``, to ask with), or (``probed``) it would be admitted but no
-    pool process is free for it."""
+    pool process is free for it; or held until then and started without asking again,
+    under the start its rate limiter booked for it (``booked``)."""
 
     seconds: float
     promises: Dict[str, int]
     probed: bool = False
+    booked: Optional[Booked] = None
 
 
 #: The answer of :func:`admit_before_pool`: the lease to adopt, a hold, or None.
@@ -310,7 +313,9 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool
       it), after which the caller acknowledges the message without running it;
     * :class:`Later`: hold the request here and ask again then (a rate limiter's start
       within :func:`_short_wait`, at most when ``may_wait``; or no room for a run that
-      the limits would admit: a probe, which takes nothing, found it so);
+      the limits would admit: a probe, which takes nothing, found it so); or, when the
+      run's one limiter is a rate limiter, hold it until the start booked for it then
+      (:class:`~..engine.admission.Booked`) and start it without asking again;
     * None: the pool process is to decide as before (the package is disabled, the run
       gave up waiting: its failure belongs in the task's trace; ``redislock_fail_open``
       and the lock store failed).
@@ -346,12 +351,17 @@ def _ask_before_pool(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str
     task, request = attempt.task, attempt.request
     if attempt.waited.get("follows"):
         _follows_on(attempt, args, kwargs)
-    outcome = attempt.admit(probe=not room)
+    short_wait = _short_wait(task, request)
+    redelivered = (request.delivery_info or {}).get("redelivered")
+    outcome = attempt.admit(probe=not room, book_ms=int(short_wait * 1000)
+                            if room and may_wait and not redelivered else 0)
     if isinstance(outcome, WouldAdmit):
         return Later(ROOM_POLL, attempt.promises, probed=True)
+    if isinstance(outcome, Booked):
+        return Later(outcome.wait, attempt.promises, booked=outcome)
     if (may_wait and isinstance(outcome, RateLimited) and not outcome.other_copy
-            and outcome.wait <= _short_wait(task, request)):
-        if (request.delivery_info or {}).get("redelivered"):
+            and outcome.wait <= short_wait):
+        if redelivered:
             _follow_an_earlier_run(attempt, args, kwargs, outcome)
         attempt.promises[outcome.key] = outcome.promise
         return Later(outcome.wait, attempt.promises)

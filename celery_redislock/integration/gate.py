@@ -32,7 +32,10 @@ their limits in the worker's main process, just before a request goes to the poo
   :func:`~.waiting.follow`), and its message is acknowledged, without ever reaching
   the pool. A rate limit's start promised within half a second is waited for here, the
   request held on the worker's timer (as Celery's ``rate_limit`` holds it), twice at
-  the most;
+  the most. When a rate limit is the run's only limit, that start is *booked* for it
+  in the same call: held until then, the run goes to the pool without asking again,
+  if a pool process is free and the start has not passed by more than
+  :data:`BOOKED_SLACK`; else it gives the start back and asks anew;
 * the lock store failed the main process: the run is sent back to wait for it, as its
   pool process would (fail-closed), and for 5 s the main process does not ask, so that
   its event loop never stalls on a store that does not answer; with
@@ -62,9 +65,12 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from celery.exceptions import Ignore
 from celery.worker import state as worker_state
 from celery.worker.strategy import default as default_strategy
+from redis.exceptions import RedisError
 
 from ..config.limit import TaskLimits
 from ..config.settings import read_settings
+from ..engine.admission import Booked
+from ..engine.refusal import describe_error
 from .execution import (
     ADMITTED,
     MAIN_RELEASES,
@@ -152,16 +158,25 @@ class _Events:
 PROBE_AFTER = 0.25
 
 
+#: How late (s) a run held for a start booked for it may still go to the pool under it;
+#: later (the worker's event loop was held up), it gives the start back and asks anew, so
+#: that its start is never counted much earlier than it begins.
+BOOKED_SLACK = 0.02
+
+
 class _Hold:
     """What the main process knows of a request it holds back."""
 
-    __slots__ = ("probed", "promises", "since", "waits")
+    __slots__ = ("booked", "due", "probed", "promises", "since", "waits")
 
     def __init__(self) -> None:
         self.promises: dict = {}
         self.waits = 0
         self.probed = False
         self.since = time.monotonic()
+        #: The start booked for the run, and when (monotonic) it is due.
+        self.booked: Optional[Booked] = None
+        self.due = 0.0
 
     def may_wait_unprobed(self) -> bool:
         """Whether, with no pool process free, the run waits for one without a probe."""
@@ -201,10 +216,14 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
         hold = _held.pop(request, None)
     task = request.task
     limits = limits_of(task)
+    hold = hold or _Hold()
+    if hold.booked is not None and limits is not None:
+        booked = _due_booking(consumer, request, hold)
+        if booked is not None:
+            return _act_on_answer(consumer, request, handle, hold, limits, booked)
     if limits is None or request.revoked():
         return handle(request)
     room = _pool_has_room(consumer)
-    hold = hold or _Hold()
     if not room and hold.may_wait_unprobed():
         return _wait_for_room(consumer, request, handle, hold)
     try:
@@ -230,6 +249,7 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
         if answer.probed:
             return _wait_for_room(consumer, request, handle, hold)
         hold.waits += 1
+        hold.booked, hold.due = answer.booked, time.monotonic() + answer.seconds
         return _hold_back(consumer, request, handle, hold, answer.seconds)
     if answer is not None and request.revoked():  # revoked while its limits were asked
         give_back_unstarted(request.task, limits, answer)
@@ -243,6 +263,24 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
         request.request_dict[PROMISED] = hold.promises
     _act_at_end(consumer, request, release)
     return handle(request)
+
+
+def _due_booking(consumer: Any, request: Any, hold: _Hold) -> Optional[Dict[str, Any]]:
+    """The lease of the start booked for ``request`` (see :class:`Booked`), now due, to
+    hand to the pool with it: a pool process is free, and the start has not passed by
+    more than :data:`BOOKED_SLACK`. Else (and for a revoked run) the start is given
+    back, and None answered: the run asks anew."""
+    booked, hold.booked = hold.booked, None
+    assert booked is not None
+    if (time.monotonic() <= hold.due + BOOKED_SLACK and not request.revoked()
+            and _pool_has_room(consumer)):
+        return booked.lease.handover()
+    try:
+        booked.give_back()
+    except RedisError as exc:
+        logger.warning("celery-redislock: task %s[%s]: could not give back the start booked "
+                       "for it (%s)", request.task.name, request.id, describe_error(exc))
+    return None
 
 
 def _release_here(consumer: Any, request: Any, limits: TaskLimits,

@@ -18,7 +18,11 @@
 --              'line' -> end of the line of promised start times (us);
 --              'iv' -> the interval (us) the state is counted in; 'rp' -> the last
 --              re-plan, "when(us) factor plan", after the interval changed (the last
---              digit of a promised start (us) is the number of the plan it belongs to)
+--              digit of a promised start (us) is the number of the plan it belongs to);
+--              'exp' -> when (ms) the key's time to live, last set here, ends: the key
+--              lives until its state no longer matters (it ends a second after the last
+--              start it counts or promised) and at most twice as long, so that most
+--              calls need no PEXPIRE (a key without 'exp' gets one)
 --
 -- KEYS[i]     the key of limiter i
 -- ARGV[1]     holder token, unique per acquisition
@@ -47,6 +51,13 @@
 --             refusal writes is written: a rate limiter's promise, a line's memory);
 --             admitted by every limiter, nothing is taken and the reply is {5, now, 0,
 --             0, 0, 0, 0} (a worker's main process asks so when no pool process is free)
+-- ARGV[10+#KEYS] how far ahead (ms) the caller takes a booked start, or '0': a run whose
+--             one limiter is a rate limiter, with no ticket, that would be promised a
+--             start within that time (a newcomer, or a run that came back late) is
+--             admitted from that start instead: the start is counted as taken then,
+--             and the caller holds the run until then and starts it without asking
+--             again (a worker's main process; it gives the start back with refund.lua
+--             if it cannot start the run on time)
 --
 -- Replies:
 --   "now_ms lease_end_ms fence contended last"   admitted, nothing else to do. The
@@ -69,6 +80,8 @@
 --                                and its reserved slots there; other is 1 when another
 --                                copy of the run's message holds this promise
 --     {3, now, i, pause_end_ms or -1, 0, 0, 0}   limiter i is paused by an operator
+--     {6, now, i, start_us, wait_ms, 0, ahead}   admitted from the booked start start_us
+--                                (ARGV[10+#KEYS]): the run is not to start before it
 --     {4, now, i, 0, 0, 0, 0}    the ticket was served already: this copy must not run
 --                                (a served ticket whose other copy was surely still
 --                                out is remembered until that copy comes back, a week
@@ -97,6 +110,7 @@ local STATISTICS_TTL = 60000
 -- How long at most a served ticket waits for the other copy of its message (ms).
 local OUTSTANDING_COPY_MS = 7 * 24 * 3600 * 1000
 local seen = tonumber(ARGV[8 + #KEYS] or '0') or 0
+local book_ms = tonumber(ARGV[10 + #KEYS] or '0') or 0
 local now, now_us = server_now()
 -- Numbers go to Redis and into the reply as text made here with '%d': Lua's own number
 -- to text conversion (and '%.0f') takes the C library's slow floating-point path.
@@ -174,11 +188,12 @@ local function read_rate(limiter, spec, interval_override)
   promise = tonumber(promise)
   limiter.no_promise = promise < 0  -- a caller that will not wait: make it no promise
   limiter.promise = limiter.no_promise and 0 or promise
-  local saved = redis.call('HMGET', limiter.key, 'tat', 'line', 'iv', 'rp')
+  local saved = redis.call('HMGET', limiter.key, 'tat', 'line', 'iv', 'rp', 'exp')
   limiter.tat = math.max(number(saved[1]), now_us)
   limiter.line = math.max(number(saved[2]), now_us)
   limiter.saved_interval = tonumber(saved[3])
   limiter.replan = saved[4]
+  limiter.expires = number(saved[5])
 end
 
 -- The plan a rate limiter's promises belong to: the last decimal digit of every start
@@ -333,8 +348,19 @@ for i = 1, #KEYS do
   limiters[i] = limiter
 end
 
-local function expire_rate_state(limiter, tat, line)
-  redis.call('PEXPIRE', limiter.key, math.ceil((math.max(tat, line) - now_us) / 1000) + 1000)
+-- Write a rate limiter's state (`fields`, with 'tat' and/or 'line' among them: `tat`
+-- and `line`) and keep the key alive until a second after the last start it counts or
+-- promised. The time to live set is twice what that needs, and its end kept in 'exp':
+-- only a call that finds it too short sets it again (one PEXPIRE in many).
+local function write_rate_state(limiter, fields, tat, line)
+  local needed = math.ceil((math.max(tat, line) - now_us) / 1000) + 1000
+  local extend = limiter.expires < now + needed
+  if extend then
+    fields[#fields + 1] = 'exp'
+    fields[#fields + 1] = string.format('%d', now + 2 * needed)
+  end
+  redis.call('HSET', limiter.key, unpack(fields))
+  if extend then redis.call('PEXPIRE', limiter.key, 2 * needed) end
 end
 
 -- A run with a ticket in a semaphore's waiting line keeps the starts it was promised
@@ -419,14 +445,27 @@ if rate_refusal then
     promise = stamped(limiter, math.floor(math.max(limiter.line, rate_refusal.allowed_at)))
     limiter.line = promise + limiter.interval
   end
-  if promise ~= rate_refusal.promise or limiter.replanned or
-      limiter.saved_interval ~= limiter.base then
+  local fresh = promise ~= rate_refusal.promise  -- promised in this call
+  if fresh and book_ms > 0 and #KEYS == 1 and ticket == '' and ARGV[9 + #KEYS] ~= '1'
+      and promise - now_us <= book_ms * 1000 then
+    -- Booked: admitted from the promised start, which is counted as taken then (as an
+    -- admission at that time counts it: the GCRA conforms there, the line starts after).
+    local tat = math.max(limiter.tat, promise) + limiter.interval
+    local fields = {'tat', string.format('%.0f', tat)}
+    if not limiter.replanned then  -- else the line is among rate_fields
+      fields[3] = 'line'
+      fields[4] = string.format('%.0f', limiter.line)
+    end
+    write_rate_state(limiter, rate_fields(limiter, fields), tat, limiter.line)
+    return reply(6, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000), 0,
+                 math.max(0, math.floor((promise - now_us) / limiter.interval)))
+  end
+  if fresh or limiter.replanned or limiter.saved_interval ~= limiter.base then
     local fields = {'line', string.format('%.0f', limiter.line)}
     if limiter.replanned then
       fields = {'tat', string.format('%.0f', limiter.tat)}  -- the line is among rate_fields
     end
-    redis.call('HSET', limiter.key, unpack(rate_fields(limiter, fields)))
-    expire_rate_state(limiter, limiter.tat, limiter.line)
+    write_rate_state(limiter, rate_fields(limiter, fields), limiter.tat, limiter.line)
   end
   if home and promise ~= limiter.held then keep_promise(limiter, promise) end
   -- Another copy of the run's message holds this promise: this one is told so (it
@@ -500,9 +539,8 @@ for i = 1, #KEYS do
     end
   else
     local tat = limiter.tat + limiter.interval
-    redis.call('HSET', limiter.key,
-               unpack(rate_fields(limiter, {'tat', string.format('%.0f', tat)})))
-    expire_rate_state(limiter, tat, limiter.line)
+    write_rate_state(limiter, rate_fields(limiter, {'tat', string.format('%.0f', tat)}), tat,
+                     limiter.line)
   end
 end
 if #handed > 0 then return reply(1, 0, lease_end, fence_text, contended, last) end
