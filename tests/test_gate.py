@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import importlib.util
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Counter, Iterator, List
 
 import pytest
@@ -232,3 +233,49 @@ def test_greenlets_keep_a_limit(worker_cluster_factory: WorkerClusterFactory,
     assert_slots_all_given_back(cluster, [LIMITED_SLEEP, SHORT_LEASE_SLEEP])
     assert_no_lease_lost(cluster)
     assert "could not ask its limits" not in cluster.logs()
+
+
+class _Request:
+    """What :func:`gate._due_booking` reads of a request."""
+
+    id = "booked-1"
+
+    class task:
+        name = "gate-unit.booked"
+
+    def revoked(self) -> bool:
+        return False
+
+
+class _Consumer:
+    """A worker's consumer with two pool processes and no request reserved."""
+
+    class pool:
+        num_processes = 2
+
+
+@pytest.mark.parametrize("late, expected", [(0.0, "handed"), (0.5, "given back")])
+def test_a_booked_start_goes_to_the_pool_only_on_time(redis_client, late: float,
+                                                     expected: str) -> None:
+    """A run held for its booked start goes to the pool under it when its timer fires on
+    time; a timer that fires more than ``BOOKED_SLACK`` late (a stalled event loop) gives
+    the start back, and the run asks anew."""
+    from celery_redislock.engine.admission import Booked, RateLimit, admit
+    from celery_redislock.engine.rate import Rate
+    from celery_redislock.integration import gate
+
+    limit = RateLimit("gate-unit", Rate.parse("10/s", burst=0), "redislock:")
+    admit(redis_client, [limit], lease=5)
+    booked = admit(redis_client, [limit], lease=5, book_ms=500)
+    assert isinstance(booked, Booked)
+    counted = int(redis_client.hget(limit.key, "tat"))
+    hold = gate._Hold()
+    hold.booked, hold.due = booked, time.monotonic() - late
+    handed = gate._due_booking(_Consumer(), _Request(), hold)
+    assert hold.booked is None
+    if expected == "handed":
+        assert handed is not None and handed["at"] == booked.lease.acquired_at_ms
+        assert int(redis_client.hget(limit.key, "tat")) == counted
+    else:
+        assert handed is None
+        assert int(redis_client.hget(limit.key, "tat")) == counted - 100_000

@@ -17,12 +17,13 @@ from click.testing import CliRunner
 from celery_redislock import RateLimiter
 from celery_redislock.admin import control
 from celery_redislock.admin.cli import redislock
+from celery_redislock.config.settings import read_settings
 from celery_redislock.engine.keys import rate_key
 from celery_redislock.integration.waiting import SHORT_WAIT
 
 import features_app
 from cli_app import CRAWL, create_app
-from cluster_checks import record_store, wait_until
+from cluster_checks import lua_commands, record_store, wait_until
 from features_app import RATED, RATED_KEY
 from support import LOCK_DB
 from worker_cluster import WorkerCluster
@@ -165,3 +166,29 @@ def most_in_any_window(times: List[float], window: float) -> int:
             first += 1
         most = max(most, last - first + 1)
     return most
+
+
+@pytest.mark.slow
+def test_a_fast_backlog_books_its_starts_one_call_per_run(cluster: WorkerCluster) -> None:
+    """30 runs at once at 100/s (set at run time; no burst) on two workers of two
+    processes: each worker's main process books the start of each run it holds (all
+    within half a second) in the call that would only have promised it, and hands the
+    run to the pool when it comes, without asking again. So the backlog costs about one
+    admission call per run (a promise and an admission each before), each run is
+    admitted once, and no two admissions are closer than the rate's interval (judged
+    on the server's clock, as the limit decides them)."""
+    task = cluster.app.tasks[RATED]
+    record = record_store(cluster)
+    control.set_rate(cluster.app, RATED_KEY, "100/s")
+    key = rate_key(RATED_KEY, read_settings(cluster.app).prefix)
+    with lua_commands(cluster) as commands:
+        ids = [task.delay().id for _ in range(30)]
+        wait_until(lambda: record.hlen("admitted") >= 30, 30, "every run admitted")
+    asked = [words for words in commands if words[:2] == ["HMGET", key]]
+    admitted = _admissions(record)
+    gaps = [round((b - a) * 1000) for a, b in zip(admitted, admitted[1:])]
+    print(f"\n{len(asked)} admission calls for 30 runs; smallest gap {min(gaps)} ms")
+    assert sorted(record.hkeys("admitted")) == sorted(ids)
+    assert min(gaps) >= 9, gaps  # 10 ms apart, to the millisecond the record keeps
+    assert len(asked) <= 1.4 * len(ids), asked
+    control.clear_rate(cluster.app, RATED_KEY)
