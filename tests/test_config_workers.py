@@ -67,15 +67,16 @@ def promise_spacing(commands: List[List[str]], limiter: str) -> float:
     """The median step (µs) between the starts rate limiter ``limiter`` promised refused
     runs, in order: the pace at which it schedules a backlog, on the server's clock.
 
-    Read from the limiter's script as the lock store ran it (``HSET <key> line <end>``:
-    each promise moves the end of the line of promised starts), with MONITOR: runs that
-    wait for a near start in their worker process are promised one too, and when a
+    Read from the limiter's script as the lock store ran it (``HSET <key> ... line <end>``:
+    each promise, or start booked, moves the end of the line of promised starts), with
+    MONITOR: runs that wait for a near start in their worker process are booked one (or
+    promised it), and when a
     loaded machine brings a run back late is the machine's delay, not the limiter's. (A
     run that came back on time and found its start taken by a late one moves the line
     back by one: a rare step that is not a new promise, hence the median.)
     """
-    ends = [int(words[3]) for words in commands
-            if len(words) >= 4 and words[0].upper() == "HSET" and words[2] == "line"
+    ends = [int(dict(zip(words[2::2], words[3::2]))["line"]) for words in commands
+            if words[0].upper() == "HSET" and "line" in words[2::2]
             and words[1].endswith(f":r:{limiter}")]
     steps = [later - earlier for earlier, later in zip(ends, ends[1:])]
     assert len(steps) >= 5, f"{limiter}: hardly any run was promised a start: {ends}"
