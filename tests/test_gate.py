@@ -278,4 +278,4 @@ def test_a_booked_start_goes_to_the_pool_only_on_time(redis_client, late: float,
         assert int(redis_client.hget(limit.key, "tat")) == counted
     else:
         assert handed is None
-        assert int(redis_client.hget(limit.key, "tat")) == counted - 100_000
+        assert int(redis_client.hget(limit.key, "tat")) == counted - 100_000  # given back

@@ -682,16 +682,29 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
                       now_ms, int(a), int(b), int(c), int(d), handoffs)
     if status == 5:
         return WouldAdmit(server_time_ms=now_ms, handoffs=handoffs)
-    limiter = limiters[index - 1]
     if status == 6:
-        assert isinstance(limiter, RateLimit)
         start_ms = int(a) // 1000
-        return Booked(
-            lease=_lease(client, limiters, token, lease, description, reserve_ms, start_ms,
-                         start_ms + milliseconds(lease), 0, 0, 0, []),
-            key=limiter.key, interval_us=limiter.rate.interval * 1_000_000 * limiter.cost,
-            wait=max(0, int(b)) / 1000.0, server_time_ms=now_ms, handoffs=handoffs,
-        )
+        return _booked(limiters[index - 1], _lease(
+            client, limiters, token, lease, description, reserve_ms, start_ms,
+            start_ms + milliseconds(lease), 0, 0, 0, []), int(b), now_ms, handoffs)
+    return _refusal(limiters[index - 1], status, now_ms, (a, b, c, d), ticket, handoffs)
+
+
+def _booked(limiter: Limiter, lease: Lease, wait_ms: int, now_ms: int,
+            handoffs: List[Any]) -> Booked:
+    """admit.lua's answer that ``limiter`` booked the run a start, ``wait_ms`` from now,
+    with the lease (from that start) it runs under."""
+    assert isinstance(limiter, RateLimit)
+    return Booked(lease=lease, key=limiter.key,
+                  interval_us=limiter.rate.interval * 1_000_000 * limiter.cost,
+                  wait=max(0, wait_ms) / 1000.0, server_time_ms=now_ms, handoffs=handoffs)
+
+
+def _refusal(limiter: Limiter, status: int, now_ms: int, fields: Sequence[Any],
+             ticket: Ticket, handoffs: List[Any]) -> Outcome:
+    """admit.lua's refusal by ``limiter`` (``status`` and the four ``fields`` of its
+    reply, see the script) as an outcome."""
+    a, b, c, d = fields
     if status == 0:
         assert isinstance(limiter, SlotLimit)
         return Busy(
