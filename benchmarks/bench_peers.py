@@ -209,7 +209,10 @@ def run(args: argparse.Namespace) -> Tuple[ModuleType, List[Batch], Dict[str, An
     with tempfile.TemporaryDirectory(prefix="redislock-bench-peers-") as scratch, \
             RedisServer() as main, RedisServer() as lock:
         app = load_app(peers_env(main, lock, sender=True))
-        worker = Worker(peers_env(main, lock, sender=False), args.concurrency,
+        worker_env = peers_env(main, lock, sender=False)
+        if args.fake_store:
+            worker_env["BENCH_FAKE_STORE"] = "1"
+        worker = Worker(worker_env, args.concurrency,
                         Path(scratch) / "worker.log", app=PEERS_APP, pool=args.pool).start()
         counters = main.client(db=COUNTER_DB)
         results = main.client(db=BACKEND_DB)
@@ -270,6 +273,7 @@ def build_report(app: ModuleType, batches: List[Batch], args: argparse.Namespace
         "rounds": args.rounds,
         "pool": args.pool,
         "concurrency": args.concurrency,
+        "fake_store": args.fake_store,
         "kinds": chosen_kinds(app, args),
         "plain": app.PLAIN,
         "environment": machine,
@@ -287,6 +291,11 @@ LABELS = {
     "once": "celery-once QueueOnce",
     "singleton": "celery-singleton Singleton",
 }
+
+
+#: The report's title says so when this package's admissions were granted without the
+#: lock store (``--fake-store``).
+FAKE_NOTE = " (this package with a fake lock store: --fake-store)"
 
 
 def markdown_report(data: Dict[str, Any]) -> str:
@@ -322,7 +331,9 @@ def markdown_report(data: Dict[str, Any]) -> str:
     )
     return (
         f"## Peers: no-op tasks, {data['tasks_per_batch']} per batch x {data['rounds']} "
-        f"rounds, {data['pool']} -c {data['concurrency']}\n\n{table}\n\n"
+        f"rounds, {data['pool']} -c {data['concurrency']}"
+        f"{FAKE_NOTE if data.get('fake_store') else ''}"
+        f"\n\n{table}\n\n"
         "Ratios: each batch over the plain batches just before and after it (geometric "
         "mean), medians over the rounds. CPU: user + system time per task of the worker, "
         "the sender and both redis-servers, the plain batches' over the kind's (1 costs "
@@ -348,6 +359,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--kinds", default="",
                         help="comma-separated kinds to run (default: all), e.g. slots,once")
     parser.add_argument("--modes", default="", help="ignored, stored or both (default)")
+    parser.add_argument("--fake-store", action="store_true",
+                        help="the worker grants this package's admissions without the lock "
+                             "store (benchmarks/fake_store.py): its own share alone")
     return parser.parse_args(argv)
 
 

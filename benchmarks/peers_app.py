@@ -91,6 +91,10 @@ app.conf.update(
     # False), as before admission moved to the worker's main process.
     redislock_admit_before_pool=os.environ.get("BENCH_POOL_ASKS") != "1",
 )
+if os.environ.get("BENCH_FAKE_STORE") == "1":  # this package's share alone: see fake_store
+    from .fake_store import install
+
+    install()
 
 
 def kind_options() -> Dict[str, Tuple[Optional[type], Dict[str, Any]]]:
