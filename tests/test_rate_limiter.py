@@ -299,3 +299,21 @@ def test_booked_starts_never_crowd_a_window(redis_client):
     starts.sort()
     most = max(sum(1 for t in starts if s <= t < s + 1000) for s in starts)
     assert most <= 20 + 2, starts
+
+
+def test_a_run_back_early_books_its_promise_only_when_it_is_next(redis_client):
+    """A run that comes back before the start it was promised books it only when no
+    start promised before it is still due: out of turn it keeps its promise (and asks
+    again), so that booking never takes an earlier run's start."""
+    limit = RateLimit("back-early", Rate.parse("10/s", burst=0), "redislock:")
+    assert isinstance(admit(redis_client, [limit], lease=5), Lease)
+    first, second = (admit(redis_client, [limit], lease=5) for _ in range(2))
+    assert isinstance(first, RateLimited) and isinstance(second, RateLimited)
+    out_of_turn = admit(redis_client, [limit], lease=5, book_ms=500,
+                        promises={limit.key: second.promise})
+    assert isinstance(out_of_turn, RateLimited) and out_of_turn.promise == second.promise
+    in_turn = [admit(redis_client, [limit], lease=5, book_ms=500,
+                     promises={limit.key: outcome.promise}) for outcome in (first, second)]
+    assert [type(outcome) for outcome in in_turn] == [Booked, Booked]
+    assert [outcome.lease.acquired_at_ms for outcome in in_turn] == [
+        first.promise // 1000, second.promise // 1000]

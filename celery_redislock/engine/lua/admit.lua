@@ -53,8 +53,10 @@
 --             0, 0, 0, 0} (a worker's main process asks so when no pool process is free)
 -- ARGV[10+#KEYS] how far ahead (ms) the caller takes a booked start, or '0': a run whose
 --             one limiter is a rate limiter, with no ticket, that would be promised a
---             start within that time (a newcomer, or a run that came back late) is
---             admitted from that start instead: the start is counted as taken then,
+--             start within that time (a newcomer, or a run that came back late), or
+--             that came back early for a start within that time that is the first the
+--             GCRA allows (no start promised before it is due), is admitted from that
+--             start instead: the start is counted as taken then,
 --             and the caller holds the run until then and starts it without asking
 --             again (a worker's main process; it gives the start back with refund.lua
 --             if it cannot start the run on time)
@@ -446,13 +448,18 @@ if rate_refusal then
     limiter.line = promise + limiter.interval
   end
   local fresh = promise ~= rate_refusal.promise  -- promised in this call
-  if fresh and book_ms > 0 and #KEYS == 1 and ticket == '' and ARGV[9 + #KEYS] ~= '1'
-      and promise - now_us <= book_ms * 1000 then
+  -- A run that came back early with its promise books it only if it is the first start
+  -- the GCRA allows from now on: a start promised before it would not be due any more,
+  -- so booking it takes no other run's start.
+  local first_allowed = limiter.tat - limiter.tolerance
+  local next_due = promise >= first_allowed and promise <= first_allowed + limiter.interval / 2
+  if (fresh or next_due) and book_ms > 0 and #KEYS == 1 and ticket == ''
+      and ARGV[9 + #KEYS] ~= '1' and promise - now_us <= book_ms * 1000 then
     -- Booked: admitted from the promised start, which is counted as taken then (as an
     -- admission at that time counts it: the GCRA conforms there, the line starts after).
     local tat = math.max(limiter.tat, promise) + limiter.interval
     local fields = {'tat', string.format('%.0f', tat)}
-    if not limiter.replanned then  -- else the line is among rate_fields
+    if fresh and not limiter.replanned then  -- else the line is among rate_fields, or kept
       fields[3] = 'line'
       fields[4] = string.format('%.0f', limiter.line)
     end
