@@ -175,7 +175,8 @@ def test_state_expires_when_idle(redis_client):
     limiter.try_acquire()
     ttl = redis_client.pttl(limiter.limit.key)
     assert 1000 < ttl <= 2 * 1100
-    assert int(redis_client.hget(limiter.limit.key, "exp")) > 0
+    until_ms, tat, _ = redis_client.hget(limiter.limit.key, "exp").split(b" ")
+    assert int(until_ms) > 0 and tat == redis_client.hget(limiter.limit.key, "tat")
 
 
 def test_most_admissions_of_a_busy_rate_set_no_time_to_live():
@@ -317,3 +318,22 @@ def test_a_run_back_early_books_its_promise_only_when_it_is_next(redis_client):
     assert [type(outcome) for outcome in in_turn] == [Booked, Booked]
     assert [outcome.lease.acquired_at_ms for outcome in in_turn] == [
         first.promise // 1000, second.promise // 1000]
+
+
+def test_a_state_someone_else_wrote_gets_its_time_to_live_set_again(redis_client):
+    """The end of the time to live kept in the state is trusted only while nobody else
+    wrote the state: after a write by someone else (an earlier version of the package,
+    which sets the time to live to what its own view needs), the next admission sets it
+    again, so the key outlives every start it counts or promised."""
+    limit = RateLimit("written-by-others", Rate.parse("1/s", burst=0), "redislock:")
+    assert isinstance(admit(redis_client, [limit], lease=5), Lease)
+    for _ in range(3):  # three starts promised: the time to live is set some 10 s ahead
+        assert isinstance(admit(redis_client, [limit], lease=5), RateLimited)
+    tat = int(redis_client.hget(limit.key, "tat"))
+    redis_client.hset(limit.key, "tat", str(tat + 1_000_000))  # a start taken elsewhere
+    redis_client.pexpire(limit.key, 1_500)
+    promised = admit(redis_client, [limit], lease=5)
+    assert isinstance(promised, RateLimited) and promised.wait > 3.5
+    # The line now ends a second after that promise: the key lives at least that long,
+    # and a second more.
+    assert redis_client.pttl(limit.key) > (promised.wait + 2) * 1000

@@ -19,10 +19,13 @@
 --              'iv' -> the interval (us) the state is counted in; 'rp' -> the last
 --              re-plan, "when(us) factor plan", after the interval changed (the last
 --              digit of a promised start (us) is the number of the plan it belongs to);
---              'exp' -> when (ms) the key's time to live, last set here, ends: the key
---              lives until its state no longer matters (it ends a second after the last
---              start it counts or promised) and at most twice as long, so that most
---              calls need no PEXPIRE (a key without 'exp' gets one)
+--              'exp' -> "until tat line": when (ms) the key's time to live, last set
+--              here, ends, and the 'tat' and 'line' this script wrote last: the key
+--              lives until its state no longer matters (a second after the last start
+--              it counts or promised) and at most twice as long, so that most calls
+--              need no PEXPIRE. A key whose 'tat' or 'line' someone else wrote since
+--              (an earlier version of the package, refund.lua), or without 'exp', gets
+--              one: only this script's own writes are known to leave the time to live
 --
 -- KEYS[i]     the key of limiter i
 -- ARGV[1]     holder token, unique per acquisition
@@ -195,7 +198,12 @@ local function read_rate(limiter, spec, interval_override)
   limiter.line = math.max(number(saved[2]), now_us)
   limiter.saved_interval = tonumber(saved[3])
   limiter.replan = saved[4]
-  limiter.expires = number(saved[5])
+  limiter.tat_text, limiter.line_text = saved[1] or '', saved[2] or ''
+  local until_ms, tat_text, line_text = string.match(saved[5] or '', '^(%d+) (%S*) (%S*)$')
+  limiter.expires = 0  -- unknown: written by someone else since, or never here
+  if tat_text == limiter.tat_text and line_text == limiter.line_text then
+    limiter.expires = tonumber(until_ms)
+  end
 end
 
 -- The plan a rate limiter's promises belong to: the last decimal digit of every start
@@ -352,15 +360,20 @@ end
 
 -- Write a rate limiter's state (`fields`, with 'tat' and/or 'line' among them: `tat`
 -- and `line`) and keep the key alive until a second after the last start it counts or
--- promised. The time to live set is twice what that needs, and its end kept in 'exp':
--- only a call that finds it too short sets it again (one PEXPIRE in many).
+-- promised. The time to live set is twice what that needs, and its end kept in 'exp',
+-- with the 'tat' and 'line' written: only a call that finds it too short, or finds
+-- that someone else wrote the state since, sets it again (one PEXPIRE in many).
 local function write_rate_state(limiter, fields, tat, line)
   local needed = math.ceil((math.max(tat, line) - now_us) / 1000) + 1000
   local extend = limiter.expires < now + needed
-  if extend then
-    fields[#fields + 1] = 'exp'
-    fields[#fields + 1] = string.format('%d', now + 2 * needed)
+  local expires = extend and now + 2 * needed or limiter.expires
+  local tat_text, line_text = limiter.tat_text, limiter.line_text
+  for i = 1, #fields, 2 do
+    if fields[i] == 'tat' then tat_text = fields[i + 1] end
+    if fields[i] == 'line' then line_text = fields[i + 1] end
   end
+  fields[#fields + 1] = 'exp'
+  fields[#fields + 1] = string.format('%d %s %s', expires, tat_text, line_text)
   redis.call('HSET', limiter.key, unpack(fields))
   if extend then redis.call('PEXPIRE', limiter.key, 2 * needed) end
 end
