@@ -337,3 +337,17 @@ def test_a_state_someone_else_wrote_gets_its_time_to_live_set_again(redis_client
     # The line now ends a second after that promise: the key lives at least that long,
     # and a second more.
     assert redis_client.pttl(limit.key) > (promised.wait + 2) * 1000
+
+
+def test_a_booked_start_is_given_back_only_while_it_is_the_last_counted(redis_client):
+    """Once a later start is counted, giving an earlier booked start back would let a
+    new start come closer than the rate allows to that later one: it is left unused."""
+    limit = RateLimit("given-back-late", Rate.parse("10/s", burst=0), "redislock:")
+    admit(redis_client, [limit], lease=5)
+    first, second = (admit(redis_client, [limit], lease=5, book_ms=500) for _ in range(2))
+    assert isinstance(first, Booked) and isinstance(second, Booked)
+    counted = redis_client.hget(limit.key, "tat")
+    assert not first.give_back()
+    assert redis_client.hget(limit.key, "tat") == counted
+    assert second.give_back()  # the last counted: given back
+    assert first.give_back() is True  # now the last again

@@ -520,11 +520,16 @@ class Booked:
     wait: float
     server_time_ms: int
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
+    #: The rate limiter's count (its GCRA ``tat``, µs) as the booking left it.
+    counted_until_us: int = 0
 
     def give_back(self) -> bool:
-        """Give the booked start back (the run did not start on time); True if the rate
-        limiter still counted it. One script."""
-        return bool(REFUND.run(self.lease._client, [self.key], [repr(self.interval_us)]))
+        """Give the booked start back (the run did not start on time); True if it was
+        given back: only while no later start was counted (else taking it out of the
+        count could let a later start come too close to one counted after it; it is
+        left unused). One script."""
+        return bool(REFUND.run(self.lease._client, [self.key],
+                               [repr(self.interval_us), self.counted_until_us]))
 
 
 @dataclass(frozen=True)
@@ -686,18 +691,19 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
         start_ms = int(a) // 1000
         return _booked(limiters[index - 1], _lease(
             client, limiters, token, lease, description, reserve_ms, start_ms,
-            start_ms + milliseconds(lease), 0, 0, 0, []), int(b), now_ms, handoffs)
+            start_ms + milliseconds(lease), 0, 0, 0, []), int(b), int(c), now_ms, handoffs)
     return _refusal(limiters[index - 1], status, now_ms, (a, b, c, d), ticket, handoffs)
 
 
-def _booked(limiter: Limiter, lease: Lease, wait_ms: int, now_ms: int,
-            handoffs: List[Any]) -> Booked:
+def _booked(limiter: Limiter, lease: Lease, wait_ms: int, counted_until_us: int,
+            now_ms: int, handoffs: List[Any]) -> Booked:
     """admit.lua's answer that ``limiter`` booked the run a start, ``wait_ms`` from now,
     with the lease (from that start) it runs under."""
     assert isinstance(limiter, RateLimit)
     return Booked(lease=lease, key=limiter.key,
                   interval_us=limiter.rate.interval * 1_000_000 * limiter.cost,
-                  wait=max(0, wait_ms) / 1000.0, server_time_ms=now_ms, handoffs=handoffs)
+                  wait=max(0, wait_ms) / 1000.0, server_time_ms=now_ms, handoffs=handoffs,
+                  counted_until_us=counted_until_us)
 
 
 def _refusal(limiter: Limiter, status: int, now_ms: int, fields: Sequence[Any],

@@ -85,8 +85,9 @@
 --                                and its reserved slots there; other is 1 when another
 --                                copy of the run's message holds this promise
 --     {3, now, i, pause_end_ms or -1, 0, 0, 0}   limiter i is paused by an operator
---     {6, now, i, start_us, wait_ms, 0, ahead}   admitted from the booked start start_us
---                                (ARGV[10+#KEYS]): the run is not to start before it
+--     {6, now, i, start_us, wait_ms, tat, ahead}   admitted from the booked start start_us
+--                                (ARGV[10+#KEYS]): the run is not to start before it;
+--                                tat is what the booking wrote (see refund.lua)
 --     {4, now, i, 0, 0, 0, 0}    the ticket was served already: this copy must not run
 --                                (a served ticket whose other copy was surely still
 --                                out is remembered until that copy comes back, a week
@@ -477,7 +478,7 @@ if rate_refusal then
       fields[4] = string.format('%.0f', limiter.line)
     end
     write_rate_state(limiter, rate_fields(limiter, fields), tat, limiter.line)
-    return reply(6, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000), 0,
+    return reply(6, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000), tat,
                  math.max(0, math.floor((promise - now_us) / limiter.interval)))
   end
   if fresh or limiter.replanned or limiter.saved_interval ~= limiter.base then

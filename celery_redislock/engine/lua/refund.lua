@@ -1,9 +1,15 @@
 -- Give back a start that a rate limiter handed out but that was not used (see admit.lua):
 -- a run admitted by a rate limiter on one Redis Cluster node and refused by a limit on
--- another node takes its admission back.
+-- another node takes its admission back at once; a run that could not begin at the
+-- start booked for it gives that start back.
 --
 -- KEYS[1]   rate limiter state
 -- ARGV[1]   interval between starts (us)
+-- ARGV[2]   (a booked start) the 'tat' its booking wrote: the start is given back only
+--           if no start was counted since (the state's 'tat' is still that), so that
+--           taking it out of the count never lets a later start come closer than the
+--           rate allows to one counted after it; else nothing is written (the start
+--           is left unused)
 --
 -- Returns 1 if a start was given back.
 
@@ -11,5 +17,7 @@ local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local tat = tonumber(redis.call('HGET', KEYS[1], 'tat') or '0') or 0
 if tat <= now_us then return 0 end
+local booked = tonumber(ARGV[2] or '')
+if booked and tat ~= booked then return 0 end
 redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', math.max(tat - tonumber(ARGV[1]), now_us)))
 return 1
