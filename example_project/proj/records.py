@@ -10,9 +10,10 @@ Every run of a limited task, once it holds its slot, records:
 * the time it was admitted (the lock store's clock, ms) in the sorted set ``admitted:<key>``;
 * ``INCR ended:<key>`` at its end, so a live view can count the runs done so far.
 
-Every delivery of a run (admitted or sent back to wait) adds one to its count in the hash
-``deliveries``; the first one also writes the server's time in the hash ``asked``: when
-the run first asked for its slot, from which its wait is measured.
+Every delivery of a run to a worker (admitted or sent back to wait; Celery's
+``task_received``) adds one to its count in the hash ``deliveries``; the first one also
+writes the server's time in the hash ``asked``: when the run first asked for its slot,
+from which its wait is measured.
 
 All keys begin with a prefix (``PROJ_RECORD_PREFIX``), so several demo runs can share a
 server without mixing up their records.

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from celery import Task
-from celery.signals import task_prerun
+from celery.signals import task_received
 
 from celery_redislock import LimitedTask, SingletonTask
 from proj.app import app
@@ -29,10 +29,12 @@ FAST_RETRY: dict[str, Any] = {
 }
 
 
-@task_prerun.connect
-def count_delivery(task_id: str, **_: Any) -> None:
-    """Every delivery of a run passes here, including those sent back to wait for a slot."""
-    recorder().delivered(task_id)
+@task_received.connect
+def count_delivery(request: Any, **_: Any) -> None:
+    """Every delivery of a run to a worker passes here (in the worker's main process,
+    which decides whether the run may start), including the copies of its message sent
+    back to wait for a slot: a run that waits never reaches a pool process."""
+    recorder().delivered(request.id)
 
 
 def pretend_to_work(task: Task, seconds: tuple[float, float], key: str = "") -> str:
