@@ -49,6 +49,7 @@ import redis
 
 from celery_redislock.testing import RedisServer
 
+from . import fake_store
 from .bench_rate import rotated
 from .bench_task_overhead import CpuMeter, Worker, wait_for_count
 from .common import calls_delta, environment, markdown_table, median, server_counters, write_json
@@ -211,7 +212,7 @@ def run(args: argparse.Namespace) -> Tuple[ModuleType, List[Batch], Dict[str, An
         app = load_app(peers_env(main, lock, sender=True))
         worker_env = peers_env(main, lock, sender=False)
         if args.fake_store:
-            worker_env["BENCH_FAKE_STORE"] = "1"
+            worker_env[fake_store.ENV] = "1"
         worker = Worker(worker_env, args.concurrency,
                         Path(scratch) / "worker.log", app=PEERS_APP, pool=args.pool).start()
         counters = main.client(db=COUNTER_DB)

@@ -20,6 +20,7 @@ from typing import Any, Callable, List, Mapping, Sequence
 
 from celery_redislock.engine import admission
 
+#: The worker's environment variable that installs it (``"1"``).
 ENV = "BENCH_FAKE_STORE"
 
 _fences = itertools.count()

@@ -41,6 +41,8 @@ from celery.signals import task_postrun
 import celery_redislock
 from celery_redislock import LimitedTask
 
+from . import fake_store
+
 try:
     from celery_once import QueueOnce
 except ImportError:  # the bench extra is not installed: that kind is left out
@@ -91,10 +93,8 @@ app.conf.update(
     # False), as before admission moved to the worker's main process.
     redislock_admit_before_pool=os.environ.get("BENCH_POOL_ASKS") != "1",
 )
-if os.environ.get("BENCH_FAKE_STORE") == "1":  # this package's share alone: see fake_store
-    from .fake_store import install
-
-    install()
+if os.environ.get(fake_store.ENV) == "1":  # this package's share alone: see fake_store
+    fake_store.install()
 
 
 def kind_options() -> Dict[str, Tuple[Optional[type], Dict[str, Any]]]:
