@@ -33,6 +33,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import os
@@ -43,7 +44,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import redis
 
@@ -205,8 +206,10 @@ def chosen_modes(app: ModuleType, args: argparse.Namespace) -> List[str]:
     return [mode for mode in app.MODES if mode in wanted]
 
 
-def run(args: argparse.Namespace) -> Tuple[ModuleType, List[Batch], Dict[str, Any]]:
-    """Start the servers and the worker, run the batches, stop everything."""
+@contextlib.contextmanager
+def started(args: argparse.Namespace) -> Iterator[Bench]:
+    """The servers and the worker of ``args`` (``--pool``, ``--concurrency``,
+    ``--fake-store``, ``--timeout``) started, as a :class:`Bench`; stopped on exit."""
     with tempfile.TemporaryDirectory(prefix="redislock-bench-peers-") as scratch, \
             RedisServer() as main, RedisServer() as lock:
         app = load_app(peers_env(main, lock, sender=True))
@@ -223,14 +226,19 @@ def run(args: argparse.Namespace) -> Tuple[ModuleType, List[Batch], Dict[str, An
             assert lock.process is not None
             cpu = CpuMeter(worker.process.pid, main.process.pid,
                            more={"lock_store": lock.process.pid})
-            bench = Bench(app, counters, results, lock_client, worker, cpu, args.timeout)
-            batches = run_rounds(bench, args)
-            machine = environment(lock_client)
+            yield Bench(app, counters, results, lock_client, worker, cpu, args.timeout)
         finally:
             worker.stop()
             for client in (counters, results, lock_client):
                 client.close()
-    return app, batches, machine
+
+
+def run(args: argparse.Namespace) -> Tuple[ModuleType, List[Batch], Dict[str, Any]]:
+    """Start the servers and the worker, run the batches, stop everything."""
+    with started(args) as bench:
+        batches = run_rounds(bench, args)
+        machine = environment(bench.lock)
+    return bench.app, batches, machine
 
 
 def summarize(batches: List[Batch], kind: str, mode: str) -> Dict[str, Any]:

@@ -12,6 +12,8 @@ Every URL comes from the environment, as in ``worker_app``:
                                   ``rate:burst``: ``"20/s,50/s,5/s:5"``
 ``REDISLOCK_BENCH_PREFETCH``      the workers' ``worker_prefetch_multiplier`` (default:
                                   Celery's, 4)
+``REDISLOCK_BENCH_RATE_RECHECK``  the workers' ``redislock_rate_recheck`` in seconds, or
+                                  ``none`` (default: the package's, 1 s)
 ``REDISLOCK_BENCH_TRACE``         ``"1"``: also record every refusal (task id and the start
                                   it was promised) through the ``rate_limited`` signal
 
@@ -44,6 +46,7 @@ RECORDS_ENV = "REDISLOCK_BENCH_RECORDS_URL"
 RATES_ENV = "REDISLOCK_BENCH_RATES"
 TRACE_ENV = "REDISLOCK_BENCH_TRACE"
 PREFETCH_ENV = "REDISLOCK_BENCH_PREFETCH"
+RECHECK_ENV = "REDISLOCK_BENCH_RATE_RECHECK"
 DEFAULT_RATES = "20/s,50/s,5/s:5"
 
 QUEUE = "redislock-bench-rate"
@@ -121,6 +124,9 @@ app.conf.update(
 )
 if os.environ.get(PREFETCH_ENV):
     app.conf.worker_prefetch_multiplier = int(os.environ[PREFETCH_ENV])
+if os.environ.get(RECHECK_ENV):
+    recheck = os.environ[RECHECK_ENV]
+    app.conf.redislock_rate_recheck = None if recheck == "none" else float(recheck)
 
 
 def limits_setting(configs: List[RateConfig]) -> Dict[str, Dict[str, Any]]:
