@@ -215,7 +215,7 @@ def started(args: argparse.Namespace) -> Iterator[Bench]:
         app = load_app(peers_env(main, lock, sender=True))
         worker_env = peers_env(main, lock, sender=False)
         if args.fake_store:
-            worker_env[fake_store.ENV] = "1"
+            worker_env[fake_store.ENV] = fake_store.MODES[args.fake_store]
         worker = Worker(worker_env, args.concurrency,
                         Path(scratch) / "worker.log", app=PEERS_APP, pool=args.pool).start()
         counters = main.client(db=COUNTER_DB)
@@ -303,8 +303,10 @@ LABELS = {
 
 
 #: The report's title says so when this package's admissions were granted without the
-#: lock store (``--fake-store``).
-FAKE_NOTE = " (this package with a fake lock store: --fake-store)"
+#: lock store's script (``--fake-store``).
+FAKE_NOTES = {"free": " (this package with a fake lock store: --fake-store)",
+              "ping": " (this package with a fake lock store after one bare round trip: "
+                      "--fake-store ping)"}
 
 
 def markdown_report(data: Dict[str, Any]) -> str:
@@ -342,7 +344,7 @@ def markdown_report(data: Dict[str, Any]) -> str:
     return (
         f"## Peers: no-op tasks, {data['tasks_per_batch']} per batch x {data['rounds']} "
         f"rounds, {data['pool']} -c {data['concurrency']}"
-        f"{FAKE_NOTE if data.get('fake_store') else ''}"
+        f"{FAKE_NOTES.get(data.get('fake_store') or '', '')}"
         f"\n\n{table}\n\n"
         "Ratios: each batch over the plain batches just before and after it (geometric "
         "mean), medians over the rounds. CPU: user + system time per task of the worker, "
@@ -369,9 +371,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--kinds", default="",
                         help="comma-separated kinds to run (default: all), e.g. slots,once")
     parser.add_argument("--modes", default="", help="ignored, stored or both (default)")
-    parser.add_argument("--fake-store", action="store_true",
+    parser.add_argument("--fake-store", nargs="?", const="free", default="",
+                        choices=sorted(fake_store.MODES),
                         help="the worker grants this package's admissions without the lock "
-                             "store (benchmarks/fake_store.py): its own share alone")
+                             "store (benchmarks/fake_store.py): its own share alone; 'ping': "
+                             "after one bare round trip to it")
     return parser.parse_args(argv)
 
 

@@ -93,8 +93,8 @@ app.conf.update(
     # False), as before admission moved to the worker's main process.
     redislock_admit_before_pool=os.environ.get("BENCH_POOL_ASKS") != "1",
 )
-if os.environ.get(fake_store.ENV) == "1":  # this package's share alone: see fake_store
-    fake_store.install()
+if os.environ.get(fake_store.ENV) in fake_store.MODES.values():  # see fake_store
+    fake_store.install(os.environ[fake_store.ENV])
 
 
 def kind_options() -> Dict[str, Tuple[Optional[type], Dict[str, Any]]]:

@@ -144,8 +144,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=8.0, help="sampled per kind")
     parser.add_argument("--tasks", type=int, default=300, help="tasks per batch")
     parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
-    parser.add_argument("--fake-store", action="store_true",
-                        help="this package's admissions granted without the lock store")
+    parser.add_argument("--fake-store", nargs="?", const="free", default="",
+                        choices=("free", "ping"),
+                        help="this package's admissions granted without the lock store's "
+                             "script ('ping': after one bare round trip), as in bench_peers")
     return parser.parse_args(argv)
 
 
