@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import bench_peers
+from . import bench_peers, fake_store
 from .common import markdown_table
 
 #: Categories, first match wins: (name, frames that mark it, the innermost frame must be
@@ -145,7 +145,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=300, help="tasks per batch")
     parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
     parser.add_argument("--fake-store", nargs="?", const="free", default="",
-                        choices=("free", "ping"),
+                        choices=sorted(fake_store.MODES),
                         help="this package's admissions granted without the lock store's "
                              "script ('ping': after one bare round trip), as in bench_peers")
     return parser.parse_args(argv)
