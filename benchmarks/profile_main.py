@@ -102,12 +102,13 @@ def profile_kind(bench: bench_peers.Bench, kind: str, mode: str, seconds: float,
     main process: each category's wall time per task (µs), and the tasks per second."""
     bench_peers.run_batch(bench, kind, mode, tasks, -1)  # warm up
     assert bench.worker.process is not None
-    out = scratch / f"{kind}-{mode}.txt"
-    spy = subprocess.Popen(
-        [py_spy, "record", "--rate", "250", "--format", "raw", "--nonblocking",
-         "--output", str(out), "--pid", str(bench.worker.process.pid)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # py-spy attaches
+    out, log = scratch / f"{kind}-{mode}.txt", scratch / f"{kind}-{mode}.log"
+    with log.open("w") as errors:
+        spy = subprocess.Popen(
+            [py_spy, "record", "--rate", "250", "--format", "raw", "--nonblocking",
+             "--output", str(out), "--pid", str(bench.worker.process.pid)],
+            stdout=subprocess.DEVNULL, stderr=errors)
+    time.sleep(1.0)  # py-spy says nothing once it samples: give it time to attach
     started, done = time.perf_counter(), 0
     while time.perf_counter() - started < seconds:
         bench_peers.run_batch(bench, kind, mode, tasks, 0)
@@ -115,6 +116,9 @@ def profile_kind(bench: bench_peers.Bench, kind: str, mode: str, seconds: float,
     elapsed = time.perf_counter() - started
     spy.send_signal(signal.SIGINT)
     spy.wait(timeout=60)
+    if not out.exists():
+        raise SystemExit(f"py-spy sampled nothing (exit {spy.returncode}; it needs root or "
+                         f"kernel.yama.ptrace_scope 0): {log.read_text().strip()[-500:]}")
     per_task = elapsed * 1e6 / done
     with out.open() as raw:
         split = shares(raw)
