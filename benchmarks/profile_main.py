@@ -60,6 +60,8 @@ CATEGORIES: Tuple[Tuple[str, Tuple[str, ...], Tuple[str, ...]], ...] = (
     ("idle (epoll)", ("_epoll.poll",), ()),
 )
 OTHER = "the rest"
+#: Every category's name, in the report's order.
+NAMES = [*(name for name, _, _ in CATEGORIES), OTHER]
 
 
 def frame_name(frame: str) -> str:
@@ -92,8 +94,7 @@ def shares(raw_lines: Iterable[str]) -> Dict[str, float]:
         if stack and count.isdigit():
             counts[category(stack.split(";"))] += int(count)
     total = sum(counts.values()) or 1
-    return {name: counts.get(name, 0) / total
-            for name in [*(c[0] for c in CATEGORIES), OTHER]}
+    return {name: counts.get(name, 0) / total for name in NAMES}
 
 
 def profile_kind(bench: bench_peers.Bench, kind: str, mode: str, seconds: float,
@@ -128,9 +129,8 @@ def profile_kind(bench: bench_peers.Bench, kind: str, mode: str, seconds: float,
 def report(results: Dict[str, Tuple[Dict[str, float], float]], mode: str) -> str:
     """The table: each category's wall µs per task for every kind, plain first."""
     kinds = list(results)
-    names = [*(c[0] for c in CATEGORIES), OTHER]
     rows: List[Tuple[object, ...]] = []
-    for name in names:
+    for name in NAMES:
         rows.append((name, *(f"{results[kind][0][name]:.0f}" for kind in kinds)))
     rows.append(("**all (wall µs/task)**",
                  *(f"**{sum(results[kind][0].values()):.0f}**" for kind in kinds)))

@@ -82,6 +82,12 @@ class RateLimit:
         object.__setattr__(self, "key", rate_key(self.name, self.prefix))
         object.__setattr__(self, "_cost", "" if self.cost == 1 else f":{self.cost}")
 
+    @property
+    def start_us(self) -> float:
+        """What one start of this limiter uses of the rate (µs): its interval times its
+        cost; what a start given back (``refund.lua``) takes out of the count."""
+        return self.rate.interval * 1_000_000 * self.cost
+
     def spec(self, promises: Mapping[str, int]) -> str:
         interval = self.rate.interval * 1_000_000
         tolerance = interval * self.rate.burst
@@ -643,7 +649,7 @@ def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, le
                 for limiter in earlier_group:
                     if isinstance(limiter, RateLimit):
                         REFUND.run(client, [limiter.key],
-                                   [repr(limiter.rate.interval * 1_000_000 * limiter.cost)])
+                                   [repr(limiter.start_us)])
             return outcome
         taken.append((group, outcome))
     if probe:
@@ -701,7 +707,7 @@ def _booked(limiter: Limiter, lease: Lease, wait_ms: int, counted_until_us: int,
     with the lease (from that start) it runs under."""
     assert isinstance(limiter, RateLimit)
     return Booked(lease=lease, key=limiter.key,
-                  interval_us=limiter.rate.interval * 1_000_000 * limiter.cost,
+                  interval_us=limiter.start_us,
                   wait=max(0, wait_ms) / 1000.0, server_time_ms=now_ms, handoffs=handoffs,
                   counted_until_us=counted_until_us)
 
