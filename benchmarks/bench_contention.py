@@ -357,7 +357,7 @@ def markdown_report(data: Dict[str, Any]) -> str:
         f"Package utilisation: {targets or 'no target scenario run'}; at most N at once and "
         f"every task run exactly once: **{'yes' if data['limits_held'] else 'NO'}**.\n\n"
         "`package`: `LimitedTask(lock_slots=N)`, default settings. `baseline`: plain task, "
-        f"`Semaphore.acquire()` without blocking, else `self.retry(countdown="
+        f"`Semaphore.acquire(blocking=False)` without blocking, else `self.retry(countdown="
         f"{data['retry_countdown']:g})`. Waits are from a task's first delivery to a pool "
         "process to the start of its body; overtaking counts tasks that first asked later "
         "but started earlier (in brackets: sent later). Hand-off gap: how long a freed slot "

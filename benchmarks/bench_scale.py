@@ -72,7 +72,7 @@ def timed_cycles(semaphores: Sequence[Semaphore], leases: List[Lease],
         started = time.perf_counter()
         semaphore.release(leases[index])
         released = time.perf_counter()
-        lease = semaphore.acquire()
+        lease = semaphore.acquire(blocking=False)
         acquired = time.perf_counter()
         if lease is None:
             raise RuntimeError(f"{semaphore!r} refused the slot just released")
@@ -95,7 +95,7 @@ def measure_point(client: redis.Redis, series: str, size: int,
         semaphores = [Semaphore(client, f"scale:holders:{size}", slots=size)] * size
     leases = []
     for semaphore in semaphores:
-        lease = semaphore.acquire()
+        lease = semaphore.acquire(blocking=False)
         if lease is None:
             raise RuntimeError(f"{semaphore!r} refused a free slot")
         leases.append(lease)
@@ -146,7 +146,7 @@ def idle_keys(client: redis.Redis, sizes: Sequence[int], ttl_wait: float) -> Dic
     count = max(sizes)
     semaphores = [Semaphore(client, f"idle:{index}", slots=1) for index in range(count)]
     for semaphore in semaphores:
-        lease = semaphore.acquire()
+        lease = semaphore.acquire(blocking=False)
         if lease is None:
             raise RuntimeError(f"{semaphore!r} refused a free slot")
         semaphore.release(lease)

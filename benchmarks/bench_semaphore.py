@@ -121,7 +121,7 @@ def semaphore_cycle(client: redis.Redis) -> Cycle:
     semaphore = Semaphore(client, "bench:semaphore", slots=1, lease=30)
 
     def cycle() -> None:
-        lease = semaphore.acquire()
+        lease = semaphore.acquire(blocking=False)
         if lease is None:
             raise RuntimeError("the uncontended semaphore refused a slot")
         semaphore.release(lease)

@@ -153,7 +153,7 @@ def limited(self: Task, run: str, seq: int, duration: float) -> None:
 def baseline(self: Task, run: str, seq: int, duration: float) -> None:
     """Sleep ``duration`` s in a slot taken without blocking; none free: retry in FIXED s."""
     semaphore = Semaphore(_client(LOCK_ENV), f"run:{run}", slots=SLOTS)
-    lease = semaphore.acquire()
+    lease = semaphore.acquire(blocking=False)
     if lease is None:
         # Unlimited retries come from the task's max_retries=None: in retry(), None means
         # "the task's own limit" (3 by default), not "no limit".

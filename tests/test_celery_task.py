@@ -61,7 +61,7 @@ def test_contention_neither_uses_retry_budget_nor_shows_in_retries(
 
     celery_worker.reload()
     blocker = Semaphore(lock_client, "budget", slots=1, lease=30)
-    held = blocker.acquire()
+    held = blocker.acquire(blocking=False)
     result = patient.delay()
     try:
         wait_until(lambda: deliveries[result.id] >= 12, what="12 contended deliveries")
@@ -89,7 +89,7 @@ def test_own_retry_after_a_wait_starts_a_fresh_wait(celery_app, celery_worker, l
         return self.request.retries
 
     celery_worker.reload()
-    held = Semaphore(lock_client, "fresh").acquire()
+    held = Semaphore(lock_client, "fresh").acquire(blocking=False)
     result = flaky.delay()
     wait_until(lambda: deliveries[result.id] >= 3, what="contended deliveries")
     Semaphore(lock_client, "fresh").release(held)
@@ -192,7 +192,7 @@ def test_gives_up_after_lock_max_wait(celery_app, celery_worker, lock_client):
         return "ran"
 
     celery_worker.reload()
-    held = Semaphore(lock_client, "max-wait").acquire()
+    held = Semaphore(lock_client, "max-wait").acquire(blocking=False)
     started = time.monotonic()
     with pytest.raises(LockWaitTimeout, match="max-wait"):
         impatient.delay().get(timeout=10)
@@ -252,7 +252,7 @@ def test_a_waiter_whose_admission_answer_was_lost_still_runs_once(
     monkeypatch.setattr(execution, "admit", admit_then_lose_the_answer)
     celery_worker.reload()
     blocker = Semaphore(lock_client, "lost-answer", slots=1, lease=30)
-    held = blocker.acquire()
+    held = blocker.acquire(blocking=False)
     result = waiter.delay()
     wait_until(lambda: lock_client.zcard(_line_key(lock_client)) == 1,
                what="the run to join the waiting line")
@@ -274,7 +274,7 @@ def test_eager_apply_takes_a_slot_and_waits_for_one(celery_app, lock_client):
         return holders(lock_client, "eager")
 
     assert eager.apply().get() == 1
-    held = Semaphore(lock_client, "eager").acquire()
+    held = Semaphore(lock_client, "eager").acquire(blocking=False)
     with pytest.raises(LockWaitTimeout, match="eager"):
         eager.apply().get()
     threading.Timer(0.1, Semaphore(lock_client, "eager").release, args=(held,)).start()
@@ -357,7 +357,7 @@ def test_signals_report_contention_acquire_and_release(celery_app, celery_worker
             return "ran"
 
         celery_worker.reload()
-        held = Semaphore(lock_client, "signalled").acquire()
+        held = Semaphore(lock_client, "signalled").acquire(blocking=False)
         result = signalled.delay()
         wait_until(lambda: any(name == "lock_contended" for name, _, _ in seen),
                    what="a lock_contended signal")
@@ -398,7 +398,7 @@ def test_countdowns_stay_below_the_visibility_timeout(celery_app, celery_worker,
             return "ran"
 
         celery_worker.reload()
-        held = Semaphore(lock_client, "visibility").acquire()
+        held = Semaphore(lock_client, "visibility").acquire(blocking=False)
         result = patient.delay()
         wait_until(lambda: len(countdowns) >= 2, what="two refusals")
         Semaphore(lock_client, "visibility").release(held)

@@ -65,13 +65,13 @@ def invoke(app, *args):
 def holders(lock_client):
     """Two holders of the task's semaphore (one a task run with a description), and a
     contended semaphore "other" (one slot, one holder, one refusal)."""
-    plain = Semaphore(lock_client, CRAWL, slots=2).acquire()
+    plain = Semaphore(lock_client, CRAWL, slots=2).acquire(blocking=False)
     run = admit(lock_client, [SlotLimit(CRAWL, 2, "redislock:")], lease=30,
                 owner="w1@host|task-1|", description=DESCRIPTION)
     other = Semaphore(lock_client, "other", slots=1)
-    other_lease = other.acquire()
+    other_lease = other.acquire(blocking=False)
     assert plain is not None and run.fence and other_lease is not None
-    assert other.acquire() is None  # refused: "other" is now contended
+    assert other.acquire(blocking=False) is None  # refused: "other" is now contended
     return {"plain": plain, "run": run, "other": other_lease}
 
 
@@ -198,7 +198,7 @@ def test_release_by_full_token(app, holders, lock_client):
     result = invoke(app, "release", "other", holders["other"].token)
     assert result.exit_code == 0, result.output
     assert live_holders(lock_client, "other") == 0
-    assert Semaphore(lock_client, "other", slots=1).acquire() is not None
+    assert Semaphore(lock_client, "other", slots=1).acquire(blocking=False) is not None
 
 
 def test_release_unknown_holder_fails_cleanly(app, holders, lock_client):
@@ -210,7 +210,7 @@ def test_release_unknown_holder_fails_cleanly(app, holders, lock_client):
 
 def test_release_ambiguous_holder_fails_cleanly(app, lock_client):
     pair = Semaphore(lock_client, "pair", slots=2)
-    first, second = pair.acquire(), pair.acquire()
+    first, second = pair.acquire(blocking=False), pair.acquire(blocking=False)
     common = first.token.split(".")[0] + "."  # this process's part of every token
     assert second.token.startswith(common)
     result = invoke(app, "release", "pair", common)

@@ -30,9 +30,9 @@ def client(cluster):
 
 def test_semaphore_on_a_cluster(client):
     sem = Semaphore(client, "cluster-sem", slots=2, lease=10)
-    first, second = sem.acquire(), sem.acquire()
+    first, second = sem.acquire(blocking=False), sem.acquire(blocking=False)
     assert first is not None and second is not None
-    assert sem.acquire() is None
+    assert sem.acquire(blocking=False) is None
     assert sem.holders() == 2
     assert first.renew()
     assert sem.release(first) and not sem.release(first)

@@ -124,7 +124,7 @@ def test_two_limits_are_taken_together(cluster: WorkerCluster) -> None:
     interval apart on the server's clock); neither limit is ever exceeded."""
     task = cluster.app.tasks[CHARGE]
     blocker = Semaphore(lock_store(cluster), "merchant:1")
-    held = blocker.acquire()
+    held = blocker.acquire(blocking=False)
     with lua_commands(cluster) as commands:
         blocked = [task.delay(1, amount) for amount in range(4)]
         free = [task.delay(2 + amount % 3, amount, seconds=0.05) for amount in range(15)]

@@ -184,7 +184,7 @@ class EngineModel(RuleBasedStateMachine):
             outcome = admit(sem.client, [SlotLimit(sem.name, self.slots, sem.limit.prefix,
                                                    cost)], lease=LEASE)
         else:
-            outcome = sem.acquire() if blocking_api else sem.attempt()
+            outcome = sem.acquire(blocking=False) if blocking_api else sem.attempt()
         # Admitted or refused, an admission tidies away every lease that had run out.
         for held in self.held:
             if held.state == ENDED:
@@ -291,7 +291,7 @@ class EngineModel(RuleBasedStateMachine):
         self.time_passes(LEASE_TICKS)
         taken = [self.acquire(side % 2, False).values[0] for side in range(self.slots)]
         assert len(self.live()) == self.slots
-        assert self.sems[1].acquire() is None
+        assert self.sems[1].acquire(blocking=False) is None
         self.refused = True
         for held in self.held:
             if held.state == ENDED:
@@ -351,9 +351,9 @@ def test_release_after_lease_ran_out_says_so(redis_client):
     here another holder was admitted in its place, so the stalled holder must not be told
     its release found the slot held."""
     sem = Semaphore(redis_client, "stalled", slots=1, lease=LEASE)
-    stalled = sem.acquire()
+    stalled = sem.acquire(blocking=False)
     redis_client.zadd(sem.key, {stalled._member: server_ms(redis_client) - 1}, xx=True)
-    successor = sem.acquire()
+    successor = sem.acquire(blocking=False)
     assert successor is not None and successor.fence > stalled.fence
     assert sem.release(stalled) is False
     assert sem.holders() == 1

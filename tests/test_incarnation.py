@@ -28,7 +28,7 @@ def first_lease(semaphore, renewing=None, timeout=10 * LEASE):
     def ask():
         if renewing is not None:
             assert renewing.renew()
-        lease = semaphore.acquire()
+        lease = semaphore.acquire(blocking=False)
         if lease is not None:
             granted.append(lease)
         return granted
@@ -39,24 +39,24 @@ def first_lease(semaphore, renewing=None, timeout=10 * LEASE):
 
 def test_after_a_flush_nothing_is_granted_afresh_for_one_lease(redis_client):
     semaphore = Semaphore(redis_client, "loss", slots=2, lease=LEASE)
-    held = semaphore.acquire()
+    held = semaphore.acquire(blocking=False)
     assert held is not None
     redis_client.flushdb()
 
     flushed = time.monotonic()
-    assert semaphore.acquire() is None, "a slot granted beside the holder of before"
+    assert semaphore.acquire(blocking=False) is None, "a slot granted beside the holder of before"
     assert held.renew() and not held.lost  # re-asserted in the emptied store
     assert semaphore.holders() == 1
     newcomer = first_lease(semaphore, renewing=held)
     assert time.monotonic() - flushed >= LEASE * 0.9  # server and test clocks may differ
     assert newcomer.fence > held.fence
-    assert semaphore.acquire() is None  # the holder of before and the newcomer
+    assert semaphore.acquire(blocking=False) is None  # the holder of before and the newcomer
     assert held.release() and newcomer.release()
 
 
 def test_fences_keep_rising_across_a_loss(redis_client):
     semaphore = Semaphore(redis_client, "fences", slots=1, lease=LEASE)
-    before = semaphore.acquire()
+    before = semaphore.acquire(blocking=False)
     redis_client.flushdb()
     assert before.renew()  # re-asserted, with its fencing number
     assert -redis_client.zscore(semaphore.key, "#fence") == before.fence
@@ -66,26 +66,26 @@ def test_fences_keep_rising_across_a_loss(redis_client):
 
 def test_a_lease_that_ran_out_is_not_reasserted(redis_client):
     semaphore = Semaphore(redis_client, "late", slots=1, lease=0.2)
-    held = semaphore.acquire()
+    held = semaphore.acquire(blocking=False)
     redis_client.flushdb()
-    assert semaphore.acquire() is None  # the loss is seen: a grace of one lease
+    assert semaphore.acquire(blocking=False) is None  # the loss is seen: a grace of one lease
     time.sleep(0.3)  # the holder's renewal comes too late: after the grace
     assert not held.renew() and held.lost
-    assert semaphore.acquire() is not None
+    assert semaphore.acquire(blocking=False) is not None
 
 
 def test_a_store_new_to_this_client_or_emptied_on_purpose_admits_at_once(
         redis_server, redis_client):
     semaphore = Semaphore(redis_client, "fresh", slots=1, lease=30)
-    assert semaphore.acquire() is not None
+    assert semaphore.acquire(blocking=False) is not None
     assert redis_client.keys("*incarnation") == [INCARNATION]
     assert 0 < redis_client.pttl(INCARNATION) <= 7 * 24 * 3600 * 1000  # it never lingers
     redis_client.flushdb()
     declare_fresh(redis_client)
-    assert semaphore.acquire() is not None  # said to be emptied on purpose
+    assert semaphore.acquire(blocking=False) is not None  # said to be emptied on purpose
     redis_client.flushdb()
     other = redis_server.client()  # a process that never saw the store before
-    assert Semaphore(other, "fresh", slots=1, lease=30).acquire() is not None
+    assert Semaphore(other, "fresh", slots=1, lease=30).acquire(blocking=False) is not None
     other.close()
 
 

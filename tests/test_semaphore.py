@@ -15,15 +15,15 @@ from support import INCARNATION, wait_until
 
 def test_admits_up_to_slots_then_refuses(redis_client):
     sem = Semaphore(redis_client, "crawler", slots=2, lease=10)
-    first, second = sem.acquire(), sem.acquire()
+    first, second = sem.acquire(blocking=False), sem.acquire(blocking=False)
     assert isinstance(first, Lease) and isinstance(second, Lease)
-    assert sem.acquire() is None
+    assert sem.acquire(blocking=False) is None
     assert sem.holders() == 2
     busy = sem.attempt()
     assert busy.holders == 2 and busy.slots == 2
     assert 9.0 < busy.retry_hint <= 10.0
     sem.release(first)
-    third = sem.acquire()
+    third = sem.acquire(blocking=False)
     assert third is not None
 
 
@@ -40,7 +40,7 @@ def test_many_threads_never_exceed_slots(redis_server, redis_client):
         sem = Semaphore(client, "hammered", slots=slots, lease=10)
         done = 0
         while done < rounds:
-            lease = sem.acquire()
+            lease = sem.acquire(blocking=False)
             if lease is None:
                 continue
             with guard:
@@ -75,16 +75,16 @@ def assert_idle(client):
 
 def test_average_hold_is_known_once_contended(redis_client):
     sem = Semaphore(redis_client, "singleton", slots=1, lease=10)
-    sem.release(sem.acquire())
-    lease = sem.acquire()
+    sem.release(sem.acquire(blocking=False))
+    lease = sem.acquire(blocking=False)
     assert sem.attempt().average_hold is None  # refused: holds taken from now on are timed
     sem.release(lease)
     taken = time.monotonic()
-    lease = sem.acquire()
+    lease = sem.acquire(blocking=False)
     time.sleep(0.2)
     sem.release(lease)
     given_back = time.monotonic()
-    held = sem.acquire()
+    held = sem.acquire(blocking=False)
     busy = sem.attempt()
     # The one hold timed: at least the 0.2 s slept, at most what the test saw around it
     # (however slow the machine), to the whole ms the holder reports.
@@ -95,11 +95,11 @@ def test_average_hold_is_known_once_contended(redis_client):
 
 def test_expired_lease_frees_its_slot(redis_client):
     sem = Semaphore(redis_client, "short", slots=1, lease=0.3)
-    crashed = sem.acquire()  # never renewed nor released: as if its process died
+    crashed = sem.acquire(blocking=False)  # never renewed nor released: as if its process died
     assert crashed is not None
-    assert sem.acquire() is None
+    assert sem.acquire(blocking=False) is None
     wait_until(lambda: sem.holders() == 0, timeout=5)
-    successor = sem.acquire()
+    successor = sem.acquire(blocking=False)
     assert successor is not None
     assert successor.fence > crashed.fence
     sem.release(crashed)  # the dead holder's late release cannot free the successor's slot
@@ -112,24 +112,24 @@ def test_renewal_keeps_the_slot_beyond_its_lease(redis_client):
     lease = sem.acquire(keep_alive=True)
     try:
         time.sleep(1.6)  # more than 3 leases: only renewal explains still holding it
-        assert sem.acquire() is None
+        assert sem.acquire(blocking=False) is None
         assert not lease.lost
     finally:
         assert sem.release(lease)
-    assert sem.acquire() is not None
+    assert sem.acquire(blocking=False) is not None
 
 
 def test_manual_renew_and_lost_lease(redis_client):
     # A live lease renews (a 30 s lease: live however slow the machine is), and one left
     # to run out (0.2 s) cannot be renewed and is reported lost.
     sem = Semaphore(redis_client, "manual", slots=1, lease=30)
-    lease = sem.acquire()
+    lease = sem.acquire(blocking=False)
     before = lease.expires_at_ms
     time.sleep(0.05)
     assert sem.renew(lease)
     assert lease.expires_at_ms > before
     short = Semaphore(redis_client, "manual-short", slots=1, lease=0.2)
-    lease = short.acquire()
+    lease = short.acquire(blocking=False)
     wait_until(lambda: short.holders() == 0, timeout=5)
     assert short.renew(lease) is False
     assert lease.lost
@@ -137,7 +137,7 @@ def test_manual_renew_and_lost_lease(redis_client):
 
 def test_release_is_idempotent_and_owner_checked(redis_client):
     sem = Semaphore(redis_client, "owned", slots=1, lease=10)
-    lease = sem.acquire()
+    lease = sem.acquire(blocking=False)
     stranger = Lease(name="owned", fence=0, lease_seconds=10, acquired_at_ms=0,
                      expires_at_ms=0, _client=redis_client, _keys=[sem.key],
                      _member="not-a-holder 0 0 ")
@@ -152,7 +152,7 @@ def test_fencing_numbers_increase(redis_client):
     sem = Semaphore(redis_client, "fenced", slots=3, lease=10)
     fences, held = [], []
     for _ in range(20):
-        lease = sem.acquire()
+        lease = sem.acquire(blocking=False)
         fences.append(lease.fence)
         held.append(lease)
         if len(held) == 3:  # all released: the idle key is deleted, numbers still rise
@@ -164,7 +164,7 @@ def test_fencing_numbers_increase(redis_client):
 
 def test_blocking_acquire_waits_for_release(redis_client):
     sem = Semaphore(redis_client, "blocking", slots=1, lease=10)
-    held = sem.acquire()
+    held = sem.acquire(blocking=False)
     threading.Timer(0.3, sem.release, args=(held,)).start()
     lease = sem.acquire(blocking=True, timeout=5)
     assert lease is not None
@@ -174,11 +174,27 @@ def test_blocking_acquire_waits_for_release(redis_client):
     assert sem.acquire(blocking=True, timeout=0.2) is None
 
 
+def test_a_timeout_alone_waits_as_in_threading(redis_client):
+    """``acquire(timeout=...)`` waits, as ``threading.Semaphore.acquire(timeout=...)``
+    does, without ``blocking=True``; ``blocking=False`` with a timeout is refused."""
+    sem = Semaphore(redis_client, "timeout-alone", slots=1, lease=10)
+    held = sem.acquire()
+    threading.Timer(0.3, sem.release, args=(held,)).start()
+    lease = sem.acquire(timeout=5)
+    assert lease is not None
+    assert lease.acquired_at_ms - held.acquired_at_ms >= 300 - 1
+    started = time.monotonic()
+    assert sem.acquire(timeout=0.2) is None
+    assert time.monotonic() - started >= 0.2
+    with pytest.raises(ValueError, match="non-blocking"):
+        sem.acquire(blocking=False, timeout=1)
+
+
 def test_context_manager_holds_and_releases(redis_client):
     sem = Semaphore(redis_client, "context", slots=1, lease=10)
     with sem as lease:
         assert isinstance(lease, Lease)
-        assert sem.acquire() is None
+        assert sem.acquire(blocking=False) is None
         with pytest.raises(LockTimeout), sem.hold(timeout=0.1):
             pass
     assert sem.holders() == 0
@@ -198,9 +214,9 @@ def test_keys_share_a_cluster_slot_and_are_bounded():
 
 def test_script_reloads_after_script_flush(redis_client):
     sem = Semaphore(redis_client, "flushed", slots=1, lease=10)
-    sem.release(sem.acquire())
+    sem.release(sem.acquire(blocking=False))
     redis_client.script_flush()
-    assert sem.acquire() is not None
+    assert sem.acquire(blocking=False) is not None
 
 
 @pytest.mark.parametrize("slots", [0, -1, 1.5, "2", True, None])
@@ -287,7 +303,7 @@ def test_available_counts_override_pause_and_the_waiting_line(redis_client):
     from celery_redislock.engine.keys import companion_key
 
     slots = Semaphore(redis_client, "avail", slots=3, lease=30)
-    held = slots.acquire()
+    held = slots.acquire(blocking=False)
     assert slots.available() == 2
     set_slots(redis_client, "avail", 5)
     assert slots.available() == 4                   # the operator's override counts

@@ -281,7 +281,7 @@ def test_the_documented_acl_user_can_do_everything_the_package_does(
 
     celery_worker.reload()
     client = redis_client(celery_app)
-    held = Semaphore(client, "acl-line", slots=1, lease=30).acquire()
+    held = Semaphore(client, "acl-line", slots=1, lease=30).acquire(blocking=False)
     results = [waiting.delay(n) for n in range(3)]
     wait_until(lambda: admin.zcard(companion_key(semaphore_key("acl-line", "redislock:"),
                                                  "q")) == 3, what="three runs in line")

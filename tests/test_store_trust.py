@@ -158,7 +158,7 @@ def test_signed_entries_are_handed_over(celery_app, celery_worker, lock_client):
 
     celery_worker.reload()
     blocker = Semaphore(lock_client, "trust-signed", slots=1, lease=30)
-    held = blocker.acquire()
+    held = blocker.acquire(blocking=False)
     result = waiter.delay()
     line = companion_key(semaphore_key("trust-signed", PREFIX), "q")
     wait_until(lambda: lock_client.zcard(line) == 1, what="the run to join the line")
@@ -183,7 +183,7 @@ def test_pickle_task_parks_no_pickle_without_a_key(celery_app, celery_worker, lo
 
     celery_worker.reload()
     blocker = Semaphore(lock_client, "trust-pickle-task", slots=1, lease=30)
-    held = blocker.acquire()
+    held = blocker.acquire(blocking=False)
     result = pickled.delay(5)
     line = companion_key(semaphore_key("trust-pickle-task", PREFIX), "q")
     wait_until(lambda: lock_client.zcard(line) == 1, what="the run to join the line")

@@ -76,7 +76,7 @@ def with_actions(app, held):
 
 def test_state_lists_every_key_with_holders_and_history(read_only, lock_client):
     other = Semaphore(lock_client, "other", slots=1)
-    assert other.acquire() is not None
+    assert other.acquire(blocking=False) is not None
     pause(lock_client, "other", seconds=60)
     for _ in range(3):
         state = get_json(read_only.base + "api/state")

@@ -30,10 +30,13 @@ class Semaphore:
         >>> import redis
         >>> from celery_redislock import Semaphore
         >>> crawl_slots = Semaphore(redis.Redis.from_url(redis_url), "crawler", slots=2)
-        >>> lease = crawl_slots.acquire()     # a Lease, or None when all slots are taken
+        >>> lease = crawl_slots.acquire(blocking=False)  # a Lease, or None if all are taken
         >>> crawl_slots.available()           # slots free now
         1
         >>> crawl_slots.release(lease)        # False when it was no longer held
+        True
+        >>> lease = crawl_slots.acquire(timeout=0.5)  # waits up to 0.5 s, like threading
+        >>> crawl_slots.release(lease)
         True
         >>> with crawl_slots as lease:        # waits for a slot, renews it while inside
         ...     crawl_slots.holders()
@@ -81,19 +84,34 @@ class Semaphore:
 
     def acquire(
         self,
-        blocking: bool = False,
+        blocking: bool = True,
         timeout: Optional[float] = None,
         *,
         keep_alive: bool = False,
         description: str = "",
     ) -> Optional[Lease]:
-        """Take a slot and return its :class:`Lease`, or None if none was free.
+        """Take a slot and return its :class:`Lease`, or None if none was free in time.
 
-        With ``blocking=True`` it polls until a slot is free or ``timeout`` seconds have
-        passed (forever when ``timeout`` is None), sleeping between tries no longer than the
-        earliest current lease has left to run. ``keep_alive=True`` renews the lease in a
-        background thread until :meth:`release`.
+        The meaning of ``threading.Semaphore.acquire(blocking=True, timeout=None)``: by
+        default it waits until a slot is free, for at most ``timeout`` seconds when
+        ``timeout`` is given (for ever when it is None), polling no longer apart than the
+        earliest current lease has left to run; ``blocking=False`` tries once and never
+        waits (with a ``timeout`` too: :class:`ValueError`, as in ``threading``).
+        ``keep_alive=True`` renews the lease in a background thread until
+        :meth:`release`.
+
+            >>> import redis
+            >>> slots = Semaphore(redis.Redis.from_url(redis_url), "export", slots=1)
+            >>> held = slots.acquire()                  # free: taken at once
+            >>> slots.acquire(blocking=False) is None   # taken: None at once
+            True
+            >>> slots.acquire(timeout=0.1) is None      # taken: None after 0.1 s
+            True
+            >>> slots.release(held)
+            True
         """
+        if not blocking and timeout is not None:
+            raise ValueError("can't specify timeout for non-blocking acquire")
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.01
         while True:
