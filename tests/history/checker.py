@@ -1,0 +1,335 @@
+"""The model check over a history: pure functions of its events, no Redis, no Celery.
+
+A history is a list of event dicts (see :mod:`.events`), each with ``kind`` and ``t``
+(the recorder's server clock, µs). The kinds the checker reads:
+
+``sent``     ``task``, ``name`` (the task kind), ``acks_late``, ``limits``: a list of
+             ``{"key", "slots", "cost"}``, ``rate``: ``{"key", "count", "period_us",
+             "burst"}`` or None
+``start``    a body began: ``task``, ``run`` (unique per body), ``pid``, ``worker``,
+             ``admitted_ms`` (the admission's start on the lock store's clock, ms)
+``end``      that body ended, however (``run``)
+``fault``    ``fault`` (its kind), ``pids`` (processes it SIGKILLed), ``worker`` (a
+             worker it killed whole), ``data_lost`` (a lock store restart that lost its
+             data)
+``final``    ``task``, ``state``, ``error`` (the exception's name for a failure)
+``settle``   once everything has settled: ``held`` (slots still held, per key),
+             ``no_ttl`` (lock store keys without a time to live)
+
+What counts as a defect is in :meth:`Verdict.defects`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+Event = Mapping[str, Any]
+
+#: A body that never ended and was never killed is open until the history ends.
+OPEN = float("inf")
+
+#: Celery's final states.
+FINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
+
+#: The failure of a body whose pool process was killed (default acks): Celery's own.
+WORKER_LOST = "WorkerLostError"
+
+#: How a known cause is reported: the redesign that removes it.
+KNOWN_CAUSE = "known: issue 'one copy of every run'"
+
+
+@dataclass
+class Body:
+    """One run of a task's body: from its start to its end, or to the fault that killed it."""
+
+    task: str
+    run: str
+    pid: int
+    worker: str
+    start: int
+    admitted_ms: Optional[int] = None
+    end: Optional[int] = None
+    #: When a fault SIGKILLed its process while it ran (µs), if one did.
+    killed: Optional[int] = None
+
+    @property
+    def until(self) -> float:
+        """When it stopped running: its end, its kill, or never seen to (:data:`OPEN`)."""
+        if self.end is not None:
+            return self.end
+        return self.killed if self.killed is not None else OPEN
+
+
+@dataclass
+class Peak:
+    """The most slots of one key taken by bodies running at once, against its slots."""
+
+    key: str
+    slots: int
+    most: int
+    at: int = 0
+    runs: Tuple[str, ...] = ()
+
+    @property
+    def over(self) -> bool:
+        return self.most > self.slots
+
+
+@dataclass
+class RatePeak:
+    """The most admissions of one rate key in any window of one period, against
+    rate + burst; ``across_loss``: the most in windows that span a lock store restart
+    that lost its data (the limiter's state restarts empty then: documented)."""
+
+    key: str
+    allowed: int
+    most: int
+    across_loss: int = 0
+
+    @property
+    def over(self) -> bool:
+        return self.most > self.allowed
+
+
+@dataclass
+class Verdict:
+    """What the checker found in one history."""
+
+    tasks: int = 0
+    bodies: int = 0
+    faults: Dict[str, int] = field(default_factory=dict)
+    peaks: List[Peak] = field(default_factory=list)
+    rates: List[RatePeak] = field(default_factory=list)
+    states: Dict[str, int] = field(default_factory=dict)
+    #: Tasks without a final state: lost by Celery's own default acks (a worker killed
+    #: whole while it ran the body), known (see :func:`classify_lost`), or lost.
+    lost_by_celery: List[str] = field(default_factory=list)
+    lost_known: List[str] = field(default_factory=list)
+    lost: List[str] = field(default_factory=list)
+    #: Failures other than a killed body's ``WorkerLostError``: task id -> exception.
+    failed: Dict[str, str] = field(default_factory=dict)
+    #: Bodies beyond a task's first, by why they ran again (one entry per extra body).
+    repeated_explained: List[str] = field(default_factory=list)
+    repeated_known: List[str] = field(default_factory=list)
+    repeated_unexplained: List[str] = field(default_factory=list)
+    #: Bodies that never ended, though no fault killed them.
+    unended: List[str] = field(default_factory=list)
+    lease_lost: int = 0
+    held: Dict[str, int] = field(default_factory=dict)
+    no_ttl: List[str] = field(default_factory=list)
+    settled: bool = False
+
+    def defects(self) -> List[str]:
+        """Every way this history breaks the model; empty when it holds."""
+        found = [f"{peak.key}: {peak.most} slots taken at once, of {peak.slots} "
+                 f"(runs {', '.join(peak.runs)})" for peak in self.peaks if peak.over]
+        found += [f"{rate.key}: {rate.most} admissions in one period, of {rate.allowed}"
+                  for rate in self.rates if rate.over]
+        found += [f"lost: task {task} never reached a final state" for task in self.lost]
+        found += [f"failed: task {task} ({error})" for task, error in self.failed.items()]
+        found += [f"ran again, unexplained: {run}" for run in self.repeated_unexplained]
+        found += [f"body {run} never ended, and no fault killed it" for run in self.unended]
+        found += [f"{key}: {count} slots still held once settled"
+                  for key, count in self.held.items() if count]
+        found += [f"{key}: lock store key without a time to live" for key in self.no_ttl]
+        if not self.settled:
+            found.append("the history has no settle event (the run did not finish)")
+        return found
+
+
+def check(events: Iterable[Event]) -> Verdict:
+    """Check the history ``events`` against the model (see the module doc)."""
+    history = sorted(events, key=lambda event: int(event["t"]))
+    sent = {event["task"]: event for event in history if event["kind"] == "sent"}
+    faults = [event for event in history if event["kind"] == "fault"]
+    bodies = collect_bodies(history, faults)
+    verdict = Verdict(tasks=len(sent), bodies=len(bodies))
+    for event in faults:
+        verdict.faults[event["fault"]] = verdict.faults.get(event["fault"], 0) + 1
+    verdict.peaks = slot_peaks(sent, bodies)
+    verdict.rates = rate_peaks(sent, bodies, data_losses(faults))
+    verdict.unended = [body.run for body in bodies if body.until == OPEN]
+    verdict.lease_lost = sum(event["kind"] == "lease_lost" for event in history)
+    check_final(verdict, history, sent, bodies, faults)
+    classify_repeats(verdict, sent, bodies, faults)
+    for event in history:
+        if event["kind"] == "settle":
+            verdict.settled = True
+            verdict.held = {key: int(count) for key, count in event["held"].items()}
+            verdict.no_ttl = list(event["no_ttl"])
+    return verdict
+
+
+def collect_bodies(history: Sequence[Event], faults: Sequence[Event]) -> List[Body]:
+    """Every body, from its ``start`` and ``end`` events, each killed body's interval
+    closed at the first fault that SIGKILLed its process after it started."""
+    bodies: Dict[str, Body] = {}
+    for event in history:
+        if event["kind"] == "start":
+            admitted = event.get("admitted_ms")
+            bodies[event["run"]] = Body(
+                task=event["task"], run=event["run"], pid=int(event["pid"]),
+                worker=str(event.get("worker", "")), start=int(event["t"]),
+                admitted_ms=None if admitted in (None, "") else int(admitted))
+        elif event["kind"] == "end" and event["run"] in bodies:
+            bodies[event["run"]].end = int(event["t"])
+    for body in bodies.values():
+        body.killed = kill_time(body, faults)
+    return sorted(bodies.values(), key=lambda body: body.start)
+
+
+def kill_time(body: Body, faults: Sequence[Event]) -> Optional[int]:
+    """When a fault first SIGKILLed ``body``'s process after it started, if one did."""
+    for fault in faults:
+        if int(fault["t"]) >= body.start and body.pid in set(fault.get("pids") or ()):
+            return int(fault["t"])
+    return None
+
+
+def slot_peaks(sent: Mapping[str, Event], bodies: Sequence[Body]) -> List[Peak]:
+    """Per slot key, the most slots taken by bodies overlapping in time."""
+    changes: Dict[str, List[Tuple[float, int, str]]] = defaultdict(list)
+    slots: Dict[str, int] = {}
+    for body in bodies:
+        for limit in sent.get(body.task, {}).get("limits") or ():
+            key, cost = limit["key"], int(limit.get("cost", 1))
+            slots[key] = int(limit["slots"])
+            changes[key].append((body.start, cost, body.run))
+            changes[key].append((body.until, -cost, body.run))
+    peaks = []
+    for key in sorted(changes):
+        peak = Peak(key, slots[key], 0)
+        taken, running = 0, set()
+        # At one instant an end comes before a start: a slot handed over is not overlap.
+        for moment, change, run in sorted(changes[key], key=lambda c: (c[0], c[1])):
+            taken += change
+            running.symmetric_difference_update({run})
+            if taken > peak.most:
+                peak.most, peak.at, peak.runs = taken, int(moment), tuple(sorted(running))
+        peaks.append(peak)
+    return peaks
+
+
+def data_losses(faults: Sequence[Event]) -> List[int]:
+    """When the lock store came back without its data (µs)."""
+    return [int(fault["t"]) for fault in faults if fault.get("data_lost")]
+
+
+def rate_peaks(sent: Mapping[str, Event], bodies: Sequence[Body],
+               losses: Sequence[int]) -> List[RatePeak]:
+    """Per rate key, the most admissions in any window of one period: the admission
+    time is the start the limiter counted (``admitted_ms``, the lock store's clock), or
+    the body's start when unknown. Windows spanning a data loss are counted apart."""
+    admitted: Dict[str, List[int]] = defaultdict(list)
+    shape: Dict[str, Tuple[int, int]] = {}
+    for body in bodies:
+        rate = sent.get(body.task, {}).get("rate")
+        if rate:
+            moment = body.start if body.admitted_ms is None else body.admitted_ms * 1000
+            admitted[rate["key"]].append(moment)
+            shape[rate["key"]] = (int(rate["period_us"]), int(rate["count"]) + int(rate["burst"]))
+    peaks = []
+    for key in sorted(admitted):
+        period, allowed = shape[key]
+        within, across = most_in_window(sorted(admitted[key]), period, losses)
+        peaks.append(RatePeak(key, allowed, within, across))
+    return peaks
+
+
+def most_in_window(moments: Sequence[int], period: int,
+                   losses: Sequence[int]) -> Tuple[int, int]:
+    """The most of ``moments`` (sorted) in any window ``[a, a + period)``: among windows
+    that span no moment of ``losses``, and among those that span one."""
+    within = across = 0
+    last = 0
+    for first, moment in enumerate(moments):
+        last = max(last, first)
+        while last + 1 < len(moments) and moments[last + 1] < moment + period:
+            last += 1
+        count = last - first + 1
+        if any(moment < loss <= moments[last] for loss in losses):
+            across = max(across, count)
+        else:
+            within = max(within, count)
+    return within, across
+
+
+def check_final(verdict: Verdict, history: Sequence[Event], sent: Mapping[str, Event],
+                bodies: Sequence[Body], faults: Sequence[Event]) -> None:
+    """Fill the final states, the lost tasks (by cause) and the unexpected failures."""
+    final = {event["task"]: event for event in history if event["kind"] == "final"}
+    by_task: Dict[str, List[Body]] = defaultdict(list)
+    for body in bodies:
+        by_task[body.task].append(body)
+    for task, event in sent.items():
+        state = final.get(task, {}).get("state", "MISSING")
+        verdict.states[state] = verdict.states.get(state, 0) + 1
+        if state not in FINAL_STATES:
+            cause = classify_lost(event, by_task[task], faults)
+            {"celery": verdict.lost_by_celery, "known": verdict.lost_known,
+             "lost": verdict.lost}[cause].append(task)
+        elif state == "FAILURE":
+            error = str(final[task].get("error", ""))
+            if not (error == WORKER_LOST and any(b.killed for b in by_task[task])):
+                verdict.failed[task] = error
+
+
+def classify_lost(sent: Event, bodies: Sequence[Body], faults: Sequence[Event]) -> str:
+    """Why a task never reached a final state:
+
+    ``celery``  its body was killed with its whole worker, under default acks: the message
+                was acknowledged when the body started, as Celery does without the package
+    ``known``   no body of it ever started, and a worker was killed whole after it was sent:
+                a waiting copy of the run held or being taken by that worker (see issue
+                "one copy of every run": a run exists as two copies while it waits)
+    ``lost``    anything else
+    """
+    if not sent.get("acks_late") and any(body.killed for body in bodies):
+        return "celery"
+    whole_kills = [fault for fault in faults if fault.get("worker")
+                   and int(fault["t"]) > int(sent["t"])]
+    if not bodies and whole_kills:
+        return "known"
+    return "lost"
+
+
+def classify_repeats(verdict: Verdict, sent: Mapping[str, Event], bodies: Sequence[Body],
+                     faults: Sequence[Event]) -> None:
+    """Each body beyond a task's first, by why it ran again (see :func:`why_again`)."""
+    by_task: Dict[str, List[Body]] = defaultdict(list)
+    for body in bodies:
+        by_task[body.task].append(body)
+    for task, runs in by_task.items():
+        for index in range(1, len(runs)):
+            why = why_again(sent.get(task, {}), runs[:index], runs[index], faults)
+            {"explained": verdict.repeated_explained, "known": verdict.repeated_known,
+             "unexplained": verdict.repeated_unexplained}[why].append(runs[index].run)
+
+
+def why_again(sent: Event, earlier: Sequence[Body], again: Body,
+              faults: Sequence[Event]) -> str:
+    """Why ``again`` ran after the ``earlier`` bodies of its task:
+
+    ``explained``    the task acks late and a fault killed an earlier body's process, or
+                     its whole worker, after that body started and before this one did:
+                     Celery redelivers it (``reject_on_worker_lost``), as without the package
+    ``known``        the lock store came back without its data after the task was sent and
+                     before this body started: docs/reliability.md says waiting runs may run
+                     again then (issue "one copy of every run")
+    ``unexplained``  anything else: a defect
+    """
+    if sent.get("acks_late"):
+        for body in earlier:
+            for fault in faults:
+                moment = int(fault["t"])
+                if not body.start <= moment < again.start:
+                    continue
+                if body.pid in set(fault.get("pids") or ()) or (
+                        fault.get("worker") and fault.get("worker") == body.worker):
+                    return "explained"
+    since = int(sent.get("t", 0))
+    if any(since < loss < again.start for loss in data_losses(faults)):
+        return "known"
+    return "unexplained"

@@ -1,0 +1,51 @@
+"""One table per run: what was injected, what the checker found, and the verdict."""
+
+from __future__ import annotations
+
+from typing import List, Mapping
+
+from .checker import KNOWN_CAUSE, Verdict
+
+
+def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
+    """The table of one run: ``title``, ``facts`` about the run (seed, mode...), then the
+    checker's figures, the per-key peaks, and every defect (or ``PASS``)."""
+    faults = ", ".join(f"{kind} {count}" for kind, count in sorted(verdict.faults.items()))
+    rows = [(name, str(value)) for name, value in facts.items()]
+    rows += [
+        ("tasks sent", str(verdict.tasks)),
+        ("bodies run", str(verdict.bodies)),
+        ("faults injected", faults or "none"),
+        ("final states", ", ".join(f"{s} {n}" for s, n in sorted(verdict.states.items()))),
+        ("limit violations", str(sum(p.over for p in verdict.peaks)
+                                 + sum(r.over for r in verdict.rates))),
+        ("runs lost", str(len(verdict.lost))),
+        ("runs lost, known cause", f"{len(verdict.lost_known)} ({KNOWN_CAUSE})"),
+        ("runs lost by Celery's default acks", str(len(verdict.lost_by_celery))),
+        ("unexpected failures", str(len(verdict.failed))),
+        ("repeated bodies, explained", f"{len(verdict.repeated_explained)} "
+                                       "(a killed body, acks_late)"),
+        ("repeated bodies, known", f"{len(verdict.repeated_known)} ({KNOWN_CAUSE})"),
+        ("repeated bodies, unexplained", str(len(verdict.repeated_unexplained))),
+        ("lease_lost signals", str(verdict.lease_lost)),
+        ("slots held once settled", str(sum(verdict.held.values()))),
+        ("keys without a TTL", str(len(verdict.no_ttl))),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"== {title} ==", *(f"  {name:<{width}}  {value}" for name, value in rows)]
+    lines.append("  per key, most taken at once / limit:")
+    lines += _peak_lines(verdict)
+    defects = verdict.defects()
+    lines.append("  verdict: " + ("PASS" if not defects else f"{len(defects)} DEFECT(S)"))
+    lines += [f"    - {defect}" for defect in defects]
+    return "\n".join(lines)
+
+
+def _peak_lines(verdict: Verdict) -> List[str]:
+    cells = [f"{peak.key} {peak.most}/{peak.slots}{' OVER' if peak.over else ''}"
+             for peak in verdict.peaks]
+    cells += [f"{rate.key} {rate.most}/{rate.allowed} per period"
+              f"{' OVER' if rate.over else ''}"
+              f"{f' (across a data loss: {rate.across_loss})' if rate.across_loss else ''}"
+              for rate in verdict.rates]
+    return [f"    {'; '.join(cells[i:i + 5])}" for i in range(0, len(cells), 5)]

@@ -1,0 +1,190 @@
+"""The history checker's logic (tests/history/checker.py) on made-up histories: overlap
+per key, admissions per rate window, lost runs and repeated bodies by cause. Pure, fast."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from history.checker import OPEN, check, most_in_window
+from history.table import render
+
+S = 1_000_000  # one second, in µs
+
+
+def sent(task: str, t: int = 0, *, slots: int = 1, cost: int = 1, key: str = "k",
+         acks_late: bool = True, rate: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+    limits = [] if rate else [{"key": key, "slots": slots, "cost": cost}]
+    return {"kind": "sent", "t": t, "task": task, "name": "kind", "acks_late": acks_late,
+            "limits": limits, "rate": rate}
+
+
+def body(task: str, run: str, start: int, end: Optional[int], *, pid: int = 100,
+         worker: str = "worker1", admitted_ms: Optional[int] = None) -> List[Dict[str, Any]]:
+    events: List[Dict[str, Any]] = [
+        {"kind": "start", "t": start, "task": task, "run": run, "pid": pid,
+         "worker": worker, "admitted_ms": admitted_ms}]
+    if end is not None:
+        events.append({"kind": "end", "t": end, "task": task, "run": run})
+    return events
+
+
+def final(task: str, state: str = "SUCCESS", error: str = "") -> Dict[str, Any]:
+    return {"kind": "final", "t": 1000 * S, "task": task, "state": state, "error": error}
+
+
+def fault(t: int, kind: str, *, pids: Any = (), worker: str = "",
+          data_lost: bool = False) -> Dict[str, Any]:
+    return {"kind": "fault", "t": t, "fault": kind, "pids": list(pids), "worker": worker,
+            "data_lost": data_lost}
+
+
+SETTLE = {"kind": "settle", "t": 2000 * S, "held": {"k": 0}, "no_ttl": []}
+
+
+def test_a_clean_history_passes_and_renders() -> None:
+    events = [sent("a"), sent("b"), *body("a", "a1", 1 * S, 2 * S),
+              *body("b", "b1", 2 * S, 3 * S), final("a"), final("b"), SETTLE]
+    verdict = check(events)
+    assert verdict.defects() == []
+    assert [(p.key, p.most, p.slots) for p in verdict.peaks] == [("k", 1, 1)]
+    assert "verdict: PASS" in render("seed 1", verdict, {"seed": 1})
+
+
+def test_two_bodies_overlapping_on_one_slot_is_a_violation() -> None:
+    events = [sent("a"), sent("b"), *body("a", "a1", 1 * S, 3 * S),
+              *body("b", "b1", 2 * S, 4 * S, pid=101), final("a"), final("b"), SETTLE]
+    verdict = check(events)
+    assert verdict.peaks[0].most == 2 and verdict.peaks[0].runs == ("a1", "b1")
+    assert any("2 slots taken at once, of 1" in defect for defect in verdict.defects())
+    assert "OVER" in render("seed 1", verdict, {})
+
+
+def test_weighted_runs_count_their_cost() -> None:
+    events = [sent("a", slots=4, cost=3), sent("b", slots=4, cost=2),
+              *body("a", "a1", 1 * S, 3 * S), *body("b", "b1", 2 * S, 4 * S, pid=101),
+              final("a"), final("b"), SETTLE]
+    assert check(events).peaks[0].most == 5
+
+
+def test_a_killed_body_is_open_until_its_kill() -> None:
+    # a1 never ends; its pool process is killed at 5 s: b1 starting at 4 s overlaps it,
+    # c1 starting at 6 s does not.
+    events = [sent("a"), sent("b"), sent("c"), *body("a", "a1", 1 * S, None, pid=7),
+              fault(5 * S, "kill_child", pids=[7]), *body("b", "b1", 4 * S, 4 * S + 1),
+              *body("c", "c1", 6 * S, 7 * S), final("b"), final("c"), SETTLE]
+    verdict = check(events)
+    assert verdict.peaks[0].most == 2 and verdict.peaks[0].runs == ("a1", "b1")
+    assert verdict.unended == []
+
+
+def test_a_body_that_never_ends_unkilled_stays_open_and_is_a_defect() -> None:
+    events = [sent("a"), *body("a", "a1", 1 * S, None), final("a"), SETTLE]
+    verdict = check(events)
+    assert verdict.unended == ["a1"]
+    assert any("never ended" in defect for defect in verdict.defects())
+
+
+def test_a_hand_over_at_the_same_instant_is_not_overlap() -> None:
+    events = [sent("a"), sent("b"), *body("a", "a1", 1 * S, 2 * S),
+              *body("b", "b1", 2 * S, 3 * S), final("a"), final("b"), SETTLE]
+    assert check(events).peaks[0].most == 1
+
+
+def test_rate_window_is_half_open_and_counts_rate_plus_burst() -> None:
+    # 5/s with a burst of 1: 6 in any one second; the 7th at exactly +1 s is outside.
+    rate = {"key": "r", "count": 5, "period_us": S, "burst": 1}
+    moments = [0, 0, 200, 400, 600, 800, 1000]
+    events = [sent(f"t{i}", rate=rate) for i in range(len(moments))]
+    for i, ms in enumerate(moments):
+        events += body(f"t{i}", f"r{i}", 5 * S + i, 5 * S + i + 1, admitted_ms=ms)
+    verdict = check(events + [SETTLE])
+    assert (verdict.rates[0].most, verdict.rates[0].allowed) == (6, 6)
+    assert not verdict.rates[0].over
+    events += body("t7", "r7", 5 * S + 9, 5 * S + 10, admitted_ms=999)
+    events.append(sent("t7", rate=rate))
+    assert check(events + [SETTLE]).rates[0].over
+
+
+def test_rate_windows_across_a_data_loss_are_counted_apart() -> None:
+    rate = {"key": "r", "count": 1, "period_us": S, "burst": 0}
+    events = [sent("a", rate=rate), sent("b", rate=rate),
+              *body("a", "a1", 0, 1, admitted_ms=0),
+              fault(500_000, "store_restart", data_lost=True),
+              *body("b", "b1", 600_000, 600_001, admitted_ms=600), SETTLE]
+    verdict = check(events)
+    assert (verdict.rates[0].most, verdict.rates[0].across_loss) == (1, 2)
+    assert not verdict.rates[0].over
+
+
+def test_most_in_window() -> None:
+    assert most_in_window([0, 1, 2, 10], 3, []) == (3, 0)
+    assert most_in_window([0, 1, 2, 10], 3, [2]) == (1, 3)
+    assert most_in_window([], 3, []) == (0, 0)
+
+
+def test_a_task_without_a_final_state_is_lost() -> None:
+    events = [sent("a"), *body("a", "a1", 1 * S, 2 * S), SETTLE]
+    verdict = check(events)
+    assert verdict.lost == ["a"] and verdict.states == {"MISSING": 1}
+
+
+def test_lost_runs_by_cause() -> None:
+    events = [
+        # default acks, its body killed with its whole worker: Celery's own loss
+        sent("celery", acks_late=False), *body("celery", "c1", 1 * S, None, pid=9),
+        # never started, a worker killed whole after it was sent: the known cause
+        sent("waiting", 2 * S),
+        fault(3 * S, "kill_worker", pids=[9], worker="worker1"),
+        # never started, no worker killed since it was sent: lost
+        sent("late", 4 * S), SETTLE]
+    verdict = check(events)
+    assert (verdict.lost_by_celery, verdict.lost_known, verdict.lost) == (
+        ["celery"], ["waiting"], ["late"])
+
+
+def test_a_killed_body_failing_with_worker_lost_is_not_a_defect() -> None:
+    events = [sent("a", acks_late=False), sent("b"), *body("a", "a1", 1 * S, None, pid=5),
+              fault(2 * S, "kill_child", pids=[5]), *body("b", "b1", 3 * S, 4 * S),
+              final("a", "FAILURE", "WorkerLostError"), final("b", "FAILURE", "ValueError"),
+              SETTLE]
+    assert check(events).failed == {"b": "ValueError"}
+
+
+def test_repeats_by_cause() -> None:
+    events = [
+        # acks_late, killed mid-body, ran again: explained
+        sent("killed"), *body("killed", "k1", 1 * S, None, pid=5),
+        fault(2 * S, "kill_child", pids=[5]), *body("killed", "k2", 3 * S, 4 * S, pid=6),
+        # acks_late, its worker killed whole after the body ended (before the ack)
+        sent("acked", key="k2"), *body("acked", "a1", 1 * S, 2 * S, pid=11, worker="w2"),
+        fault(2 * S + 5, "kill_worker", pids=[11], worker="w2"),
+        *body("acked", "a2", 5 * S, 6 * S, pid=12),
+        # default acks, killed, ran again: not explained by Celery
+        sent("early", key="k3", acks_late=False), *body("early", "e1", 1 * S, None, pid=8),
+        fault(2 * S, "kill_child", pids=[8]), *body("early", "e2", 3 * S, 4 * S, pid=13),
+        # ran again after the lock store came back empty: known
+        sent("waited", key="k4", acks_late=False),
+        *body("waited", "w1", 10 * S, 11 * S, pid=20),
+        fault(12 * S, "store_restart", data_lost=True),
+        *body("waited", "w2", 13 * S, 14 * S, pid=21),
+        final("killed"), final("acked"), final("early"), final("waited"), SETTLE,
+    ]
+    verdict = check(events)
+    assert sorted(verdict.repeated_explained) == ["a2", "k2"]
+    assert verdict.repeated_known == ["w2"]
+    assert verdict.repeated_unexplained == ["e2"]
+    assert "ran again, unexplained: e2" in verdict.defects()
+
+
+def test_settle_figures_are_defects() -> None:
+    events = [sent("a"), *body("a", "a1", 1 * S, 2 * S), final("a"),
+              {"kind": "settle", "t": 9 * S, "held": {"k": 1}, "no_ttl": ["redislock:x"]}]
+    defects = check(events).defects()
+    assert "k: 1 slots still held once settled" in defects
+    assert "redislock:x: lock store key without a time to live" in defects
+
+
+def test_a_history_without_settling_is_a_defect() -> None:
+    verdict = check([sent("a"), *body("a", "a1", 1 * S, 2 * S), final("a")])
+    assert not verdict.settled and verdict.defects()
+    assert OPEN > 10**18
