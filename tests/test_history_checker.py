@@ -97,12 +97,12 @@ def test_rate_window_is_half_open_and_counts_rate_plus_burst() -> None:
     events = [sent(f"t{i}", rate=rate) for i in range(len(moments))]
     for i, ms in enumerate(moments):
         events += body(f"t{i}", f"r{i}", 5 * S + i, 5 * S + i + 1, admitted_ms=ms)
-    verdict = check(events + [SETTLE])
+    verdict = check([*events, SETTLE])
     assert (verdict.rates[0].most, verdict.rates[0].allowed) == (6, 6)
     assert not verdict.rates[0].over
     events += body("t7", "r7", 5 * S + 9, 5 * S + 10, admitted_ms=999)
     events.append(sent("t7", rate=rate))
-    assert check(events + [SETTLE]).rates[0].over
+    assert check([*events, SETTLE]).rates[0].over
 
 
 def test_rate_windows_across_a_data_loss_are_counted_apart() -> None:
