@@ -15,7 +15,7 @@ import pytest
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
-from celery_redislock import Semaphore
+from celery_redislock import LimitedTask, Semaphore
 from celery_redislock.admin.cli import redislock
 from celery_redislock.admin.control import limit_state
 from celery_redislock.engine.admission import Busy, Lease, Paused, SlotLimit, admit
@@ -474,6 +474,24 @@ def test_unknown_name_fails_cleanly(app, holders, command):
     result = invoke(app, *command, "no-such-key")
     assert_clean_failure(result)
     assert "no limit named 'no-such-key'" in result.stderr
+
+
+def test_a_name_a_key_template_makes_is_known_before_any_run(app, lock_client):
+    """``api:{token}`` makes ``api:999``: pausing it needs no ``--force``; a name no
+    template makes is refused with a pointer to ``--force``."""
+    @app.task(base=LimitedTask, lock_slots=1, lock_key="api:{token}", shared=False,
+              name="cli_app.call_api")
+    def call_api(token, payload=None):
+        return None
+
+    result = invoke(app, "pause", "api:999", "--for", "2s")
+    assert result.exit_code == 0, result.stderr
+    assert status_of(app, "api:999")["paused"] is True
+    assert invoke(app, "resume", "api:999").exit_code == 0
+    refused = invoke(app, "pause", "api:9:9", "--for", "2s")
+    assert_clean_failure(refused)
+    assert "no registered task's lock_key makes it" in refused.stderr
+    assert "--force" in refused.stderr
 
 
 def test_a_paused_rate_only_name_is_listed(app, lock_client):

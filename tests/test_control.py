@@ -12,15 +12,17 @@ import uuid
 
 import pytest
 
-from celery_redislock import Rate, Semaphore
+from celery_redislock import LimitedTask, LockKeyError, Rate, Semaphore
 from celery_redislock.admin.control import (
     LimitControlError,
+    clear_rate,
     clear_slots,
     limit_keys,
     limit_state,
     pause,
     pause_key_of,
     resume,
+    set_rate,
     set_slots,
 )
 from celery_redislock.engine.admission import Busy, Lease, Paused, RateLimit, admit
@@ -177,6 +179,56 @@ def test_with_the_app(lock_client, redis_server):
     pause(app, CRAWL, seconds=10)
     assert limit_state(app, CRAWL).paused
     assert resume(app, CRAWL) is True
+
+
+def control_ttls(client, name):
+    """PTTL (ms) of the control hashes of ``name``: -2 gone, -1 no TTL."""
+    semaphore = semaphore_key(name)
+    return (client.pttl(companion_key(semaphore, "cs")),
+            client.pttl(companion_key(semaphore, "cr")))
+
+
+def test_a_timed_pause_leaves_no_key_without_a_ttl(lock_client):
+    """A pause with an end writes its control hashes with that end as their TTL: once
+    it ends they are gone; an override in the same hash lasts (no TTL) and keeps the
+    pause's end; clearing it gives the hash back the pause's TTL."""
+    pause(lock_client, "leak", seconds=30)
+    assert all(0 < ttl <= 30_000 for ttl in control_ttls(lock_client, "leak"))
+    set_slots(lock_client, "leak", 3)
+    set_rate(lock_client, "leak", "5/s")
+    assert control_ttls(lock_client, "leak") == (-1, -1)  # overrides last
+    assert limit_state(lock_client, "leak").paused
+    clear_slots(lock_client, "leak")
+    clear_rate(lock_client, "leak")
+    assert all(0 < ttl <= 30_000 for ttl in control_ttls(lock_client, "leak"))
+    pause(lock_client, "leak")                               # for ever: until resume
+    assert control_ttls(lock_client, "leak") == (-1, -1)
+    assert resume(lock_client, "leak") is True
+    assert control_ttls(lock_client, "leak") == (-2, -2)
+    pause(lock_client, "short", seconds=0.2)
+    wait_until(lambda: control_ttls(lock_client, "short") == (-2, -2), timeout=10,
+               what="the control hashes of an ended pause to expire")
+    lasting = [key for key in lock_client.scan_iter() if lock_client.pttl(key) == -1]
+    assert lasting == [], lasting
+
+
+def test_pause_key_of_needs_only_the_arguments_the_key_uses(lock_client, redis_server):
+    from support import LOCK_DB
+
+    app = create_app(f"redis://127.0.0.1:{redis_server.port}/{LOCK_DB}")
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name="cli_app.fetch",
+              lock_key="api:{token}")
+    def fetch(self, token, i):
+        return None
+
+    task = app.tasks["cli_app.fetch"]  # what a bound task's body has as ``self``
+    end = pause_key_of(task, "t1", seconds=30)
+    assert limit_state(app, "api:t1").paused and end is not None
+    assert pause_key_of(task, token="t2", seconds=30) is not None
+    assert limit_state(app, "api:t2").paused
+    with pytest.raises(LockKeyError, match="needs argument 'token'"):
+        pause_key_of(task, i=3, seconds=30)
 
 
 @pytest.mark.parametrize("slots", [0, -1, "x", 1.5, True, None])
@@ -347,5 +399,5 @@ def test_idle_keys_expire_as_the_documented_bounds_say(cluster):
         assert 0 < ttl[mark] <= line_bound, ttl
     assert ttl["q"] == -0.002 or 0 < ttl["q"] <= line_bound, ttl  # gone once empty
     lasting = [key.decode() for key in client.scan_iter(count=1000) if client.ttl(key) == -1]
-    # only operators' control hashes (set-slots, pause: documented to have no TTL)
+    # only operators' control hashes with an override or a pause without an end
     assert all(":cs:" in key or ":cr:" in key for key in lasting), lasting

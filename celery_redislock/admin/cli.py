@@ -216,11 +216,13 @@ class LockStore:
         """The semaphore key of limit ``name`` (a name, or one of its full keys).
 
         Raises :class:`click.ClickException` when Redis has nothing of that name (no
-        semaphore, waiting line, rate limiter or control hash) and no registered task
-        uses it, unless ``force``.
+        semaphore, waiting line, rate limiter or control hash) and no registered task's
+        key makes it (a template such as ``customer:{customer_id}`` makes
+        ``customer:999``), unless ``force``.
         """
         key, _ = control.limit_keys(name, self.prefix)
-        if force or key in registered_keys(self.app, self.prefix):
+        if force or key in registered_keys(self.app, self.prefix) \
+                or control.tasks_making(self.app, name):
             return key
         pipe = self.client.pipeline(transaction=False)
         for mark in ("s", LINE, SEMAPHORE_CONTROL, RATE, RATE_CONTROL):
@@ -228,7 +230,8 @@ class LockStore:
         if not any(pipe.execute()):
             raise click.ClickException(
                 f"no limit named {name!r} in the lock store (no key {key} or its companions) "
-                f"and no registered task uses it{self.did_you_mean(name)}"
+                f"and no registered task's lock_key makes it{self.did_you_mean(name)}; "
+                "--force acts on it all the same"
             )
         return key
 

@@ -23,7 +23,7 @@ After an upstream API answers 429, pause the key the task runs under::
     def call_api(self, token, payload):
         response = http.post(URL, json=payload, headers={"Authorization": token})
         if response.status_code == 429:
-            pause_key_of(self, token, payload,
+            pause_key_of(self, token,
                          seconds=int(response.headers.get("Retry-After", 30)),
                          keep_longer=True)
             raise self.retry(countdown=0)   # comes back once the pause ends
@@ -75,6 +75,7 @@ __all__ = [
     "resume",
     "set_rate",
     "set_slots",
+    "tasks_making",
 ]
 
 
@@ -83,7 +84,8 @@ class LimitControlError(RedisLockError, ValueError):
     passed, a task without limits); the message names the limit and the problem."""
 
 
-_PAUSE = LuaScript.load("pause.lua")
+_PAUSE = LuaScript.load("pause.lua", after=["control.lua"])
+_OVERRIDE = LuaScript.load("override.lua", after=["control.lua"])
 
 
 def limit_keys(name: str, prefix: str = DEFAULT_PREFIX) -> Tuple[str, str]:
@@ -154,7 +156,7 @@ def set_slots(app_or_client: Any, name: str, slots: int, *,
     count = check_slots_value(slots, name)
     client, prefix, app = _target(app_or_client, prefix)
     key, _ = limit_keys(name, prefix)
-    client.hset(companion_key(key, SEMAPHORE_CONTROL), "slots", str(count))
+    _OVERRIDE.run(client, [companion_key(key, SEMAPHORE_CONTROL)], ["set", "slots", str(count)])
     return _wake(app, key)
 
 
@@ -166,7 +168,8 @@ def clear_slots(app_or_client: Any, name: str, *, prefix: Optional[str] = None) 
     """
     client, prefix, app = _target(app_or_client, prefix)
     key, _ = limit_keys(name, prefix)
-    removed = bool(client.hdel(companion_key(key, SEMAPHORE_CONTROL), "slots"))
+    removed = bool(_OVERRIDE.run(client, [companion_key(key, SEMAPHORE_CONTROL)],
+                                 ["del", "slots"]))
     _wake(app, key)
     return removed
 
@@ -242,8 +245,8 @@ def set_rate(app_or_client: Any, name: str, rate: str, *,
     parsed = check_rate_value(rate, name)
     client, prefix, _ = _target(app_or_client, prefix)
     _, rate_key = limit_keys(name, prefix)
-    client.hset(companion_key(rate_key, RATE_CONTROL),
-                mapping={"rate": str(rate).strip(), "interval": repr(parsed.interval * 1e6)})
+    _OVERRIDE.run(client, [companion_key(rate_key, RATE_CONTROL)],
+                  ["set", "rate", str(rate).strip(), "interval", repr(parsed.interval * 1e6)])
 
 
 def clear_rate(app_or_client: Any, name: str, *, prefix: Optional[str] = None) -> bool:
@@ -254,7 +257,8 @@ def clear_rate(app_or_client: Any, name: str, *, prefix: Optional[str] = None) -
     """
     client, prefix, _ = _target(app_or_client, prefix)
     _, rate_key = limit_keys(name, prefix)
-    return bool(client.hdel(companion_key(rate_key, RATE_CONTROL), "rate", "interval"))
+    return bool(_OVERRIDE.run(client, [companion_key(rate_key, RATE_CONTROL)],
+                              ["del", "rate", "interval"]))
 
 
 def _pause_arguments(name: str, until: Optional[When],
@@ -341,19 +345,38 @@ def limit_state(app_or_client: Any, name: str, *, waiters: Optional[int] = None,
 def task_limit_names(task: Any, args: Sequence[Any] = (),
                      kwargs: Optional[dict] = None) -> List[str]:
     """The limit names a run of ``task`` with these arguments uses (its rendered
-    ``lock_key`` s), in order, without repeats.
+    ``lock_key`` s), in order, without repeats. Only the arguments the keys use are
+    needed: ``("token-1",)`` for ``call_api(token, payload)`` under ``"api:{token}"``.
 
-        task_limit_names(call_api, ("token-1", {}))   # ['api:token-1']
+        task_limit_names(call_api, ("token-1",))   # ['api:token-1']
     """
     limits = limits_of(task) or config_limits(task.app, task.name, task_function(task))
     if limits is None:
         raise LimitControlError(f"task {task.name!r} has no celery-redislock limit")
     names: List[str] = []
     for rule in limits.rules:
-        name = rule.key.render(tuple(args), dict(kwargs or {}))
+        name = rule.key.render(tuple(args), dict(kwargs or {}), partial=True)
         if name not in names:
             names.append(name)
     return names
+
+
+def tasks_making(app: Any, name: str) -> List[str]:
+    """The registered tasks of ``app`` whose ``lock_key`` could give limit name ``name``
+    (a template that matches it, or a key without arguments equal to it; a callable key
+    cannot say), sorted.
+
+        tasks_making(app, "customer:999")   # ['proj.sync_customer']
+    """
+    found = []
+    for task_name, task in list(app.tasks.items()):
+        try:
+            limits = limits_of(task) or config_limits(app, task_name, task_function(task))
+        except Exception:  # a broken limit: check_limits reports it
+            continue
+        if limits is not None and any(rule.key.could_render(name) for rule in limits.rules):
+            found.append(task_name)
+    return sorted(found)
 
 
 def pause_key_of(task: Any, *args: Any, until: Optional[When] = None,
@@ -364,7 +387,12 @@ def pause_key_of(task: Any, *args: Any, until: Optional[When] = None,
     after an upstream 429; same ``until`` / ``seconds`` / ``keep_longer`` as
     :func:`pause`. Returns the end of the pause (Unix seconds), None for ever.
 
-        pause_key_of(self, token, payload, seconds=retry_after, keep_longer=True)
+    Give the arguments the key uses, in the task's order or by name; the others may be
+    left out (a key that needs one not given: :class:`~celery_redislock.LockKeyError`
+    naming it)::
+
+        # call_api(self, token, payload) under lock_key="api:{token}"
+        pause_key_of(self, token, seconds=retry_after, keep_longer=True)
     """
     ends = [pause(task.app, name, until=until, seconds=seconds, keep_longer=keep_longer)
             for name in task_limit_names(task, args, kwargs)]

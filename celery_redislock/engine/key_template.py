@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import re
 import string
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -41,6 +42,11 @@ HASH_SPEC = "hash"
 
 #: Hex digits of SHA-256 kept by ``{field:hash}`` (64 bits).
 HASH_LENGTH = 16
+
+#: What a substituted value looks like in a name: no separator, ``%`` only as ``%XX``.
+_VALUE_PATTERN = r"(?:[^%:/{}]|%[0-9A-F]{2})*"
+#: What ``{field:hash}`` substitutes.
+_DIGEST_PATTERN = f"[0-9a-f]{{{HASH_LENGTH}}}"
 
 _ESCAPES = {ord(char): f"%{ord(char):02X}" for char in ESCAPED}
 _FORMATTER = string.Formatter()
@@ -133,12 +139,25 @@ class KeyTemplate:
         """True when every call gets the same name (no template, no callable)."""
         return self.source is None
 
-    def render(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-        """The limit name for one call; raises :class:`LockKeyError` if it cannot be built."""
+    def render(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
+               partial: bool = False) -> str:
+        """The limit name for one call; raises :class:`LockKeyError` if it cannot be built.
+
+        ``partial=True`` needs only the arguments the key uses (the fields of a template,
+        the arguments a callable asks for): what an operator or a task body that names a
+        key (``pause_key_of(self, token, ...)``) gives.
+
+            >>> def call_api(token, payload): ...
+            >>> KeyTemplate("api:{token}", call_api, owner="api").render(
+            ...     ("t1",), {}, partial=True)
+            'api:t1'
+        """
         if self.source is None:
             return self._default
+        if partial:
+            self._check_given(args, kwargs)
         try:
-            values = self._arguments(args, kwargs)
+            values = self._arguments(args, kwargs, partial=partial)
             if callable(self.source):
                 if self._passes is not None:
                     values = {name: values[name] for name in self._passes if name in values}
@@ -171,8 +190,52 @@ class KeyTemplate:
             return getattr(self.source, "__qualname__", type(self.source).__name__) + "()"
         return repr(self.source)
 
-    def _arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
-        bound = self._signature.bind(*args, **kwargs)
+    def could_render(self, name: str) -> Optional[bool]:
+        """Whether some call could give limit name ``name``: True or False for a template
+        (or no key), None for a callable (it cannot say).
+
+            >>> def sync_customer(customer_id, full=False): ...
+            >>> key = KeyTemplate("customer:{customer_id}", sync_customer, owner="sync")
+            >>> key.could_render("customer:999"), key.could_render("customer:9:9")
+            (True, False)
+        """
+        if self.source is None:
+            return name == self._default
+        if callable(self.source):
+            return None
+        return self._pattern().match(name) is not None
+
+    def _pattern(self) -> re.Pattern[str]:
+        parts = []
+        for part in self._parts:
+            parts.append(re.escape(part.literal))
+            if part.field is not None:
+                parts.append(_DIGEST_PATTERN if part.spec == HASH_SPEC else _VALUE_PATTERN)
+        return re.compile("".join(parts) + r"\Z")
+
+    def _check_given(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Raise :class:`LockKeyError` naming a template field that ``args``/``kwargs``
+        leave out (for a partial render)."""
+        if callable(self.source):
+            return
+        try:
+            given = self._signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            return  # render says what is wrong
+        defaults = {name for name, p in self._signature.parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+        for part in self._parts:
+            root = _field_root(part.field) if part.field is not None else None
+            if root is not None and root not in given and root not in defaults \
+                    and root not in kwargs:
+                raise LockKeyError(
+                    f"{self.owner}: lock key {self._described()} needs argument {root!r}, "
+                    "which this call does not give")
+
+    def _arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
+                   partial: bool = False) -> Dict[str, Any]:
+        bind = self._signature.bind_partial if partial else self._signature.bind
+        bound = bind(*args, **kwargs)
         bound.apply_defaults()
         values = dict(bound.arguments)
         for name, parameter in self._signature.parameters.items():

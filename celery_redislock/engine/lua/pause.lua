@@ -2,10 +2,10 @@
 --
 -- KEYS: control hashes. ARGV: mode ('for' ms | 'at' ms | 'forever'), value, keep_longer.
 -- Returns {now_ms, end}: end is the pause in force on KEYS[1] afterwards ('forever' or
--- ms), or 'past' (nothing written) when the end is not after the server's now.
+-- ms), or 'past' (nothing written) when the end is not after the server's now. A hash
+-- that holds only a timed pause expires when the pause ends (settle_control).
 
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now = server_now_ms()
 local value = ARGV[1]
 if ARGV[1] == 'for' then
   value = string.format('%.0f', now + tonumber(ARGV[2]))
@@ -25,6 +25,7 @@ for _, key in ipairs(KEYS) do
     end
   end
   if not keep then redis.call('HSET', key, 'paused_until', value) end
+  settle_control(key, now)
   if not result then result = keep and current or value end
 end
 return {now, result}
