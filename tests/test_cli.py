@@ -16,7 +16,7 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
 from celery_redislock import LimitedTask, Semaphore
-from celery_redislock.admin.cli import redislock
+from celery_redislock.admin.cli import LockStore, redislock
 from celery_redislock.admin.control import limit_state
 from celery_redislock.engine.admission import Busy, Lease, Paused, SlotLimit, admit
 from celery_redislock.engine.keys import semaphore_key
@@ -33,8 +33,8 @@ STATUS_FIELDS = {"key", "name", "holders", "reserved", "used", "limit", "configu
                  "contended", "oldest_age_seconds", "rate_limiter", "rate",
                  "rate_override"}
 INSPECT_FIELDS = {"key", "name", "used", "limit", "configured_limit", "slots_override",
-                  "paused", "paused_until", "pause_left_seconds", "holders", "reservations",
-                  "waiting", "waiters"}
+                  "paused", "paused_until", "pause_left_seconds", "rate", "rate_override",
+                  "holders", "reservations", "waiting", "waiters"}
 
 
 def cli_runner() -> CliRunner:
@@ -109,7 +109,7 @@ def test_status_json_follows_the_documented_schema(app, holders):
 
 
 def test_status_text_shows_used_over_limit(app, holders):
-    result = invoke(app, "status")
+    result = invoke(app, "status", "--wide")
     assert result.exit_code == 0, result.output
     lines = {line.split()[0]: line.split() for line in result.stdout.splitlines()}
     assert lines["NAME"] == ["NAME", "USED", "CONFIGURED", "OVERRIDE", "WAITING", "PAUSED",
@@ -161,12 +161,12 @@ def test_inspect_text_shows_each_holder(app, holders, lock_client):
     add_expired_holder(lock_client, CRAWL)
     result = invoke(app, "inspect", CRAWL)
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[0].startswith(f"{CRAWL} (")
-    assert "2 live holder(s)" in result.stdout
+    assert result.stdout.splitlines()[0].startswith(f"{CRAWL}: 2 live holder(s)")
+    result = invoke(app, "inspect", CRAWL, "--wide")
     run_line = next(line for line in result.stdout.splitlines()
                     if line.startswith(holders["run"].token))
     assert run_line.split()[1:5] == ["task-1", "proj.t", "w1@host", "123"]
-    assert run_line.split()[-1] == str(holders["run"].fence)
+    assert run_line.split()[7] == str(holders["run"].fence)
     assert "expired" in next(line for line in result.stdout.splitlines()
                              if line.startswith("dead|"))
 
@@ -329,7 +329,7 @@ def test_set_slots_raises_and_lowers_the_limit(app, holders, lock_client):
     assert isinstance(crawl.attempt(), Busy)
     assert third.release() and holders["plain"].release()
     assert isinstance(crawl.attempt(), Busy)  # one holder left = the limit of 1
-    text_row = next(line.split() for line in invoke(app, "status").stdout.splitlines()
+    text_row = next(line.split() for line in invoke(app, "status", "--wide").stdout.splitlines()
                     if line.startswith(CRAWL))
     assert text_row[1:4] == ["1/1", "2", "1"]
 
@@ -375,7 +375,7 @@ def test_set_slots_unknown_name_fails_unless_forced(app, lock_client):
 def test_set_slots_on_a_registered_task_key_before_any_run(app, lock_client):
     result = invoke(app, "set-slots", CRAWL, "5")  # nothing in Redis yet: the task's key
     assert result.exit_code == 0, result.output
-    assert "slots set to 5 (configured ?)" in result.stdout
+    assert "slots set to 5 (configured 2)" in result.stdout  # the task's lock_slots
 
 
 # --- pause / resume ------------------------------------------------------------------
@@ -403,7 +403,7 @@ def test_pause_for_then_resume(app, holders, lock_client):
     assert isinstance(refused, Paused)
     assert end - server_seconds(lock_client) - 0.001 <= refused.retry_hint <= 30
     assert holders["run"].renew()  # holders keep running
-    status_line = next(line for line in invoke(app, "status").stdout.splitlines()
+    status_line = next(line for line in invoke(app, "status", "--wide").stdout.splitlines()
                        if line.startswith(CRAWL))
     # the end of the pause as a time of day (UTC, server clock) and how far off it is
     found = re.search(r" until \d\d:\d\d:\d\dZ, in (\d+) s ", status_line)
@@ -509,7 +509,7 @@ def test_a_paused_rate_only_name_is_listed(app, lock_client):
 def test_watch_once_shows_keys_and_holders(app, holders, lock_client):
     invoke(app, "pause", "other", "--for", "60s")
     invoke(app, "set-slots", CRAWL, "4")
-    result = invoke(app, "watch", "--once")
+    result = invoke(app, "watch", "--once", "--wide")
     assert result.exit_code == 0, result.output
     assert "\x1b[" not in result.stdout  # no terminal: no escape codes
     lines = result.stdout.splitlines()
@@ -637,3 +637,138 @@ def test_waiting_runs_in_line_order(cluster):
     records.set(f"go:{token}", 1)
     for result in [holder, *waiting]:
         assert result.get(timeout=30) == result.id
+
+
+# --- one truth about slots and rates; rows sorted and within the terminal -----------
+
+
+def shared_prefix_app(url):
+    """Two templates that can make the same name: ``api:{token}`` with a rate and no
+    slots, ``api:{token:hash}`` with slots and no rate; and a key with both."""
+    from celery import Celery
+
+    from celery_redislock import LimitedTask
+
+    app = Celery("shared", set_as_current=False)
+    app.conf.redislock_url = url
+
+    @app.task(base=LimitedTask, lock_rate="10/s", lock_key="api:{token}",
+              name="shared.call", shared=False)
+    def call(token):
+        return token
+
+    @app.task(base=LimitedTask, lock_slots=2, lock_key="api:{token:hash}",
+              name="shared.fetch", shared=False)
+    def fetch(token):
+        return token
+
+    @app.task(base=LimitedTask, lock_slots=1, lock_rate="30/m",
+              lock_key="partner:{partner}", name="shared.sync", shared=False)
+    def sync(partner):
+        return partner
+
+    return app
+
+
+def started(client, limiters, task, task_id, args=None):
+    description = json.dumps({"task": task, "worker": "w1@host", "pid": 1, "id": task_id,
+                              **({} if args is None else {"args": args})})
+    run = admit(client, limiters, lease=30, owner=f"w1@host|{task_id}|",
+                description=description)
+    assert isinstance(run, Lease), run
+    return run
+
+
+@pytest.fixture
+def shared(lock_url, lock_client):
+    """``shared.fetch`` holding a slot of ``api:<digest>``, a start of ``shared.call`` on
+    ``api:t1`` (a rate alone), ``shared.sync`` holding ``partner:acme`` (slots and rate)."""
+    from celery_redislock.engine.admission import RateLimit
+    from celery_redislock.engine.key_template import value_digest
+    from celery_redislock.engine.rate import Rate
+
+    app = shared_prefix_app(lock_url)
+    hashed = f"api:{value_digest('secret-token')}"
+    started(lock_client, [SlotLimit(hashed, 2, "redislock:")], "shared.fetch", "f-1")
+    started(lock_client, [RateLimit("api:t1", Rate.parse("10/s"), "redislock:")],
+            "shared.call", "c-1")
+    started(lock_client, [SlotLimit("partner:acme", 1, "redislock:"),
+                          RateLimit("partner:acme", Rate.parse("30/m"), "redislock:")],
+            "shared.sync", "s-1", args="('acme',)")
+    return app, hashed
+
+
+def column(lines, name, header="RATE"):
+    """The cell of column ``header`` in the row of ``name`` of a table's lines."""
+    head = next(line for line in lines if line.startswith("NAME"))
+    row = next(line for line in lines if line.startswith(name + " "))
+    start = head.index(header)
+    return row[start:].split("  ")[0].strip()
+
+
+def test_every_view_shows_one_rate_written_one_way(shared, monkeypatch):
+    """The key of the hashed template shows no rate (its task has none, though
+    ``api:{token}`` could make the same name); the rate-only key shows ``-`` for its
+    slots; the same rate reads ``10/s`` / ``30/m`` in status, watch, inspect, the web."""
+    from celery_redislock.web.state import Dashboard
+
+    app, hashed = shared
+    monkeypatch.setenv("COLUMNS", "120")
+    status = invoke(app, "status").stdout.splitlines()
+    watch = invoke(app, "watch", "--once").stdout.splitlines()[1:]
+    assert column(status, hashed) == column(watch, hashed) == "-"
+    assert column(status, hashed, "USED") == "1/2"
+    assert column(status, "api:t1") == column(watch, "api:t1") == "10/s"
+    assert column(status, "api:t1", "USED") == column(watch, "api:t1", "USED") == "-"
+    assert column(status, "partner:acme") == column(watch, "partner:acme") == "30/m"
+    assert "rate: 30/m" in invoke(app, "inspect", "partner:acme").stdout.splitlines()
+    assert "rate: -" in invoke(app, "inspect", hashed).stdout.splitlines()
+    rows = {row["name"]: row for row in json.loads(invoke(app, "status", "--json").stdout)}
+    assert (rows[hashed]["rate"], rows["api:t1"]["rate"], rows["partner:acme"]["rate"]) == (
+        None, "10/s", "30/m")
+    web = {row["name"]: row for row in Dashboard(LockStore(app)).state()["keys"]}
+    assert web["partner:acme"]["rate_text"] == "30/m" and web[hashed]["rate_text"] is None
+    assert invoke(app, "set-rate", "partner:acme", "600/minute").exit_code == 0
+    status = invoke(app, "status").stdout.splitlines()
+    assert column(status, "partner:acme") == "600/m (set-rate)"
+
+
+def test_status_rows_are_sorted_and_fit_the_terminal(shared, lock_client, monkeypatch):
+    app, _ = shared
+    long_name = "tenant:" + "x" * 150
+    for name in ("zeta", long_name, "alpha"):
+        started(lock_client, [SlotLimit(name, 3, "redislock:")], "shared.x", f"id-{name[:5]}")
+    monkeypatch.setenv("COLUMNS", "80")
+    lines = invoke(app, "status").stdout.splitlines()
+    names = [line.split()[0] for line in lines[1:]]
+    assert names[0] == "alpha" and names[-1] == "zeta" and names == sorted(names)
+    assert all(len(line) <= 80 for line in lines), lines
+    assert "\u2026" in next(line for line in lines if line.startswith("tenant:"))
+    wide = invoke(app, "status", "--wide").stdout.splitlines()
+    assert any(line.startswith(long_name[:100] + "~ ") for line in wide)  # the name in Redis
+
+
+def test_inspect_fits_the_terminal_and_release_takes_the_task_id(app, lock_client,
+                                                               monkeypatch):
+    task_id = str(uuid.uuid4())
+    worker = "celery@a-rather-long-worker-host-name.example.internal"
+    description = json.dumps({"task": "proj.tasks.sync_customer_accounts", "worker": worker,
+                              "pid": 4242, "id": task_id,
+                              "args": "('acme', 42) {'full': True, 'note': '" + "n" * 80 + "'}"})
+    run = admit(lock_client, [SlotLimit(CRAWL, 2, "redislock:")], lease=30,
+                owner=f"{worker}|{task_id}|", description=description)
+    assert run.fence
+    monkeypatch.setenv("COLUMNS", "80")
+    lines = invoke(app, "inspect", CRAWL).stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines if not line.startswith("key: ")), lines
+    assert any(line.startswith(task_id + " ") for line in lines)  # never cut
+    monkeypatch.setenv("COLUMNS", "120")
+    lines = invoke(app, "inspect", CRAWL).stdout.splitlines()
+    holder = next(line for line in lines if line.startswith(task_id))
+    assert len(holder) <= 120 and "proj.tasks.sy" in holder and "('acme', 42)" in holder
+    wide = invoke(app, "inspect", CRAWL, "--wide").stdout.splitlines()
+    assert any(run.token in line and "'note'" in line and line.rstrip().endswith("'}")
+               for line in wide)
+    result = invoke(app, "release", CRAWL, task_id)
+    assert result.exit_code == 0, result.output
+    assert limit_state(app, CRAWL).used == 0

@@ -30,14 +30,12 @@ import difflib
 import functools
 import json
 import re
-import string
 from dataclasses import asdict, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import click
 from redis.exceptions import RedisError
 
-from ..config.limits_setting import config_limits, task_function
 from ..config.settings import read_settings, redis_client
 from ..engine.holder import Holder
 from ..engine.keys import (
@@ -52,10 +50,19 @@ from ..engine.keys import (
 from ..engine.refusal import eviction_warning
 from ..engine.scan import batches, limit_semaphore_keys, split_key
 from ..errors import RedisLockError
-from ..integration.recovery import limits_of
 from ..integration.task import SingletonTask
 from . import control
-from .state import LimitState, Waiter, pause_text, read_states, span
+from .rules import (
+    Rules,
+    configured_rate,
+    name_pattern,
+    override_text,
+    rate_column,
+    task_rules,
+    used_text,
+)
+from .state import LimitState, Waiter, pause_short, pause_text, read_states, span
+from .table import terminal_width, text_table
 from .watch import run_watch
 
 STATUS_SCHEMA = """\
@@ -71,8 +78,9 @@ JSON schema of `status --json`: a list with one object per key:
 count admission applies now: "slots_override" if set, else "configured_limit"
 (null when unknown); "paused_until" is Unix seconds on the Redis server's clock,
 null when not paused or paused until resumed; "rate_limiter" is true when the
-name has a rate limiter's state in Redis, "rate" its configured rate when a
-registered task gives it."""
+name has a rate limiter's state in Redis; "rate" is the rate that limits it
+("10/s", "5/10s (burst 0)"): the one its state was counted in, else its tasks'
+("?" when two tasks' templates disagree), null without one."""
 
 
 def semaphore_name(key: str, prefix: str) -> str:
@@ -85,19 +93,6 @@ def semaphore_name(key: str, prefix: str) -> str:
     return split[1] if split else key
 
 
-def task_rules(app: Any) -> Iterable[Tuple[Any, Any]]:
-    """(task, rule) of every limit rule of the app's registered tasks."""
-    for name, task in list(app.tasks.items()):
-        try:
-            limits = limits_of(task) or config_limits(app, name, task_function(task))
-        except Exception:  # a broken limit: `celery check_limits`'s business, not ours
-            continue
-        if limits is None:
-            continue
-        for rule in limits.rules:
-            yield task, rule
-
-
 def _constant_rules(app: Any) -> Iterable[Tuple[str, Any]]:
     """(name, rule) of every limit rule of the app's tasks whose key does not depend on
     the task's arguments."""
@@ -106,65 +101,14 @@ def _constant_rules(app: Any) -> Iterable[Tuple[str, Any]]:
             yield rule.key.render((), {}), rule
 
 
-def name_pattern(rule: Any) -> Optional[re.Pattern]:
-    """A pattern matching every name ``rule``'s key can render (None for a callable key).
-
-        >>> from celery_redislock.config.limit import TaskLimits
-        >>> def report(account_id): ...
-        >>> rule = TaskLimits.compile("proj.report", report,
-        ...                           [{"slots": 1, "key": "report:{account_id}"}]).rules[0]
-        >>> bool(name_pattern(rule).match("report:42")), bool(name_pattern(rule).match("x"))
-        (True, False)
-    """
-    source = rule.key.source
-    if source is None:
-        return re.compile(re.escape(rule.key.render((), {})) + r"\Z")
-    if not isinstance(source, str):
-        return None
-    parts = [re.escape(literal) + ("" if field is None else ".+")
-             for literal, field, _, _ in string.Formatter().parse(source)]
-    return re.compile("".join(parts) + r"\Z")
-
-
 def singleton_tasks(app: Any, name: str) -> List[str]:
     """The ``SingletonTask`` tasks of ``app`` whose limit name may be ``name``."""
     found = []
     for task, rule in task_rules(app):
         pattern = name_pattern(rule) if isinstance(task, SingletonTask) else None
-        if pattern is not None and pattern.match(name):
+        if pattern is not None and pattern.fullmatch(name):
             found.append(task.name)
     return sorted(set(found))
-
-
-def known_rates(app: Any, names: Iterable[str]) -> Dict[str, str]:
-    """The configured rate of each of ``names`` that a registered task's rule gives."""
-    rules = [(name_pattern(rule), rule.rate) for _, rule in task_rules(app)
-             if rule.rate is not None]
-    found: Dict[str, str] = {}
-    for name in names:
-        rates = {str(rate) for pattern, rate in rules if pattern and pattern.match(name)}
-        if len(rates) == 1:
-            found[name] = rates.pop()
-    return found
-
-
-def known_limits(app: Any, prefix: str) -> Dict[str, int]:
-    """Slot counts of the semaphore keys that registered tasks use whatever their
-    arguments: ``{key: slots}``. A key two tasks give different counts is left out.
-
-        >>> from celery import Celery
-        >>> from celery_redislock import LimitedTask
-        >>> app = Celery("proj", set_as_current=False)
-        >>> @app.task(base=LimitedTask, lock_slots=2, name="proj.crawl")
-        ... def crawl(): ...
-        >>> known_limits(app, "redislock:") == {semaphore_key("proj.crawl"): 2}
-        True
-    """
-    found: Dict[str, set] = {}
-    for name, rule in _constant_rules(app):
-        if rule.slots is not None:
-            found.setdefault(semaphore_key(name, prefix), set()).add(rule.slots)
-    return {key: next(iter(slots)) for key, slots in found.items() if len(slots) == 1}
 
 
 def registered_keys(app: Any, prefix: str) -> Set[str]:
@@ -199,18 +143,28 @@ class LockStore:
                                     marks=(SEMAPHORE, LINE, SEMAPHORE_CONTROL, RATE,
                                            RATE_CONTROL))
 
-    def states(self, keys: List[str], now: int, waiters: Optional[int] = 0,
-               limits: Optional[Dict[str, int]] = None) -> List[LimitState]:
-        """The state of each key, in batches; ``limits`` (``{key: slots}``) fills in the
-        configured count of keys no admission recorded one for."""
+    @functools.cached_property
+    def rules(self) -> Rules:
+        """The slots and rates the app's tasks give limit names."""
+        return Rules(self.app)
+
+    def states(self, keys: List[str], now: int,
+               waiters: Optional[int] = 0) -> List[LimitState]:
+        """The state of each key, in batches; the configured count of a key that no
+        admission recorded one for is the one the app's tasks give it, if they agree."""
         found: List[LimitState] = []
         for batch in batches(keys, 200):
             found.extend(read_states(self.client, batch, now, prefix=self.prefix,
                                      waiters=waiters))
-        if limits:
-            found = [replace(s, configured_slots=limits[s.key])
-                     if s.configured_slots is None and s.key in limits else s for s in found]
-        return found
+        return [self.configured(state) for state in found]
+
+    def configured(self, state: LimitState) -> LimitState:
+        """``state`` with the configured slot count the app's tasks give it, when Redis
+        has none recorded."""
+        if state.configured_slots is not None:
+            return state
+        slots = self.rules.slots_of(state.name, state.tasks)
+        return state if slots is None else replace(state, configured_slots=slots)
 
     def key_of(self, name: str, *, force: bool = False) -> str:
         """The semaphore key of limit ``name`` (a name, or one of its full keys).
@@ -302,17 +256,16 @@ def status_rows(store: LockStore) -> List[Dict[str, Any]]:
 
 
 def status_entries(store: LockStore) -> List[Tuple[LimitState, Dict[str, Any]]]:
-    """(state, ``status --json`` row) of every name the lock store has anything of."""
-    now = store.now_ms()
-    limits = known_limits(store.app, store.prefix)
-    states = [state for state in store.states(store.limit_keys(), now, limits=limits)
+    """(state, ``status --json`` row) of every name the lock store has anything of,
+    sorted by name."""
+    states = [state for state in store.states(store.limit_keys(), store.now_ms())
               if state.exists or state.active or state.rate_limiter]
-    rates = known_rates(store.app, [state.name for state in states])
-    return [(state, status_row(state, rates.get(state.name))) for state in states]
+    states.sort(key=lambda state: state.name)
+    return [(state, status_row(state, store.rules)) for state in states]
 
 
-def status_row(state: LimitState, rate: Optional[str] = None) -> Dict[str, Any]:
-    """The ``status --json`` row of one key; ``rate`` is its configured rate, if known."""
+def status_row(state: LimitState, rules: Optional[Rules] = None) -> Dict[str, Any]:
+    """The ``status --json`` row of one key; ``rules`` give its configured rate."""
     now = state.server_time_ms
     live = state.live_holders
     return {
@@ -332,58 +285,79 @@ def status_row(state: LimitState, rate: Optional[str] = None) -> Dict[str, Any]:
         "contended": state.contended,
         "oldest_age_seconds": round(max(h.age(now) for h in live), 3) if live else None,
         "rate_limiter": state.rate_limiter,
-        "rate": rate,
-        "rate_override": state.rate_override,
+        "rate": configured_rate(state, rules),
+        "rate_override": (None if state.rate_override is None
+                          else override_text(state.rate_override)),
     }
 
 
-@redislock.command(help="List every key: slots used/limit, configured limit and override, "
-                        "waiting runs, pause, oldest holder age.\n\n\b\n" + STATUS_SCHEMA)
+@redislock.command(help="List every key, sorted by name: slots used/limit, waiting runs, "
+                        "pause, slot override, oldest holder age, rate. Long names are cut "
+                        "to fit the terminal; --wide prints them whole, with the configured "
+                        "count and contention.\n\n\b\n" + STATUS_SCHEMA)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema below).")
+@click.option("--wide", is_flag=True, help="Every column, nothing cut.")
 @click.pass_context
 @_cli_errors
-def status(ctx: click.Context, as_json: bool) -> None:
+def status(ctx: click.Context, as_json: bool, wide: bool) -> None:
     store = _store(ctx)
     entries = status_entries(store)
-    rows = [row for _, row in entries]
     warning = eviction_warning(store.client)
     if warning:
         click.echo(f"WARNING: {warning}", err=True)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps([row for _, row in entries], indent=2))
         return
-    if not rows:
+    if not entries:
         click.echo("no limits in the lock store")
         return
-    _table(["NAME", "USED", "CONFIGURED", "OVERRIDE", "WAITING", "PAUSED", "CONTENDED",
-            "OLDEST", "RATE"], [
-        [row["name"], f"{row['used']}/{_or(row['limit'], '?')}",
-         _or(row["configured_limit"], "?"), _or(row["slots_override"], "-"),
-         str(row["waiting"]), pause_text(state),
-         "yes" if row["contended"] else "no",
-         "-" if row["oldest_age_seconds"] is None else f"{row['oldest_age_seconds']:.1f}s",
-         _rate_text(row)]
-        for state, row in entries
-    ])
+    for line in status_lines(entries, store.rules, wide=wide):
+        click.echo(line)
+
+
+def status_lines(entries: Sequence[Tuple[LimitState, Dict[str, Any]]], rules: Rules, *,
+                 wide: bool = False) -> List[str]:
+    """``status``'s table: the usual columns cut to the terminal, or every column whole."""
+    header = (["NAME", "USED", "CONFIGURED", "OVERRIDE", "WAITING", "PAUSED", "CONTENDED",
+               "OLDEST", "RATE"] if wide else
+              ["NAME", "USED", "WAITING", "PAUSED", "OVERRIDE", "OLDEST", "RATE"])
+    rows = []
+    for state, row in entries:
+        oldest = row["oldest_age_seconds"]
+        cells = {
+            "NAME": row["name"], "USED": used_text(state),
+            "CONFIGURED": _or(row["configured_limit"], "?"),
+            "OVERRIDE": _or(row["slots_override"], "-"), "WAITING": str(row["waiting"]),
+            "PAUSED": pause_text(state) if wide else pause_short(state),
+            "CONTENDED": "yes" if row["contended"] else "no",
+            "OLDEST": "-" if oldest is None else f"{oldest:.1f}s",
+            "RATE": rate_column(state, rules),
+        }
+        rows.append([cells[column] for column in header])
+    return text_table(header, rows, width=None if wide else terminal_width(), shrink=[0])
 
 
 @redislock.command()
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--wide", is_flag=True, help="Every column (holder token, pid, fence), "
+                                           "nothing cut.")
 @click.pass_context
 @_cli_errors
-def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
+def inspect(ctx: click.Context, name: str, as_json: bool, wide: bool) -> None:
     """Show the holders and waiting line of limit NAME (its name, or its full key).
 
     Entries whose lease ran out but are not yet removed are shown as expired. Waiters
-    are listed in line order: position 0 gets the next free slot.
+    are listed in line order: position 0 gets the next free slot. Rows are cut to fit
+    the terminal (never the task id, which `release` takes); --wide prints them whole.
 
     \b
     With --json: {"key": str, "name": str, "used": int, "limit": int|null,
     "configured_limit": int|null, "slots_override": int|null, "paused": bool,
     "paused_until": float|null, "pause_left_seconds": float|null,
+    "rate": str|null, "rate_override": str|null,
     "holders": [{"token": str, "task_id": str|null, "task": str|null,
-      "worker": str|null, "pid": int|null, "age_seconds": float,
+      "worker": str|null, "pid": int|null, "args": str|null, "age_seconds": float,
       "lease_left_seconds": float, "fence": int, "expired": bool, "cost": int}],
     "reservations": [{"ticket": str, "left_seconds": float, "cost": int}],
     "waiting": int,
@@ -394,46 +368,61 @@ def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
     store = _store(ctx)
     key = store.key_of(name)
     now = store.now_ms()
-    state = store.states([key], now, waiters=None, limits=known_limits(store.app,
-                                                                        store.prefix))[0]
+    state = store.states([key], now, waiters=None)[0]
     if as_json:
-        click.echo(json.dumps(inspect_json(state), indent=2))
+        click.echo(json.dumps(inspect_json(state, store.rules), indent=2))
         return
-    _echo_inspect(state, key, now)
+    for line in inspect_lines(state, store.rules, wide=wide):
+        click.echo(line)
 
 
-def _echo_inspect(state: LimitState, key: str, now: int) -> None:
+def inspect_lines(state: LimitState, rules: Optional[Rules] = None, *,
+                  wide: bool = False) -> List[str]:
     """``inspect``'s text: the limit, its holders, reservations and waiting line."""
-    live = len(state.live_holders)
-    click.echo(f"{state.name} ({key}): {live} live holder(s), "
-               f"{state.used}/{_or(state.limit, '?')} slots used, {state.waiting} waiting")
-    click.echo("slots: " + ", ".join(_limit_words(state)))
+    now = state.server_time_ms
+    width = None if wide else terminal_width()
+    lines = [f"{state.name}: {len(state.live_holders)} live holder(s), "
+             f"{used_text(state)} slots used, {state.waiting} waiting",
+             f"key: {state.key}",
+             "slots: " + ", ".join(_limit_words(state)),
+             f"rate: {rate_column(state, rules)}"]
     if state.holders:
-        _echo_holders(state.holders, now)
+        lines.extend(_holder_lines(state.holders, now, width))
     for reservation in state.reservations:
         slots = f"{reservation.cost} slots" if reservation.cost > 1 else "a slot"
-        click.echo(f"{slots} reserved for waiter {reservation.ticket}: "
-                   f"{(reservation.until_ms - now) / 1000:.1f}s left")
+        lines.append(f"{slots} reserved for waiter {reservation.ticket}: "
+                     f"{(reservation.until_ms - now) / 1000:.1f}s left")
     if state.waiters:
-        click.echo("waiting line:")
-        _table(["POS", "TASK", "TASK ID", "WORKER", "AGE", "RESERVED"], [
+        lines.append("waiting line:")
+        lines.extend(text_table(["POS", "TASK", "TASK ID", "WORKER", "AGE", "RESERVED"], [
             [str(w.position), w.task or "-", w.task_id or "-", w.worker or "-",
              f"{w.age(now):.1f}s", "yes" if w.reserved_until_ms is not None else "no"]
             for w in state.waiters
-        ])
+        ], width=width, shrink=[1, 3]))
+    return lines
 
 
-def _echo_holders(holders: Sequence[Holder], now: int) -> None:
-    """``inspect``'s table of holders, with the slots each takes when one takes several."""
+def _holder_lines(holders: Sequence[Holder], now: int, width: Optional[int]) -> List[str]:
+    """``inspect``'s table of holders, with the slots each takes when one takes several;
+    without ``width`` (``--wide``) every column, else those that tell who holds it."""
     weighted = any(h.cost > 1 for h in holders)
-    _table(["HOLDER", "TASK ID", "TASK", "WORKER", "PID", "AGE", "LEASE LEFT", "FENCE"]
-           + (["SLOTS"] if weighted else []), [
-        [h.token, h.task_id or "-", h.task or "-", h.worker or "-",
-         "-" if h.pid is None else str(h.pid), f"{h.age(now):.1f}s",
-         f"{h.lease_left(now):.1f}s" if h.lease_end_ms > now else "expired",
-         str(h.fence)] + ([str(h.cost)] if weighted else [])
-        for h in holders
-    ])
+    wide = width is None
+    header = (["HOLDER", "TASK ID", "TASK", "WORKER", "PID", "AGE", "LEASE LEFT", "FENCE"]
+              if wide else ["TASK ID", "TASK", "WORKER", "AGE", "LEASE"])
+    rows = []
+    for h in holders:
+        cells = {"HOLDER": h.token, "TASK ID": h.task_id or ("-" if wide else h.token),
+                 "TASK": h.task or "-", "WORKER": h.worker or "-",
+                 "PID": "-" if h.pid is None else str(h.pid), "AGE": f"{h.age(now):.1f}s",
+                 "FENCE": str(h.fence)}
+        cells["LEASE"] = cells["LEASE LEFT"] = (f"{h.lease_left(now):.1f}s"
+                                                if h.lease_end_ms > now else "expired")
+        rows.append([cells[column] for column in header] + [h.args or "-"]
+                    + ([str(h.cost)] if weighted else []))
+    header = header + ["ARGS"] + (["SLOTS"] if weighted else [])
+    args = header.index("ARGS")
+    return text_table(header, rows, width=width,
+                      shrink=[args, header.index("WORKER"), header.index("TASK")])
 
 
 def _limit_words(state: LimitState) -> List[str]:
@@ -448,14 +437,15 @@ def _limit_words(state: LimitState) -> List[str]:
     return words
 
 
-def inspect_json(state: LimitState) -> Dict[str, Any]:
+def inspect_json(state: LimitState, rules: Optional[Rules] = None) -> Dict[str, Any]:
     """What ``inspect --json`` prints for one key."""
     now = state.server_time_ms
-    row = status_row(state)
+    row = status_row(state, rules)
     return {
         **{field: row[field] for field in ("key", "name", "used", "limit",
                                            "configured_limit", "slots_override", "paused",
-                                           "paused_until", "pause_left_seconds")},
+                                           "paused_until", "pause_left_seconds", "rate",
+                                           "rate_override")},
         "holders": [_holder_json(holder, now) for holder in state.holders],
         "reservations": [{"ticket": r.ticket, "left_seconds": round((r.until_ms - now) / 1000, 3),
                           "cost": r.cost} for r in state.reservations],
@@ -470,20 +460,31 @@ def inspect_json(state: LimitState) -> Dict[str, Any]:
 @click.pass_context
 @_cli_errors
 def release(ctx: click.Context, name: str, holder: str) -> None:
-    """Free one holder of semaphore NAME: HOLDER is its token or a unique start of it.
+    """Free one holder of semaphore NAME: HOLDER is its task id (as `inspect` shows),
+    its token, or a unique start of the token.
 
     The entry is removed at once and the slot handed to the oldest waiter; the run that
     held it is not stopped, so only free a holder you know is dead.
     """
     store = _store(ctx)
     key = store.key_of(name)
-    found = control.release_holder(store.app, key, holder,
+    found = control.release_holder(store.app, key, _holder_token(store, key, holder),
                                    prefix=store.prefix)
     what = ", ".join(f"{label} {value}" for label, value in (
         ("task", found.task), ("task id", found.task_id), ("worker", found.worker),
         ("pid", found.pid)) if value is not None)
     click.echo(f"freed holder {found.token} of {semaphore_name(key, store.prefix)}"
                + (f" ({what})" if what else ""))
+
+
+def _holder_token(store: LockStore, key: str, holder: str) -> str:
+    """The token of the one holder whose task id is ``holder`` (what ``inspect``
+    shows), when no token starts with it; else ``holder`` as it is."""
+    holders = store.holders(key)
+    if any(h.token.startswith(holder) for h in holders):
+        return holder
+    runs = [h.token for h in holders if h.task_id == holder]
+    return runs[0] if len(runs) == 1 else holder
 
 
 @redislock.command()
@@ -549,13 +550,6 @@ def clear_slots(ctx: click.Context, name: str) -> None:
     removed = control.clear_slots(store.app, key)
     name = semaphore_name(key, store.prefix)
     click.echo(f"{name}: slot override cleared" if removed else f"{name}: had no slot override")
-
-
-def _rate_text(row: Dict[str, Any]) -> str:
-    """The RATE column: the rate set at run time (``set-rate``), else the configured one."""
-    if row.get("rate_override"):
-        return f"{row['rate_override']} (set-rate)"
-    return row["rate"] or ("yes" if row["rate_limiter"] else "-")
 
 
 @redislock.command(name="set-rate")
@@ -643,9 +637,11 @@ def resume(ctx: click.Context, name: str) -> None:
 @click.option("--once", is_flag=True, help="Print one view and exit.")
 @click.option("--rows", default="5", metavar="N", show_default=True,
               help="Holders and waiters shown per key.")
+@click.option("--wide", is_flag=True, help="Lines as long as they are, not cut to the "
+                                           "terminal.")
 @click.pass_context
 @_cli_errors
-def watch(ctx: click.Context, interval: str, once: bool, rows: str) -> None:
+def watch(ctx: click.Context, interval: str, once: bool, rows: str, wide: bool) -> None:
     """A live view of every key: slots used/limit, waiting, pause, holders, waiters.
 
     On a terminal the view is redrawn in place; otherwise (a pipe, a file) each refresh
@@ -656,15 +652,14 @@ def watch(ctx: click.Context, interval: str, once: bool, rows: str) -> None:
     if shown < 0:
         raise click.ClickException(f"--rows must be a whole number >= 0, not {rows!r}")
     store = _store(ctx)
-    limits = known_limits(store.app, store.prefix)
 
     def snapshot() -> List[LimitState]:
         now = store.now_ms()
-        return [s for s in store.states(store.limit_keys(), now, waiters=shown or 0,
-                                        limits=limits)
-                if s.exists or s.active or s.rate_limiter]
+        return sorted((s for s in store.states(store.limit_keys(), now, waiters=shown or 0)
+                       if s.exists or s.active or s.rate_limiter), key=lambda s: s.name)
 
-    run_watch(snapshot, interval=every, once=once, rows=shown)
+    run_watch(snapshot, interval=every, once=once, rows=shown, rules=store.rules,
+              wide=wide)
 
 
 _DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*\Z")
@@ -743,13 +738,6 @@ def _waiter_json(waiter: Waiter, now: int) -> Dict[str, Any]:
             "task_id": waiter.task_id, "worker": waiter.worker,
             "age_seconds": round(waiter.age(now), 3),
             "reserved": waiter.reserved_until_ms is not None}
-
-
-def _table(header: List[str], rows: Iterable[List[str]]) -> None:
-    lines: List[Tuple[str, ...]] = [tuple(header), *(tuple(row) for row in rows)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for line in lines:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
 
 
 def _one_line(exc: BaseException) -> str:

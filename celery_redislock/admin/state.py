@@ -15,7 +15,7 @@ import datetime
 import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..engine.holder import Holder, parse_holder, text, unit_of
 from ..engine.keys import (
@@ -96,6 +96,8 @@ class LimitState:
     rate_limiter: bool = False
     #: The rate set at run time ('rate' of the rate limiter's control hash), if any.
     rate_override: Optional[str] = None
+    #: The interval (µs) the rate limiter's state was last counted in ('iv'), if any.
+    rate_interval_us: Optional[float] = None
 
     @property
     def live_holders(self) -> List[Holder]:
@@ -113,6 +115,12 @@ class LimitState:
     def limit(self) -> Optional[int]:
         """The slots admission allows now: the override, else the configured count."""
         return self.slots_override if self.slots_override is not None else self.configured_slots
+
+    @property
+    def tasks(self) -> Set[str]:
+        """The tasks of the live holders and listed waiters (what uses the name now)."""
+        return ({h.task for h in self.live_holders if h.task}
+                | {w.task for w in self.waiters if w.task})
 
     @property
     def pause_left(self) -> Optional[float]:
@@ -147,6 +155,18 @@ def pause_text(state: LimitState) -> str:
     left = max(0.0, (state.paused_until_ms - state.server_time_ms) / 1000)
     when = end.strftime("%H:%M:%SZ") if left < 86400 else end.strftime("%Y-%m-%d %H:%MZ")
     return f"until {when}, in {span(left)}"
+
+
+def pause_short(state: LimitState) -> str:
+    """A pause in a table cell: ``no``, ``forever``, or the time left.
+
+        >>> pause_short(LimitState("n", "k", 0, paused=True, paused_until_ms=150_000))
+        '2.5 min'
+    """
+    if not state.paused:
+        return "no"
+    left = state.pause_left
+    return FOREVER if left is None else span(max(0.0, left))
 
 
 def span(seconds: float) -> str:
@@ -192,6 +212,13 @@ def _merge_pauses(*pauses: Tuple[bool, Optional[int]]) -> Tuple[bool, Optional[i
     return True, max(end for end in active if end is not None)
 
 
+def _float(value: Any) -> Optional[float]:
+    try:
+        return float(text(value))
+    except (TypeError, ValueError):
+        return None
+
+
 def _int(value: Any) -> Optional[int]:
     try:
         return int(text(value))
@@ -212,7 +239,7 @@ def read_states(client: Any, keys: Sequence[str], now_ms: int, *, prefix: str = 
         pipe.hmget(companion_key(key, SEMAPHORE_CONTROL), ["slots", "paused_until"])
         pipe.hmget(companion_key(key, RATE_CONTROL), ["paused_until", "rate"])
         pipe.zcard(companion_key(key, LINE))
-        pipe.exists(companion_key(key, RATE))
+        pipe.hmget(companion_key(key, RATE), ["iv", "tat", "line"])
         if waiters != 0:
             pipe.zrange(companion_key(key, LINE), 0, -1 if waiters is None else waiters - 1,
                         withscores=True)
@@ -226,7 +253,9 @@ def read_states(client: Any, keys: Sequence[str], now_ms: int, *, prefix: str = 
             lines[key] = [(text(t), int(s)) for t, s in replies[step * index + 5]]
         state = _state(key, prefix, now_ms, entries, control, rate_control,
                        int(waiting))
-        states.append(replace(state, rate_limiter=bool(rate)) if rate else state)
+        if any(value is not None for value in rate):
+            state = replace(state, rate_limiter=True, rate_interval_us=_float(rate[0]))
+        states.append(state)
     if not lines or not any(lines.values()):
         return states
     return _with_waiters(client, states, lines)

@@ -18,16 +18,20 @@ import sys
 import time
 from typing import Any, Callable, List, Optional, Sequence
 
-from .state import LimitState, pause_text
+from .rules import Rules, rate_column, used_text
+from .state import LimitState, pause_short, pause_text
+from .table import clip, terminal_width, text_table
 
 #: Clear the screen and put the cursor top left.
 CLEAR = "\x1b[H\x1b[2J"
 
 
 def render(states: Sequence[LimitState], *, rows: int = 5,
-           interval: Optional[float] = None) -> List[str]:
+           interval: Optional[float] = None, rules: Optional[Rules] = None,
+           width: Optional[int] = None) -> List[str]:
     """The lines of one view: a title, then per key a summary line followed by up to
-    ``rows`` holders and ``rows`` waiters, indented."""
+    ``rows`` holders and ``rows`` waiters, indented; with ``width``, each line cut to it
+    (names first)."""
     now = states[0].server_time_ms if states else None
     title = "celery-redislock: " + (f"{len(states)} key(s)" if states else "no keys")
     if now is not None:
@@ -37,22 +41,20 @@ def render(states: Sequence[LimitState], *, rows: int = 5,
     lines = [title]
     if not states:
         return lines
-    table: List[List[str]] = [["NAME", "USED", "WAITING", "PAUSED", "OVERRIDE", "RATE"]]
-    details: List[List[str]] = [[]]
-    for state in states:
-        table.append([
-            state.name,
-            f"{state.used}/{'?' if state.limit is None else state.limit}",
-            str(state.waiting),
-            pause_text(state),
-            "-" if state.slots_override is None else str(state.slots_override),
-            "yes" if state.rate_limiter else "-",
-        ])
-        details.append(_details(state, rows))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row, extra in zip(table, details):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        lines.extend(extra)
+    header = ["NAME", "USED", "WAITING", "PAUSED", "OVERRIDE", "RATE"]
+    table = text_table(header, [[
+        state.name,
+        used_text(state),
+        str(state.waiting),
+        pause_text(state) if width is None else pause_short(state),
+        "-" if state.slots_override is None else str(state.slots_override),
+        rate_column(state, rules),
+    ] for state in states], width=width, shrink=[0])
+    lines.append(table[0])
+    for row, state in zip(table[1:], states):
+        lines.append(row)
+        lines.extend(line if width is None else clip(line, width)
+                     for line in _details(state, rows))
     return lines
 
 
@@ -63,7 +65,8 @@ def _details(state: LimitState, rows: int) -> List[str]:
     for holder in live[:rows]:
         lines.append(f"    holds   {holder.task or '-'} {holder.task_id or holder.token} "
                      f"on {holder.worker or '-'}, {holder.age(now):.1f}s, "
-                     f"lease {holder.lease_left(now):.1f}s")
+                     f"lease {holder.lease_left(now):.1f}s"
+                     + ("" if holder.args is None else f", args {holder.args}"))
     if len(live) > rows:
         lines.append(f"    ... {len(live) - rows} more holder(s)")
     for reservation in state.reservations[:rows]:
@@ -75,8 +78,6 @@ def _details(state: LimitState, rows: int) -> List[str]:
     if state.waiting > min(rows, len(state.waiters)):
         lines.append(f"    ... {state.waiting - min(rows, len(state.waiters))} more waiting")
     return lines
-
-
 
 
 def _iso(ms: int) -> str:
@@ -94,17 +95,20 @@ def _fit(lines: List[str], height: int) -> List[str]:
 
 def run_watch(snapshot: Callable[[], Sequence[LimitState]], *, interval: float = 1.0,
               once: bool = False, rows: int = 5, stream: Any = None,
-              is_tty: Optional[bool] = None) -> None:
+              is_tty: Optional[bool] = None, rules: Optional[Rules] = None,
+              wide: bool = False) -> None:
     """Print a view of ``snapshot()`` every ``interval`` seconds until Ctrl-C (or once).
 
     ``stream`` defaults to standard output; on a terminal each view replaces the last.
+    Lines are cut to the terminal's width unless ``wide``.
     """
     stream = stream if stream is not None else sys.stdout
     tty = is_tty if is_tty is not None else bool(getattr(stream, "isatty", lambda: False)())
     first = True
     try:
         while True:
-            lines = render(snapshot(), rows=rows, interval=None if once else interval)
+            lines = render(snapshot(), rows=rows, interval=None if once else interval,
+                           rules=rules, width=None if wide else terminal_width())
             if tty:
                 size = shutil.get_terminal_size()
                 _write(stream, CLEAR + "\n".join(_fit(lines, size.lines - 1)))

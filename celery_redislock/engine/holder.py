@@ -2,7 +2,8 @@
 
 The token of a task run is ``"<worker node>|<task id>|<start id>:<random>"`` (the start
 id names one start of the worker; tokens of older versions have none); the description is
-JSON with the task, its id, the worker and the process id (see
+JSON with the task, its id, the worker, the process id and the run's arguments as
+Celery shows them (its ``argsrepr``, cut; see
 :mod:`celery_redislock.integration.execution`). ``admit.lua`` writes the entry; this module
 is the one
 place that reads it back.
@@ -68,6 +69,9 @@ class Holder:
     member: str
     #: Slots the holder takes: 1, or a weighted run's cost (its units counted).
     cost: int = 1
+    #: The run's arguments as Celery shows them (``argsrepr`` ``kwargsrepr``), if given:
+    #: text written by whoever sent the task, to be shown as text only.
+    args: Optional[str] = None
 
     def age(self, now_ms: int) -> float:
         """Seconds since the holder took its slot.
@@ -125,6 +129,7 @@ def parse_holder(member: Any, score: float) -> Holder:
         lease_end_ms=int(score),
         fence=fence or 0,
         member=entry,
+        args=_str(description.get("args")),
     )
 
 

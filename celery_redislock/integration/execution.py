@@ -74,9 +74,27 @@ os.register_at_fork(after_in_child=_described.clear)
 _json_string = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 
 
-def _describe(task_name: str, worker: Any, task_id: Any, pid: Optional[int] = -1) -> str:
+#: The most characters of a run's arguments (Celery's ``argsrepr`` and ``kwargsrepr``,
+#: what Flower shows) that its holder entry keeps for operators.
+ARGS_SHOWN = 200
+
+
+def _args_of(request: Any) -> Optional[str]:
+    """A run's arguments as Celery wrote them for people (``argsrepr``, then
+    ``kwargsrepr`` unless empty), cut to :data:`ARGS_SHOWN`; None when it has none."""
+    args = getattr(request, "argsrepr", None)
+    kwargs = getattr(request, "kwargsrepr", None)
+    shown = " ".join(str(part) for part in (args, kwargs) if part and part != "{}")
+    if len(shown) > ARGS_SHOWN:
+        shown = shown[:ARGS_SHOWN - 1] + "\u2026"
+    return shown or None
+
+
+def _describe(task_name: str, worker: Any, task_id: Any, pid: Optional[int] = -1,
+              args: Optional[str] = None) -> str:
     """Who holds a slot, for operators: JSON with the task, its id, the worker, the process
-    (this one, unless ``pid`` says another, or None for none).
+    (this one, unless ``pid`` says another, or None for none) and the run's arguments
+    as Celery shows them (:func:`_args_of`), if any.
 
     The part that only changes with the process is made once per task and process."""
     start = _described.get((task_name, worker, pid))
@@ -87,15 +105,18 @@ def _describe(task_name: str, worker: Any, task_id: Any, pid: Optional[int] = -1
             f'"pid": {pid_text}, "id": '
         )
     task_id = _json_string(task_id) if type(task_id) is str else json.dumps(task_id)
-    return f"{start}{task_id}}}"
+    if args is None:
+        return f"{start}{task_id}}}"
+    return f'{start}{task_id}, "args": {_json_string(args)}}}'
 
 
-def _describe_unadopted(task_name: str, worker: Any, task_id: Any) -> str:
+def _describe_unadopted(task_name: str, worker: Any, task_id: Any,
+                        args: Optional[str] = None) -> str:
     """Who holds a slot that the worker's main process took for a run no pool process
     has adopted: no process id, so that a lost pool process's slots are freed once the
     process its request was accepted by is gone (see :func:`~.recovery.free_run_slots`).
     """
-    return _describe(task_name, worker, task_id, pid=None)
+    return _describe(task_name, worker, task_id, pid=None, args=args)
 
 
 def task_settings(task: Any) -> Settings:
@@ -170,7 +191,8 @@ class _Attempt:
         return cls(
             task=task, setup=setup, request=request,
             limiters=setup.limits.limiters(args, kwargs, setup.settings.prefix),
-            description=_describe(task.name, request.hostname, request.id),
+            description=_describe(task.name, request.hostname, request.id,
+                                  args=_args_of(request)),
             owner=owner_prefix(request.hostname or "", request.id or "",
                                this_start(request.hostname)),
             waited=waited, promises=promises, ticket=ticket,
@@ -330,7 +352,8 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool
     attempt.promises.update(promises or {})
     if time.monotonic() < _main_process_skips_until[0]:
         return _without_store(attempt, args, kwargs, None)
-    attempt.description = _describe_unadopted(task.name, request.hostname, request.id)
+    attempt.description = _describe_unadopted(task.name, request.hostname, request.id,
+                                              _args_of(request))
     limit_waits(setup.client, MAIN_PROCESS_TIMEOUT)
     try:
         return _ask_before_pool(attempt, args, kwargs, room, may_wait)

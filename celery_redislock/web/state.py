@@ -13,15 +13,13 @@ process, one sample per refresh.
 
 from __future__ import annotations
 
-import re
-import string
 import threading
 import time
 from collections import deque
-from dataclasses import replace
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Pattern, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
-from ..admin.cli import LockStore, inspect_json, known_limits, status_row, task_rules
+from ..admin.cli import LockStore, inspect_json, status_row
+from ..admin.rules import Rules, rate_column, used_text
 from ..admin.state import LimitState
 
 #: One history sample: (Unix seconds on the Redis server's clock, used, waiting).
@@ -49,94 +47,17 @@ class History:
         return list(self._samples.get(key, ()))
 
 
-def name_pattern(rule: Any) -> Optional[Pattern[str]]:
-    """A pattern of the limit names ``rule`` makes: its ``lock_key`` template with each
-    field standing for any text; None for a key made by a callable.
-
-        >>> from celery_redislock.config.limit import LimitRule
-        >>> from celery_redislock.engine.keys import KeyTemplate
-        >>> def sync(tenant): ...
-        >>> rule = LimitRule(KeyTemplate("crm:{tenant}", sync, owner="t"), 2, None, 30)
-        >>> bool(name_pattern(rule).fullmatch("crm:acme"))
-        True
-    """
-    key = rule.key
-    if key.is_constant:
-        return re.compile(re.escape(key.render((), {})))
-    if not isinstance(key.source, str):
-        return None
-    parts = [re.escape(literal) + ("" if field is None else "(?:.+?)")
-             for literal, field, _, _ in string.Formatter().parse(key.source)]
-    return re.compile("".join(parts), re.S)
-
-
-_PERIODS = {1.0: "s", 60.0: "m", 3600.0: "h", 86400.0: "d"}
-
-
-def rate_text(rate: Any) -> str:
-    """A rate as written in a task's options: ``"30/m"``, ``"5/10s (burst 0)"``.
-
-        >>> from celery_redislock.engine.rate import Rate
-        >>> rate_text(Rate.parse("30/m")), rate_text(Rate.parse("5/10s", burst=0))
-        ('30/m', '5/10s (burst 0)')
-    """
-    count = int(rate.count) if float(rate.count).is_integer() else rate.count
-    period = _PERIODS.get(float(rate.period))
-    if period is None:
-        period = f"{int(rate.period) if float(rate.period).is_integer() else rate.period}s"
-    return f"{count}/{period}" + ("" if rate.burst == 1 else f" (burst {rate.burst})")
-
-
-class Rules:
-    """The slot counts and rate limits (``"30/m"``) of an app's tasks, by the limit
-    names their keys make: what a key shows before any run of it recorded its count.
-
-        >>> from celery import Celery
-        >>> from celery_redislock import LimitedTask
-        >>> app = Celery("proj", set_as_current=False)
-        >>> @app.task(base=LimitedTask, lock_slots=2, lock_rate="5/s",
-        ...           lock_key="api:{token}", name="proj.call")
-        ... def call(token): ...
-        >>> rules = Rules(app)
-        >>> rules.rate_of("api:t1"), rules.slots_of("api:t1"), rules.rate_of("other")
-        ('5/s', 2, None)
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.rules: List[Tuple[Pattern[str], Optional[int], Optional[str]]] = []
-        for _, rule in task_rules(app):
-            pattern = name_pattern(rule)
-            if pattern is not None:
-                rate = None if rule.rate is None else rate_text(rule.rate)
-                self.rules.append((pattern, rule.slots, rate))
-
-    def _matching(self, name: str) -> List[Tuple[Optional[int], Optional[str]]]:
-        return [(slots, rate) for pattern, slots, rate in self.rules
-                if pattern.fullmatch(name)]
-
-    def rate_of(self, name: str) -> Optional[str]:
-        """The rate(s) of limit ``name``, joined with ``", "``; None without one."""
-        found: List[str] = []
-        for _, rate in self._matching(name):
-            if rate is not None and rate not in found:
-                found.append(rate)
-        return ", ".join(found) or None
-
-    def slots_of(self, name: str) -> Optional[int]:
-        """The slot count the tasks give limit ``name``; None if none or several."""
-        counts = {slots for slots, _ in self._matching(name) if slots is not None}
-        return next(iter(counts)) if len(counts) == 1 else None
-
-
-def key_json(state: LimitState, rate: Optional[str], history: List[Sample]) -> Dict[str, Any]:
+def key_json(state: LimitState, rules: Optional[Rules], history: List[Sample]) -> Dict[str, Any]:
     """One key of ``/api/state``: the ``status --json`` row (``holders`` renamed
-    ``holder_count``) with the ``inspect --json`` holders and waiters, its rate and
-    history."""
-    row = status_row(state)
+    ``holder_count``) with the ``inspect --json`` holders and waiters, the USED and RATE
+    columns of ``status`` as it writes them, and the key's history."""
+    row = status_row(state, rules)
     row["holder_count"] = row.pop("holders")
-    details = inspect_json(state)
+    details = inspect_json(state, rules)
+    rate = rate_column(state, rules)
     row.update(holders=details["holders"], reservations=details["reservations"],
-               waiters=details["waiters"], rate=rate,
+               waiters=details["waiters"], used_text=used_text(state),
+               rate_text=None if rate == "-" else rate,
                history=[{"t": round(at, 3), "used": used, "waiting": waiting}
                         for at, used, waiting in history])
     return row
@@ -159,8 +80,6 @@ class Dashboard:
         self.min_interval = min_interval
         self.clock = clock
         self.refresh = refresh
-        self.limits = known_limits(store.app, store.prefix)
-        self.rules = Rules(store.app)
         self._lock = threading.Lock()
         self._last: Optional[Tuple[float, Dict[str, Any]]] = None
 
@@ -176,16 +95,13 @@ class Dashboard:
     def _read(self) -> Dict[str, Any]:
         store = self.store
         now_ms = store.now_ms()
-        states = [s for s in store.states(store.limit_keys(), now_ms, waiters=self.rows,
-                                          limits=self.limits) if s.exists or s.active]
-        states = sorted((s if s.configured_slots is not None else
-                         replace(s, configured_slots=self.rules.slots_of(s.name))
-                         for s in states), key=lambda s: s.name)
+        states = sorted((s for s in store.states(store.limit_keys(), now_ms, waiters=self.rows)
+                         if s.active), key=lambda s: s.name)
         at = now_ms / 1000
         self.history.add({s.key: (s.used, s.waiting) for s in states}, at)
         keys = []
         for state in states:
-            row = key_json(state, self.rules.rate_of(state.name), self.history.of(state.key))
+            row = key_json(state, store.rules, self.history.of(state.key))
             row["holders"] = row["holders"][: self.rows]
             keys.append(row)
         return {
