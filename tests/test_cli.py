@@ -621,7 +621,7 @@ def test_waiting_runs_in_line_order(cluster):
     row = status_of(app, name)
     assert (row["used"], row["limit"], row["waiting"], row["contended"]) == (1, 1, 3, True)
 
-    view = invoke(app, "watch", "--once", "--rows", "2").stdout.splitlines()
+    view = invoke(app, "watch", "--once", "--rows", "2", "--wide").stdout.splitlines()
     assert next(line.split() for line in view if line.startswith(name))[1:3] == ["1/1", "3"]
     waits = [line.split() for line in view if line.strip().startswith("waits")]
     assert [(w[1], w[3].rstrip(",")) for w in waits] == [
@@ -744,6 +744,10 @@ def test_status_rows_are_sorted_and_fit_the_terminal(shared, lock_client, monkey
     assert names[0] == "alpha" and names[-1] == "zeta" and names == sorted(names)
     assert all(len(line) <= 80 for line in lines), lines
     assert "\u2026" in next(line for line in lines if line.startswith("tenant:"))
+    watched = invoke(app, "watch", "--once").stdout.splitlines()[1:]
+    assert [line.split()[0][:5] for line in watched if not line.startswith(" ")][1:] == [
+        name[:5] for name in names]
+    assert all(len(line) <= 80 for line in watched), watched
     wide = invoke(app, "status", "--wide").stdout.splitlines()
     assert any(line.startswith(long_name[:100] + "~ ") for line in wide)  # the name in Redis
 

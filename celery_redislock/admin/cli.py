@@ -55,7 +55,6 @@ from . import control
 from .rules import (
     Rules,
     configured_rate,
-    name_pattern,
     override_text,
     rate_column,
     task_rules,
@@ -105,8 +104,7 @@ def singleton_tasks(app: Any, name: str) -> List[str]:
     """The ``SingletonTask`` tasks of ``app`` whose limit name may be ``name``."""
     found = []
     for task, rule in task_rules(app):
-        pattern = name_pattern(rule) if isinstance(task, SingletonTask) else None
-        if pattern is not None and pattern.fullmatch(name):
+        if isinstance(task, SingletonTask) and rule.key.could_render(name):
             found.append(task.name)
     return sorted(set(found))
 

@@ -5,9 +5,10 @@ name's configured slots and rate:
 
 * :func:`rate_text` writes a rate the way a task's options do (``"30/m"``, ``"5/10s
   (burst 0)"``): the one formatter of every view.
-* :func:`name_pattern` is the pattern of the names a rule's ``lock_key`` template makes.
-  A field matches what a value can render to (``%XX`` escapes, never a separator; a
-  ``{field:hash}`` its 16 hex digits), so ``api:{token}`` does not match ``api:a:b``.
+* A rule's ``lock_key`` makes a name when its template could render it
+  (:meth:`~celery_redislock.engine.key_template.KeyTemplate.could_render`: a field
+  matches what a value can render to, a ``{field:hash}`` only its 16 hex digits), so
+  ``api:{token}`` does not make ``api:a:b``.
 * :class:`Rules` finds the slots and rate of a name. Where two templates can make the
   same name (``api:{token}`` and ``api:{token:hash}``) and disagree, Redis decides: the
   interval the rate limiter's state was last counted in, then the tasks of its live
@@ -21,21 +22,13 @@ name's configured slots and rate:
 
 from __future__ import annotations
 
-import re
-import string
 from dataclasses import dataclass
-from typing import Any, Collection, Iterable, List, Optional, Pattern, Tuple
+from typing import Any, Collection, Iterable, List, Optional, Tuple
 
 from ..config.limits_setting import config_limits, task_function
-from ..engine.key_template import HASH_LENGTH, HASH_SPEC
 from ..engine.rate import Rate
 from ..integration.recovery import limits_of
 from .state import LimitState
-
-#: What one template field can render to: escaped text (no separator, ``%`` only as
-#: ``%XX``), or, for ``{field:hash}``, the digest's hex digits.
-_VALUE = r"(?:[^%:/{}]|%[0-9A-F]{2})*"
-_DIGEST = f"[0-9a-f]{{{HASH_LENGTH}}}"
 
 #: The unit a period of that many seconds is written with.
 _UNITS = {1.0: "s", 60.0: "m", 3600.0: "h", 86400.0: "d"}
@@ -92,28 +85,6 @@ def interval_text(interval_us: float) -> str:
     return rate_text(Rate(count=round(1 / seconds, 3), period=1.0))
 
 
-def name_pattern(rule: Any) -> Optional[Pattern[str]]:
-    """A pattern of the limit names ``rule``'s key makes (use ``fullmatch``); None for a
-    key made by a callable.
-
-        >>> from celery_redislock.config.limit import TaskLimits
-        >>> def call(token, page): ...
-        >>> rule = TaskLimits.compile("proj.call", call,
-        ...                           [{"slots": 1, "key": "api:{token}"}]).rules[0]
-        >>> [bool(name_pattern(rule).fullmatch(n)) for n in ("api:t1", "api:a:b", "x")]
-        [True, False, False]
-    """
-    key = rule.key
-    if key.is_constant:
-        return re.compile(re.escape(key.render((), {})))
-    if not isinstance(key.source, str):
-        return None
-    parts = [re.escape(literal) + ("" if field is None else
-                                   _DIGEST if spec == HASH_SPEC else _VALUE)
-             for literal, field, spec, _ in string.Formatter().parse(key.source)]
-    return re.compile("".join(parts), re.S)
-
-
 def task_rules(app: Any) -> Iterable[Tuple[Any, Any]]:
     """(task, rule) of every limit rule of the app's registered tasks."""
     for name, task in list(app.tasks.items()):
@@ -130,9 +101,12 @@ def task_rules(app: Any) -> Iterable[Tuple[Any, Any]]:
 @dataclass(frozen=True)
 class _Rule:
     task: str
-    pattern: Pattern[str]
+    key: Any  # its KeyTemplate
     slots: Optional[int]
     rate: Optional[Rate]
+
+    def makes(self, name: str) -> bool:
+        return self.key.could_render(name) is True
 
 
 class Rules:
@@ -159,14 +133,12 @@ class Rules:
     def __init__(self, app: Any) -> None:
         self.rules: List[_Rule] = []
         for task, rule in task_rules(app):
-            pattern = name_pattern(rule)
-            if pattern is not None:
-                self.rules.append(_Rule(task.name, pattern, rule.slots, rule.rate))
+            self.rules.append(_Rule(task.name, rule.key, rule.slots, rule.rate))
 
     def matching(self, name: str, tasks: Collection[str] = ()) -> List[_Rule]:
         """The rules whose key can make ``name``; only those of ``tasks`` (the tasks seen
         holding or waiting on it) when some of them are among them."""
-        found = [rule for rule in self.rules if rule.pattern.fullmatch(name)]
+        found = [rule for rule in self.rules if rule.makes(name)]
         mine = [rule for rule in found if rule.task in tasks]
         return mine or found
 
@@ -185,7 +157,7 @@ class Rules:
         """
         if interval_us:
             found = {rate_text(rule.rate) for rule in self.rules
-                     if rule.rate is not None and rule.pattern.fullmatch(name)
+                     if rule.rate is not None and rule.makes(name)
                      and abs(rule.rate.interval * 1e6 - interval_us) <= 1e-6 * interval_us}
             return found.pop() if len(found) == 1 else interval_text(interval_us)
         rates = {None if rule.rate is None else rate_text(rule.rate)

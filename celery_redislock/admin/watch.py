@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from .rules import Rules, rate_column, used_text
 from .state import LimitState, pause_short, pause_text
-from .table import clip, terminal_width, text_table
+from .table import ELLIPSIS, terminal_width, text_table
 
 #: Clear the screen and put the cursor top left.
 CLEAR = "\x1b[H\x1b[2J"
@@ -53,8 +53,8 @@ def render(states: Sequence[LimitState], *, rows: int = 5,
     lines.append(table[0])
     for row, state in zip(table[1:], states):
         lines.append(row)
-        lines.extend(line if width is None else clip(line, width)
-                     for line in _details(state, rows))
+        lines.extend(line if width is None or len(line) <= width
+                     else line[:width - 1] + ELLIPSIS for line in _details(state, rows))
     return lines
 
 
