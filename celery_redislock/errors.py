@@ -11,7 +11,9 @@ class RedisLockError(Exception):
 
 
 class LockConfigurationError(RedisLockError, ValueError):
-    """A limit is configured wrongly: raised when the task is defined, never in a worker.
+    """A limit is configured wrongly: found when the task is made, and raised by its
+    ``delay()`` / ``apply_async()`` and by :func:`~celery_redislock.check_limits`; a
+    worker refuses to start with it (one line per problem), so no worker runs it.
 
     The message names the task (or setting) and the problem, for example::
 

@@ -23,6 +23,7 @@ from celery_redislock import (
     LockWaitTimeout,
     Semaphore,
     SingletonTask,
+    check_limits,
 )
 from celery_redislock.engine.admission import SlotLimit, admit
 
@@ -319,10 +320,14 @@ def test_bad_options_fail_when_the_task_is_defined(options, message):
     def sync_customer(customer_id):
         pass
 
+    task = app.task(base=LimitedTask, shared=False, name="proj.sync", **options)(sync_customer)
+    app.finalize()  # the app's other tasks are not broken by this one
     with pytest.raises(LockConfigurationError, match=message) as caught:
-        app.task(base=LimitedTask, shared=False, name="proj.sync", **options)(sync_customer)
-        app.finalize()
+        task.delay("c1")
     assert "proj.sync" in str(caught.value)
+    assert isinstance(task.apply(("c1",)).result, LockConfigurationError)
+    with pytest.raises(LockConfigurationError, match=message):
+        check_limits(app)
 
 
 def test_singleton_refuses_more_slots():
@@ -331,9 +336,9 @@ def test_singleton_refuses_more_slots():
     def rebuild_index():
         pass
 
+    task = app.task(base=SingletonTask, lock_slots=2, shared=False, name="x")(rebuild_index)
     with pytest.raises(LockConfigurationError, match="exactly one slot"):
-        app.task(base=SingletonTask, lock_slots=2, shared=False, name="x")(rebuild_index)
-        app.finalize()
+        task.delay()
 
 
 def test_signals_report_contention_acquire_and_release(celery_app, celery_worker, lock_client):

@@ -57,12 +57,12 @@ def _task(**options):
 ])
 def test_cost_above_the_limit_fails_at_definition(options, problem) -> None:
     with pytest.raises(LockConfigurationError, match=problem):
-        _ = _task(**options).name
+        _task(**options).task_limits()
 
 
 def test_a_cost_above_both_limits_lists_both_problems() -> None:
     with pytest.raises(LockConfigurationError) as caught:
-        _ = _task(lock_slots=2, lock_rate="10/s", lock_burst=1, lock_cost=3).name
+        _task(lock_slots=2, lock_rate="10/s", lock_burst=1, lock_cost=3).task_limits()
     assert [problem.split(": ", 1)[1][:28] for problem in caught.value.problems] == [
         "lock_cost 3 is above lock_sl", "lock_cost 3 is above what th"]
 

@@ -32,6 +32,7 @@ def define(options, base=LimitedTask):
 
     task = app.task(base=base, shared=False, name="proj.call_api", **options)(call_api)
     app.finalize()
+    task.task_limits()  # what delay(), apply_async() and a run raise with
     return task
 
 

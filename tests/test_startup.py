@@ -79,6 +79,75 @@ def test_broken_limits_stop_the_worker_with_one_line_each(tmp_path, redis_server
     assert "[tasks]" not in output  # refused before the banner
 
 
+MISTAKES = """
+import os
+from celery import Celery
+from celery_redislock import LimitedTask
+
+app = Celery("mistakes_app", broker=os.environ["BROKER_URL"])
+app.conf.redislock_url = os.environ["LOCK_URL"]
+
+@app.task(base=LimitedTask, lock_slot=2)
+def crawl(url): ...
+
+@app.task(base=LimitedTask, lock_key="customer:{customerid}")
+def sync_customer(customer_id, full=False): ...
+
+@app.task(base=LimitedTask, lock_rate="10 per second")
+def ping_partner(partner_id): ...
+
+@app.task
+def plain(): ...
+"""
+
+#: The problem each task of :data:`MISTAKES` has, as its one line says it.
+PROBLEMS = {
+    "crawl": "unknown option lock_slot (did you mean lock_slots?)",
+    "sync_customer": "lock_key 'customer:{customerid}' names argument 'customerid', "
+                     "which the task does not take (it takes: customer_id, full)",
+    "ping_partner": "lock_rate '10 per second' is not a rate",
+}
+
+
+def test_task_option_mistakes_stop_the_worker_with_one_line_each(tmp_path, redis_server):
+    """No install(), no redislock_limits: the worker checks every LimitedTask's options
+    as it starts, as it checks the setting."""
+    (tmp_path / "mistakes_app.py").write_text(textwrap.dedent(MISTAKES))
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "mistakes_app", "worker", "-P", "solo",
+         "--loglevel=INFO", "--without-mingle", "--without-gossip"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=environment(tmp_path, redis_server.database_url(BROKER_DB), redis_server.url))
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "Traceback" not in output, output
+    lines = ours(output)
+    assert len(lines) == len(PROBLEMS), output
+    for task, problem in PROBLEMS.items():
+        assert any("CRITICAL" in line and "worker not started" in line
+                   and f"Task 'mistakes_app.{task}': {problem}" in line for line in lines), lines
+    assert "[tasks]" not in output  # refused before the banner
+
+
+@pytest.mark.parametrize("call", ["crawl.delay('u')", "sync_customer.delay(7)",
+                                  "ping_partner.apply_async(('acme',))"])
+def test_a_mistake_in_task_options_is_a_short_error_at_delay(tmp_path, redis_server, call):
+    """The error a sender sees names the task and the problem in its last line, under a
+    traceback of the sender's own call only: no chained exception, no Celery frames."""
+    (tmp_path / "mistakes_app.py").write_text(textwrap.dedent(MISTAKES))
+    done = subprocess.run(
+        [sys.executable, "-c", f"from mistakes_app import *\n{call}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=environment(tmp_path, redis_server.database_url(BROKER_DB), redis_server.url))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1, done.stderr
+    assert len(lines) <= 6, done.stderr  # Traceback, <string>, delay/apply_async, message
+    assert "During handling" not in done.stderr and "celery/" not in done.stderr
+    task = call.split(".")[0]
+    assert lines[-1].startswith("celery_redislock.errors.LockConfigurationError: "
+                                f"Task 'mistakes_app.{task}': {PROBLEMS[task]}"), lines[-1]
+
+
 @pytest.mark.parametrize(("lock_url", "reason"), [
     ("redis://:s3cret@no-such-host.invalid:6379/1", "no-such-host.invalid:6379: the host name "
                                                     "does not resolve (DNS)"),

@@ -94,6 +94,13 @@ def test_wrong_password_stops_the_worker_at_start(servers, tmp_path):
                           tmp_path / "worker.log")
     assert "invalid username-password pair" in text, text
     assert "redislock_url" in text, text
+    # One line, and a true one: not also "limited tasks wait (fail-closed)" nor a
+    # warning about freeing slots of a worker that never started.
+    ours = {line.split("celery-redislock: ", 1)[1] for line in text.splitlines()
+            if "celery-redislock" in line}  # the output and the log file both have it
+    assert len(ours) == 1, text
+    assert "worker not started: the lock store refuses this worker" in ours.pop()
+    assert "fail-closed" not in text and "could not free" not in text, text
 
 
 def test_acl_user_lacking_a_command_stops_the_worker_at_start(servers, tmp_path):

@@ -40,7 +40,7 @@ def job(job_id, full=False): ...
 def test_bad_options_fail_at_definition(options, problem) -> None:
     app = _app()
     with pytest.raises(LockConfigurationError, match=problem.replace("(", r"\(")):
-        _ = app.task(base=LimitedTask, name="proj.job", shared=False, **options)(job).name
+        app.task(base=LimitedTask, name="proj.job", shared=False, **options)(job).task_limits()
 
 
 def test_options_compile() -> None:

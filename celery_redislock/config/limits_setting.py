@@ -135,7 +135,20 @@ def configuration_problems(app: Any) -> List[str]:
         tasks = app.tasks  # finalizes the app: lazily defined tasks are checked here
     except LockConfigurationError as exc:
         return [*problems, *exc.problems]
+    problems.extend(definition_problems(tasks))
     problems.extend(limits_problems(app, tasks))
+    return problems
+
+
+def definition_problems(tasks: Mapping[str, Any]) -> List[str]:
+    """The problems of every task's own limit options (a ``LimitedTask``'s
+    ``definition_problems()``: a misspelt option, a key naming an argument the task
+    lacks, a bad rate, ...)."""
+    problems: List[str] = []
+    for task in tasks.values():
+        problems_of = getattr(task, "definition_problems", None)
+        if callable(problems_of):
+            problems.extend(problems_of())
     return problems
 
 
@@ -143,11 +156,11 @@ def check_limits(app: Any) -> None:
     """Check every ``redislock_*`` setting against ``app``'s registered tasks.
 
     Raises :class:`LockConfigurationError` listing every problem, all at once (its
-    ``problems`` holds them one by one): an unknown field (with the closest known one), a
-    bad rate, a number out of its range, a ``key`` naming an argument the task does not
-    take or with a bad conversion or format spec, an entry that matches no task. Workers
-    run it at start (see :func:`celery_redislock.install`); call it from a deploy check
-    too::
+    ``problems`` holds them one by one), of the setting and of every ``LimitedTask``'s
+    options: an unknown field or option (with the closest known one), a bad rate, a
+    number out of its range, a ``key`` naming an argument the task does not take or with
+    a bad conversion or format spec, an entry that matches no task. Workers run it at
+    start (one line per problem); call it from a deploy check too::
 
         from celery_redislock import check_limits
         check_limits(app)

@@ -15,19 +15,16 @@ import functools
 import logging
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from celery import bootsteps
-
 from ..config.limit import TaskLimits
 from ..config.limits_setting import (
     config_limits,
-    configuration_problems,
     entry_limits,
     limits_setting,
     matching_entry,
     task_function,
 )
 from .recovery import DEFAULT_REQUEST, DEFAULT_STRATEGY, LIMITED_REQUEST, LIMITED_STRATEGY
-from .startup import CheckLockStoreAtStart, refuse_to_start
+from .startup import CheckAtStart
 from .unique import run_task, send_unique
 
 logger = logging.getLogger(__name__)
@@ -58,8 +55,7 @@ def install(app: Any) -> None:
         current = [current]
     app.conf.task_annotations = [*current, annotation]
     app.__dict__.pop("annotations", None)  # Celery caches the prepared annotations
-    app.steps["worker"].add(CheckLimitsAtStart)
-    app.steps["worker"].add(CheckLockStoreAtStart)
+    app.steps["worker"].add(CheckAtStart)
     if app.finalized:
         for task in list(app._tasks.values()):
             annotation.apply_to(type(task))
@@ -145,14 +141,3 @@ def _limits_of(task: Any) -> TaskLimits:
         task.__dict__["_redislock_limits"] = limits
     return limits
 
-
-class CheckLimitsAtStart(bootsteps.Step):
-    """Worker bootstep: refuse to start with a broken ``redislock_*`` configuration."""
-
-    name = "celery_redislock.check_limits"
-
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
-        problems = configuration_problems(worker.app)
-        if problems:
-            refuse_to_start(problems)
-        super().__init__(worker, **kwargs)

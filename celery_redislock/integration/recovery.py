@@ -54,7 +54,7 @@ from ..engine.workers import (
     registry_prefix,
 )
 from . import handoff
-from .startup import CheckLockStoreAtStart
+from .startup import CheckAtStart, start_problems
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +224,9 @@ def _forget_previous_life(sender: Any = None, **_: Any) -> None:
     except Exception as exc:  # never stop a worker from starting over this
         logger.warning("celery-redislock: could not look at the tasks of %s: %r", worker, exc)
         return
-    app.steps["worker"].add(CheckLockStoreAtStart)  # runs as the worker's blueprint is made
+    app.steps["worker"].add(CheckAtStart)  # runs as the worker's blueprint is made
+    if start_problems(sender):
+        return  # the worker does not start: that step says why, and nothing else is done
     registration = _register(app, worker, start)
     atexit.register(_free_what_is_left, app, worker, start, os.getpid(), registration)
     _free_worker_slots_saying(app, worker, AT_START, lambda: free_worker_slots(

@@ -9,18 +9,21 @@ set. A lock store that cannot be reached at all does not stop the worker: it may
 before its lock store, and runs wait for it.
 
 The check runs as a worker bootstep, added by :func:`~celery_redislock.install` and,
-for apps with a ``LimitedTask``, when the worker initialises.
+for apps with a ``LimitedTask``, when the worker initialises; the same bootstep stops a
+worker whose limits are misconfigured (a bad ``redislock_limits`` entry, a misspelt task
+option, a key naming an argument the task lacks, a bad rate), one line per problem.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, List, NoReturn
+from typing import Any, List, NoReturn, Optional, Tuple
 
 from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 from redis.exceptions import RedisError
 
+from ..config.limits_setting import configuration_problems
 from ..config.settings import read_settings, redis_client
 from ..engine.keys import semaphore_key
 from ..engine.refusal import (
@@ -46,40 +49,84 @@ def check_lock_store(app: Any) -> None:
 
         check_lock_store(app)   # at deploy time, as a worker does when it starts
     """
+    warning = lock_store_warning(app)
+    if warning is not None:
+        logger.warning("celery-redislock: %s", warning)
+
+
+def lock_store_warning(app: Any) -> Optional[str]:
+    """What :func:`check_lock_store` would warn of (None: nothing), without logging it;
+    :class:`LockStoreRefused` as it raises."""
     settings = read_settings(app)
     if not settings.enabled:
-        return
+        return None
     client = redis_client(app, settings)
     try:
         client.ping()
     except RedisError as exc:
         if is_transient(exc):  # it may start after the worker: runs wait for it (the
-            return             # worker's start says so, see recovery.py)
+            return None        # worker's start says so, see recovery.py)
     probe_key = semaphore_key(PROBE_NAME, settings.prefix)
     problems = lock_store_problems(client, lambda: HOLDERS.run(client, [probe_key], []))
     if problems:
         raise LockStoreRefused(
             "celery-redislock: the lock store refuses this worker: " + "; ".join(problems))
     warning = eviction_warning(client)
-    if warning is None:
-        return
-    if settings.require_noeviction:
+    if warning is not None and settings.require_noeviction:
         raise LockStoreRefused(f"celery-redislock: {warning} (redislock_require_noeviction "
                                "is set, so this worker does not start)")
-    logger.warning("celery-redislock: %s", warning)
+    return warning
 
 
-class CheckLockStoreAtStart(bootsteps.Step):
-    """Worker bootstep: refuse to start on a lock store that refuses the package."""
+def start_problems(worker: Any) -> List[str]:
+    """Why ``worker`` must not start, one sentence each (none: ``[]``): every problem of
+    its app's limits (:func:`~celery_redislock.config.limits_setting.configuration_problems`:
+    the ``redislock_*`` settings and every limited task's options), else a lock store that
+    refuses the package (:func:`check_lock_store`).
 
-    name = "celery_redislock.check_lock_store"
+    Worked out once per worker start (the worker's ``worker_init`` and its bootsteps
+    share the answer, so the lock store is asked, and an eviction warned of, once).
+    """
+    return list(_start_check(worker)[0])
+
+
+def _start_check(worker: Any) -> Tuple[Tuple[str, ...], Optional[str]]:
+    """(the problems, the lock store's warning) of :func:`start_problems`, cached."""
+    cached = getattr(worker, _CACHE, None)
+    if cached is not None:
+        return cached
+    problems = configuration_problems(worker.app)
+    warning = None
+    if not problems:
+        try:
+            warning = lock_store_warning(worker.app)
+        except LockStoreRefused as exc:
+            problems = [str(exc).removeprefix("celery-redislock: ")]
+    found = (tuple(problems), warning)
+    setattr(worker, _CACHE, found)
+    return found
+
+
+_CACHE = "_redislock_start_check"
+
+
+class CheckAtStart(bootsteps.Step):
+    """Worker bootstep: refuse to start, one CRITICAL line per problem, when the limits
+    are misconfigured or the lock store refuses the package (:func:`start_problems`)."""
+
+    name = "celery_redislock.check_at_start"
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
-        try:
-            check_lock_store(worker.app)
-        except LockStoreRefused as exc:
-            refuse_to_start([str(exc).removeprefix("celery-redislock: ")])
+        problems, warning = _start_check(worker)
+        if problems:
+            refuse_to_start(list(problems))
+        if warning is not None:  # logged here, once the worker's logging is set up
+            logger.warning("celery-redislock: %s", warning)
         super().__init__(worker, **kwargs)
+
+
+#: The names this bootstep had before it checked the limits and the lock store at once.
+CheckLimitsAtStart = CheckLockStoreAtStart = CheckAtStart
 
 
 def refuse_to_start(problems: List[str]) -> NoReturn:

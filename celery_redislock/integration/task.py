@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from celery import Task
 
@@ -68,7 +68,9 @@ class LimitedTask(Task):
     ``lock_period_mode``       ``"drop"`` (default) or ``"defer"`` runs within the period
 
     Any other ``lock_*`` attribute is refused as a misspelt option, and every problem of
-    the definition is listed in one :class:`LockConfigurationError`.
+    the definition is listed in one :class:`LockConfigurationError`: raised by
+    ``delay()``, ``apply_async()`` and a run of the task, listed by
+    :func:`~celery_redislock.check_limits`, and a worker does not start with it.
 
     An entry of the ``redislock_limits`` setting that matches the task replaces its
     ``lock_slots``, ``lock_rate``, ``lock_burst``, ``lock_key``, ``lock_lease`` and
@@ -101,12 +103,41 @@ class LimitedTask(Task):
 
     _redislock_own_limits: Optional[TaskLimits] = None
     _redislock_limits: Optional[TaskLimits] = None
+    #: What is wrong with the task's options, if anything (see :meth:`__init__`).
+    _redislock_definition_error: Optional[LockConfigurationError] = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if type(self).run is not Task.run:
-            # Checked when the task is defined, so mistakes never reach a worker.
-            self._redislock_own_limits = self._own_limits()
+            # Checked when the task is made. A mistake is kept, not raised here: Celery
+            # makes tasks when the app is finalized, and an error then would break every
+            # task of the app, deep in a traceback through Celery's proxies. It is
+            # raised, short, by delay(), apply_async() and a run, and a worker refuses
+            # to start with it (check_limits lists it).
+            try:
+                self._redislock_own_limits = self._own_limits()
+            except LockConfigurationError as exc:
+                self._redislock_definition_error = exc
+
+    def definition_problems(self) -> List[str]:
+        """What is wrong with this task's ``lock_*`` options, one sentence each (none:
+        ``[]``); :func:`~celery_redislock.check_limits` and a starting worker list them.
+
+            >>> from celery import Celery
+            >>> app = Celery("proj", set_as_current=False)
+            >>> @app.task(base=LimitedTask, lock_slot=2, name="proj.crawl")
+            ... def crawl(url): ...
+            >>> crawl.definition_problems()
+            ["Task 'proj.crawl': unknown option lock_slot (did you mean lock_slots?)"]
+        """
+        error = self._redislock_definition_error
+        return list(error.problems) if error is not None else []
+
+    def _definition_error(self) -> Optional[LockConfigurationError]:
+        """A new error saying what is wrong with the options (a new one each time, so
+        its traceback is only that of the call that raises it), or None."""
+        error = self._redislock_definition_error
+        return None if error is None else LockConfigurationError(str(error), error.problems)
 
     def _task_name(self) -> str:
         return self.name or f"{type(self).__module__}.{type(self).__qualname__}"
@@ -131,7 +162,11 @@ class LimitedTask(Task):
         )
 
     def task_limits(self) -> TaskLimits:
-        """The limits this task runs under: a ``redislock_limits`` entry, else its options."""
+        """The limits this task runs under: a ``redislock_limits`` entry, else its options
+        (:class:`LockConfigurationError` when they are wrong)."""
+        error = self._definition_error()
+        if error is not None:
+            raise error from None
         if self._redislock_limits is None:
             from_config = config_limits(
                 self._get_app(), self._task_name(), task_function(self),
@@ -152,9 +187,21 @@ class LimitedTask(Task):
         return run_task(self, self.task_limits(), args, kwargs,
                         lambda: self.run(*args, **kwargs), request)
 
+    def delay(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's ``delay``: ``apply_async(args, kwargs)``. A task whose options are
+        wrong raises :class:`LockConfigurationError` here, saying what to fix."""
+        error = self._definition_error()
+        if error is not None:
+            raise error from None
+        return self.apply_async(args, kwargs)
+
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Celery's ``apply_async``; with ``lock_unique``, a task whose key is queued or
-        running already is not sent again (see :mod:`celery_redislock.integration.unique`)."""
+        running already is not sent again (see :mod:`celery_redislock.integration.unique`).
+        A task whose options are wrong raises :class:`LockConfigurationError`."""
+        error = self._definition_error()
+        if error is not None:
+            raise error from None
         unique = self.task_limits().unique
         if unique is None:
             return super().apply_async(args, kwargs, **options)
