@@ -5,13 +5,22 @@ Start times are the Redis server's clock, recorded in the bodies (see :mod:`feat
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator
 
 import pytest
+from celery import Celery
+from celery.app.task import Context
+
+from celery_redislock import LimitedTask
+from celery_redislock.engine.admission import Busy
+from celery_redislock.integration.period import Deferred, check_period
+from celery_redislock.integration.waiting import describe
 
 import features_app
 from cluster_checks import record_store, wait_for_results, wait_until
 from features_app import PERIODIC_DEFER, PERIODIC_DROP, UNIQUE_PERIOD
+from support import LOCK_DB
 from worker_cluster import WorkerCluster
 
 pytestmark = pytest.mark.slow
@@ -82,3 +91,52 @@ def test_unique_task_dropped_by_its_period_frees_its_unique_key(cluster: WorkerC
     third = task.delay("x")
     assert third.id != second.id
     wait_until(lambda: third.state == "IGNORED", 30, "the third run to be dropped")
+
+
+# --- what the log says (in-process, on the lock store; the broker in memory) -------------
+
+
+def _period_app(redis_server, **options):
+    app = Celery("period_words", broker="memory://", set_as_current=False)
+    app.conf.redislock_url = f"redis://127.0.0.1:{redis_server.port}/{LOCK_DB}"
+
+    @app.task(base=LimitedTask, shared=False, name="proj.sync_shop", lock_key="sync:{shop}",
+              **options)
+    def sync_shop(shop):
+        return shop
+
+    return app.tasks["proj.sync_shop"]
+
+
+def test_a_deferral_cut_short_by_the_visibility_timeout_says_why(redis_server, lock_client,
+                                                                  caplog) -> None:
+    """``lock_period="1h"``, ``defer``: the run comes back after half the broker's
+    visibility_timeout (1800 s), not at the end of the hour, and the line says why."""
+    task = _period_app(redis_server, lock_period="1h", lock_period_mode="defer")
+    rule = task.task_limits().period
+    check_period(task, rule, ("acme",), {}, Context(id="first", is_eager=False, retries=0))
+    with caplog.at_level(logging.INFO, logger="celery_redislock"), \
+            pytest.raises(Deferred):
+        check_period(task, rule, ("acme",), {}, Context(id="second", is_eager=False,
+                                                         retries=0))
+    [line] = [record.getMessage() for record in caplog.records if "deferred" in
+              record.getMessage()]
+    assert "deferred 1800.00 s: first ran 'sync:acme' within its lock_period of 3600 s" in line
+    assert "back in 1800.00 s, the longest countdown (half the broker's " \
+           "visibility_timeout" in line and "then deferred again" in line, line
+
+
+def test_a_period_only_task_is_refused_in_its_own_words(redis_server) -> None:
+    """A task with only ``lock_period`` runs one at a time per key (lock_slots defaults
+    to 1): a run refused for that is not said to find "all 1 slot(s)" taken."""
+    busy = Busy(name="sync:acme", holders=1, slots=1, retry_hint=1.0, average_hold=None,
+                server_time_ms=0)
+    period_only = _period_app(redis_server, lock_period="10m")
+    assert describe(busy, period_only) == (
+        "found another run of 'sync:acme' under way (one at a time per key: the task "
+        "gives no lock_slots)")
+    assert describe(busy, _period_app(redis_server, lock_slots=1)) == \
+        "found the only slot of 'sync:acme' taken"
+    assert describe(busy.__class__(**{**busy.__dict__, "slots": 3, "holders": 3}),
+                    _period_app(redis_server, lock_slots=3)) == \
+        "found all 3 slots of 'sync:acme' taken"

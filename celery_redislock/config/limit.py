@@ -67,6 +67,9 @@ class LimitRule:
     #: Slots one run takes and starts of the rate it uses, at once (``lock_cost``): a
     #: number, or a callable of the task's arguments.
     cost: Cost = 1
+    #: False when ``slots`` is the default a ``LimitedTask`` gets without ``lock_slots``
+    #: nor ``lock_rate`` (one run at a time per key), for messages that say so.
+    slots_given: bool = True
 
     def limiters(self, args: Sequence[Any], kwargs: Mapping[str, Any],
                  prefix: str) -> List[Limiter]:
@@ -248,6 +251,7 @@ def _rule(problems: List[str], owner: str, task_name: str, func: Callable[..., A
     before = len(problems)
     values = {**LIMIT_FIELDS, **entry}
     slots, rate = values["slots"], values["rate"]
+    slots_given = slots is not None
     if slots is None and rate is None:
         if default_slots is None:
             problems.append(f"{owner}: a limit needs '{prefix}slots', '{prefix}rate' or both")
@@ -267,7 +271,8 @@ def _rule(problems: List[str], owner: str, task_name: str, func: Callable[..., A
                     prefix=prefix, func=func)
     if cost is None:
         return None
-    return LimitRule(key=key, slots=slots, rate=rate, lease=lease, cost=cost)
+    return LimitRule(key=key, slots=slots, rate=rate, lease=lease, cost=cost,
+                     slots_given=slots_given)
 
 
 def _retry_policy(problems: List[str], owner: str, values: Mapping[str, Any],

@@ -687,7 +687,7 @@ def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequenc
             pause = min(pause * 2, 0.5)
         if deadline is not None and time.monotonic() + sleep > deadline:
             raise LockWaitTimeout(
-                f"Task {task.name!r} {describe(outcome)} and gave up after its "
+                f"Task {task.name!r} {describe(outcome, task)} and gave up after its "
                 f"max_wait of {max_wait} s"
             )
         time.sleep(max(sleep, 0.001))

@@ -72,7 +72,8 @@ def check_period(task: Any, rule: PeriodRule, args: Sequence[Any],
             countdown = min(countdown, ceiling)  # a longer ETA would be redelivered
         _send_back(task, request, args, kwargs, countdown)
         logger.info("celery-redislock: task %s[%s] deferred %.2f s: %s ran %r within its "
-                    "period", task.name, request.id, countdown, other, name)
+                    "lock_period of %s%s", task.name, request.id, countdown, other, name,
+                    _seconds(rule.period), _why_sooner(countdown, left))
         raise Deferred(countdown)
     logger.info("celery-redislock: task %s[%s] dropped: %s ran %r within its period (%.2f s "
                 "left)", task.name, request.id, other, name, left)
@@ -81,6 +82,22 @@ def check_period(task: Any, rule: PeriodRule, args: Sequence[Any],
             request.id, {"dropped": name, "ran": other, "period_left": left},
             states.IGNORED, request=request)
     raise Ignore()
+
+
+def _seconds(value: float) -> str:
+    """``3600`` -> ``'3600 s'``, ``0.5`` -> ``'0.5 s'``."""
+    return f"{value:.3f}".rstrip("0").rstrip(".") + " s"
+
+
+def _why_sooner(countdown: float, left: float) -> str:
+    """What the log says when the run comes back before its period ends: the countdown
+    was capped (half the broker's ``visibility_timeout``: a longer ETA is redelivered,
+    so run twice), and the run is deferred again then."""
+    if countdown >= left:
+        return ", until it ends"
+    return (f", {_seconds(round(left, 2))} left: back in {countdown:.2f} s, the longest "
+            "countdown (half the broker's visibility_timeout, as a longer one is "
+            "delivered twice), then deferred again until the period ends")
 
 
 def _send_back(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any],

@@ -84,17 +84,40 @@ def wait_state(request: Any) -> Mapping[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def describe(refusal: Refusal) -> str:
+def describe(refusal: Refusal, task: Any = None) -> str:
+    """Why a run was refused, in the terms of the limit the user wrote (``task``'s
+    options say whether its one slot per key was asked for or is the default).
+
+        >>> from celery_redislock.engine.admission import Busy
+        >>> describe(Busy(name="crawl", holders=1, slots=1, retry_hint=0.5,
+        ...               average_hold=None, server_time_ms=0))
+        "found the only slot of 'crawl' taken"
+    """
     if isinstance(refusal, Busy):
         if refusal.cost > 1:
             return (f"needs {refusal.cost} of the {refusal.slots} slots of {refusal.name!r} "
                     f"at once and found {refusal.holders} taken")
-        return f"found all {refusal.slots} slot(s) of {refusal.name!r} taken"
+        if refusal.slots == 1 and _default_slot(task):
+            return (f"found another run of {refusal.name!r} under way (one at a time per "
+                    "key: the task gives no lock_slots)")
+        if refusal.slots == 1:
+            return f"found the only slot of {refusal.name!r} taken"
+        return f"found all {refusal.slots} slots of {refusal.name!r} taken"
     if isinstance(refusal, RateLimited):
         return f"is over the rate limit of {refusal.name!r}"
     if isinstance(refusal, Paused):
         return f"found {refusal.name!r} paused"
     return "could not reach the lock store"
+
+
+def _default_slot(task: Any) -> bool:
+    """True when ``task``'s slot limits are all the one a ``LimitedTask`` gets by default
+    (a task with only ``lock_period``, ``lock_unique`` or ``lock_key``)."""
+    try:
+        rules = [rule for rule in task.task_limits().rules if rule.slots is not None]
+    except Exception:  # no task, or no limits to read: say it plainly
+        return False
+    return bool(rules) and not any(rule.slots_given for rule in rules)
 
 
 def requeue(
@@ -152,7 +175,7 @@ def requeue(
     # Once per run at INFO (why, and until when); every later deferral at DEBUG.
     logger.log(logging.INFO if attempts == 0 else logging.DEBUG,
                "celery-redislock: task %s[%s] deferred: it %s; %s; waiting %.2f s (attempt %d)",
-               task.name, request.id, describe(refusal),
+               task.name, request.id, describe(refusal, task),
                until_when(refusal, countdown, joins_line), countdown, attempts + 1)
     raise Ignore()
 
@@ -296,7 +319,7 @@ def _give_up_if_too_long(task: Any, request: Any, max_wait: float, refusal: Refu
             handoff.leave_line(client, keys, request.id)
     more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
     raise LockWaitTimeout(
-        f"Task {task.name!r}[{request.id}] {describe(refusal)} and gave up: it "
+        f"Task {task.name!r}[{request.id}] {describe(refusal, task)} and gave up: it "
         f"waited {waited:.1f} s{more}, beyond its max_wait of {max_wait} s"
     )
 
@@ -367,7 +390,7 @@ def _announce(task: Any, request: Any, refusal: Refusal, countdown: float) -> No
     else:
         signals.lock_contended.send(sender=task, task_id=request.id,
                                     key=refusal.name if refusal else None,
-                                    countdown=countdown, reason=describe(refusal))
+                                    countdown=countdown, reason=describe(refusal, task))
 
 
 def _publish(signature: Any) -> None:
