@@ -7,6 +7,7 @@ broker and lock store (one database each); results stay in this process's memory
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -328,6 +329,28 @@ def test_bad_options_fail_when_the_task_is_defined(options, message):
     assert isinstance(task.apply(("c1",)).result, LockConfigurationError)
     with pytest.raises(LockConfigurationError, match=message):
         check_limits(app)
+
+
+def test_an_eager_run_that_waits_says_so_once(celery_app, lock_client, caplog):
+    """An eager run takes the lock store's real slots: with every slot taken it waits in
+    the caller, and says so once, at WARNING, with how long it may wait."""
+    @celery_app.task(base=LimitedTask, lock_key="eager-said", lock_max_wait=0.5,
+                     shared=False)
+    def eager_said():
+        return "ran"
+
+    held = Semaphore(lock_client, "eager-said").acquire(blocking=False)
+    with caplog.at_level(logging.DEBUG, logger="celery_redislock"), \
+            pytest.raises(LockWaitTimeout):
+        eager_said.apply().get()
+    said = [record for record in caplog.records if "eager run" in record.getMessage()]
+    assert len(said) == 1, [record.getMessage() for record in caplog.records]
+    assert said[0].levelname == "WARNING"
+    assert (f"eager run of task {eager_said.name} (apply() or task_always_eager) found "
+            "another run of 'eager-said' under way") in said[0].getMessage()
+    assert "real slots" in said[0].getMessage()
+    assert "at most 0.5 s (lock_max_wait)" in said[0].getMessage()
+    Semaphore(lock_client, "eager-said").release(held)
 
 
 def test_singleton_refuses_more_slots():

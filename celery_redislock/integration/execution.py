@@ -676,6 +676,8 @@ def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequenc
     deadline = None if max_wait is None else time.monotonic() + max_wait
     promises: Dict[str, int] = {}
     pause = 0.01
+    if isinstance(outcome, (Busy, RateLimited, Paused)):
+        _say_eager_wait(task, outcome, max_wait)
     while not isinstance(outcome, Lease):
         if isinstance(outcome, RateLimited):
             promises[outcome.key] = outcome.promise
@@ -694,6 +696,17 @@ def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequenc
         outcome = admit(client, limiters, lease=limits.lease, description=description,
                         promises=promises, owner=owner)
     return outcome
+
+
+def _say_eager_wait(task: Any, outcome: Union[Busy, RateLimited, Paused],
+                    max_wait: Optional[float]) -> None:
+    """One WARNING as an eager run starts to wait: it uses the lock store's real slots
+    and rates (those of running workers, too), and waits in the calling thread."""
+    how_long = ("for ever: set lock_max_wait, or redislock_enabled = False in tests"
+                if max_wait is None else f"at most {max_wait:g} s (lock_max_wait)")
+    logger.warning("celery-redislock: eager run of task %s (apply() or task_always_eager) "
+                   "%s; it takes the lock store's real slots and rates, and waits here %s",
+                   task.name, describe(outcome, task), how_long)
 
 
 def report_store_error(task: Any, task_id: Any, names: str, exc: BaseException) -> None:
