@@ -1,0 +1,110 @@
+"""The Celery app the history check's workers run: one task per kind and ack mode.
+
+The workers start it with ``celery -A history.app worker``; the URLs come from the
+environment (:class:`worker_app.AppUrls`: broker, result backend, lock store, recorder).
+Every body records its ``start`` (the lease's fence and the start its admission counted,
+``admitted_ms`` on the lock store's clock) and its ``end``; the ``lock_acquired``,
+``lock_released``, ``lease_lost``, ``lock_contended`` and ``rate_limited`` signals are
+recorded too, each where it is sent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any, Optional
+
+from celery import Celery
+
+from celery_redislock import LimitedTask
+from celery_redislock.integration import signals
+
+from .events import recorder
+from .workload import KINDS, Kind
+from worker_app import BROKER_URL_ENV, AppUrls
+
+#: The broker's visibility timeout (s): an unacknowledged message of a worker killed
+#: whole comes back after it. Countdowns stay below half of it.
+VISIBILITY_TIMEOUT = 40
+
+#: Short countdowns while a run waits, so that a run's backlog drains fast.
+RETRY = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.5}
+
+SIGNALS = ("lock_acquired", "lock_released", "lease_lost", "lock_contended", "rate_limited")
+
+
+def node(hostname: Optional[str]) -> str:
+    """The worker's node name before the ``@`` (``worker1``)."""
+    return (hostname or "").split("@", 1)[0]
+
+
+def weight(cost: int) -> int:
+    """A weighted run's cost: its ``cost`` argument."""
+    return cost
+
+
+def create_app(urls: AppUrls) -> Celery:
+    """The history app on ``urls``: every kind's two tasks, and the signals recorded."""
+    app = Celery("history", broker=urls.broker, backend=urls.backend, set_as_current=False)
+    app.conf.update(
+        redislock_url=urls.lock,
+        broker_connection_retry_on_startup=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+        result_backend_transport_options={"retry_policy": {"max_retries": 3}},
+    )
+    for kind in KINDS:
+        for acks_late in (True, False):
+            _define(app, urls, kind, acks_late)
+    _record_signals(app, urls)
+    return app
+
+
+def _define(app: Celery, urls: AppUrls, kind: Kind, acks_late: bool) -> None:
+    limits: Any = {"lock_key": kind.key, "lock_lease": kind.lease}
+    if kind.slots is not None:
+        limits["lock_slots"] = kind.slots
+    if kind.rate is not None:
+        count, period = kind.rate
+        limits.update(lock_rate=f"{count}/{period:g}s", lock_burst=kind.burst)
+    if kind.costs != (1, 1):
+        limits["lock_cost"] = weight
+
+    def body(self: Any, key: int, seconds: float, cost: int = 1) -> str:
+        request = self.request
+        lease = getattr(request, "redislock_lease", None)
+        run = uuid.uuid4().hex
+        record = recorder(urls.record)
+        record.started(run, os.getpid(), node(request.hostname), task=request.id,
+                       fence=str(getattr(lease, "fence", "")),
+                       admitted_ms=str(getattr(lease, "acquired_at_ms", "")))
+        try:
+            time.sleep(seconds)  # the body's work
+        finally:
+            record.ended(run, task=request.id, lost=bool(getattr(lease, "lost", False)))
+        return run
+
+    app.task(base=LimitedTask, bind=True, shared=False, name=kind.task_name(acks_late),
+             acks_late=acks_late, reject_on_worker_lost=acks_late, **RETRY, **limits)(body)
+
+
+def _record_signals(app: Celery, urls: AppUrls) -> None:
+    def receiver(name: str) -> Any:
+        def receive(sender: Any = None, task_id: Optional[str] = None, **kwargs: Any) -> None:
+            if getattr(sender, "app", None) is not app or not task_id:
+                return
+            lease = kwargs.get("lease")
+            recorder(urls.record).event(
+                name, task=task_id, pid=os.getpid(), fence=str(getattr(lease, "fence", "")),
+                key=str(kwargs.get("key") or getattr(lease, "name", "")))
+        return receive
+
+    for name in SIGNALS:
+        getattr(signals, name).connect(receiver(name), weak=False)
+
+
+#: The app of the worker processes, which find the URLs in their environment.
+app: Optional[Celery] = (
+    create_app(AppUrls.from_environment()) if BROKER_URL_ENV in os.environ else None
+)

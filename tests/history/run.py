@@ -1,0 +1,178 @@
+"""One run of the history check: start the servers and the workers, send the seed's
+tasks while its faults are injected, let everything settle, record the final states and
+what the lock store still holds, and check the history."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from celery import Celery
+
+from celery_redislock import Semaphore
+
+from .app import VISIBILITY_TIMEOUT, create_app
+from .checker import FINAL_STATES, Verdict, check, classify_lost, collect_bodies
+from .events import Recorder
+from .faults import Injector, schedule
+from .servers import Servers
+from .workers import Workers
+from .workload import KIND, KINDS, Send, plan
+
+#: After the faults, how long tasks may take to reach a final state: a killed worker's
+#: unacknowledged messages come back after the visibility timeout, and the long kinds'
+#: backlog drains one 15 s body at a time.
+SETTLE_TIMEOUT = VISIBILITY_TIMEOUT + 120.0
+
+
+@dataclass
+class Options:
+    seed: int
+    tasks: int = 300
+    faults_for: float = 90.0
+    persistence: str = "aof"
+    pool: str = "prefork"
+    log_directory: Optional[Path] = None
+
+
+@dataclass
+class Outcome:
+    verdict: Verdict
+    facts: Dict[str, Any] = field(default_factory=dict)
+    log_directory: Optional[Path] = None
+
+
+def run(options: Options) -> Outcome:
+    """Carry out one run; its verdict, facts and, if kept, where the workers' logs are."""
+    started = time.monotonic()
+    logs = options.log_directory or Path(tempfile.mkdtemp(prefix="history-logs-"))
+    servers = Servers(options.persistence)
+    workers = Workers(servers.urls, logs, options.pool)
+    try:
+        record = Recorder(servers.urls.record)
+        workers.start()
+        app = create_app(servers.urls)
+        sent = drive(options, app, servers, workers, record)
+        settle(app, servers, workers, record, sent)
+        verdict = check(record.history())
+    finally:
+        workers.stop()
+        servers.stop()
+    facts = {"seed": options.seed, "persistence": options.persistence, "pool": options.pool,
+             "faults for (s)": options.faults_for,
+             "wall time (s)": round(time.monotonic() - started, 1)}
+    kept = None
+    if verdict.defects() or options.log_directory:
+        kept = logs
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
+    return Outcome(verdict, facts, kept)
+
+
+def drive(options: Options, app: Celery, servers: Servers, workers: Workers,
+          record: Recorder) -> List[str]:
+    """Send the plan's tasks and inject the schedule's faults, each at its time; the ids
+    of the tasks sent."""
+    sends = plan(options.seed, options.tasks, options.faults_for)
+    faults = schedule(options.seed, options.faults_for, quiet_end=VISIBILITY_TIMEOUT + 5)
+    injector = Injector(servers, workers, record)
+    sent: List[str] = []
+    begin = time.monotonic()
+    while sends or faults or time.monotonic() - begin < options.faults_for:
+        now = time.monotonic() - begin
+        while sends and sends[0].at <= now:
+            sent.append(send(app, record, sends.pop(0)))
+        if faults and faults[0].at <= now:
+            injector.apply(faults.pop(0))
+        injector.tick()
+        for name in workers.exited():
+            record.event("worker_exited", worker=name)
+            workers.restart(name)
+        time.sleep(0.01)
+    injector.finish()
+    return sent
+
+
+def send(app: Celery, record: Recorder, send: Send) -> str:
+    """Record that ``send``'s task is sent, then send it; its id."""
+    kind = KIND[send.kind]
+    task_id = uuid.uuid4().hex
+    record.event("sent", task=task_id, name=send.name, acks_late=send.acks_late,
+                 limits=kind.limits(send.key, send.cost), rate=kind.rate_limit(send.key))
+    app.send_task(send.name, args=(send.key, send.seconds, send.cost), task_id=task_id)
+    return task_id
+
+
+def settle(app: Celery, servers: Servers, workers: Workers, record: Recorder,
+           sent: List[str]) -> None:
+    """Wait until every task is final (or lost by Celery's own default acks), record
+    the final states, wait for the slots to come back, and record what the lock store
+    still holds (the ``settle`` event)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    states: Dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        states = final_states(app, sent)
+        if all(task in states for task in sent) or only_lost_by_celery(record, sent, states):
+            break
+        for name in workers.exited():
+            record.event("worker_exited", worker=name)
+            workers.restart(name)
+        time.sleep(1.0)
+    for task in sent:
+        state, error = states.get(task, ("PENDING", ""))
+        record.event("final", task=task, state=state, error=error)
+    keys = [kind.key_of(index) for kind in KINDS if kind.slots for index in range(kind.keys)]
+    lock = servers.lock_client()
+    longest = max(kind.lease for kind in KINDS)
+    held = wait_for_slots(lock, keys, longest + 10.0)
+    no_ttl = [key.decode() for key in lock.scan_iter(count=1000) if lock.ttl(key) == -1]
+    record.event("settle", held=held, no_ttl=no_ttl)
+
+
+def final_states(app: Celery, tasks: List[str]) -> Dict[str, Any]:
+    """Task id -> (state, exception name) of the tasks in a final state."""
+    backend: Any = app.backend
+    found: Dict[str, Any] = {}
+    for first in range(0, len(tasks), 500):
+        batch = tasks[first:first + 500]
+        values = backend.mget([backend.get_key_for_task(task) for task in batch])
+        for task, value in zip(batch, values):
+            if value is None:
+                continue
+            meta = backend.decode_result(value)
+            if meta["status"] in FINAL_STATES:
+                error = type(meta["result"]).__name__ if meta["status"] == "FAILURE" else ""
+                found[task] = (meta["status"], error)
+    return found
+
+
+def only_lost_by_celery(record: Recorder, sent: List[str], states: Dict[str, Any]) -> bool:
+    """Whether every task not yet final is one Celery lost by its own default acks (its
+    body killed with its whole worker): those never come back."""
+    history = record.history()
+    faults = [event for event in history if event["kind"] == "fault"]
+    sends = {event["task"]: event for event in history if event["kind"] == "sent"}
+    bodies = collect_bodies(history, faults)
+    for task in sent:
+        if task in states:
+            continue
+        mine = [body for body in bodies if body.task == task]
+        if classify_lost(sends[task], mine, faults) != "celery":
+            return False
+    return True
+
+
+def wait_for_slots(lock: Any, keys: List[str], timeout: float) -> Dict[str, int]:
+    """Wait until no key of ``keys`` has a holder, at most ``timeout`` s; the holders
+    each still has then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = {key: Semaphore(lock, key).holders() for key in keys}
+        if not any(held.values()) or time.monotonic() > deadline:
+            return held
+        time.sleep(0.5)
