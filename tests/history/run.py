@@ -4,6 +4,7 @@ what the lock store still holds, and check the history."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -59,7 +60,8 @@ def run(options: Options) -> Outcome:
         app = create_app(servers.urls)
         sent = drive(options, app, servers, workers, record)
         settle(app, servers, workers, record, sent)
-        verdict = check(record.history())
+        history = record.history()
+        verdict = check(history)
     finally:
         workers.stop()
         servers.stop()
@@ -69,6 +71,7 @@ def run(options: Options) -> Outcome:
     kept = None
     if verdict.defects() or options.log_directory:
         kept = logs
+        (logs / "history.json").write_text("\n".join(json.dumps(e) for e in history) + "\n")
     else:
         shutil.rmtree(logs, ignore_errors=True)
     return Outcome(verdict, facts, kept)
