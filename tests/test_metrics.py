@@ -9,16 +9,19 @@ the signal receivers connected in the worker recorded.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import socket
 import urllib.request
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Dict, List, Set, Tuple
 
 import pytest
+from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_redislock import LimitedTask
+from celery_redislock import LimitedTask, LockConfigurationError
 from celery_redislock.engine.keys import semaphore_key
 from celery_redislock.integration import signals
 from celery_redislock.metrics import (
@@ -29,6 +32,7 @@ from celery_redislock.metrics import (
     disable_metrics,
     enable_metrics,
 )
+from celery_redislock.metrics.prometheus import Exporter, exporter_options
 
 import metrics_app
 from cluster_checks import lock_store, record_store, wait_for_results, wait_until
@@ -284,3 +288,42 @@ def test_in_process_metrics_and_nothing_connected_when_off(celery_app: Any) -> N
     assert [len(s.receivers) for s in every] == before
     sync.apply((4,)).get()
     assert recorder.sink.value("acquisitions_total", **labels) == 3
+
+
+def test_workers_on_one_machine_take_one_port_each_from_a_range(tmp_path: Any,
+                                                                caplog: Any) -> None:
+    """``redislock_metrics_port = "A-B"``: each worker's exporter serves the first port
+    of the range that is free and names it in its log; the README's snippet with two
+    workers on one machine no longer leaves the second without metrics."""
+    app = Celery("ports", set_as_current=False)
+    app.conf.redislock_metrics_addr = "127.0.0.1"
+    exporters: List[Exporter] = []
+    with socket.socket() as taken:  # the range's first port is someone else's
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        first = taken.getsockname()[1]
+        app.conf.redislock_metrics_port = f"{first}-{first + 40}"
+        ports, addr = exporter_options(app)
+        assert ports == tuple(range(first, first + 41)) and addr == "127.0.0.1"
+        try:
+            with caplog.at_level(logging.INFO, logger="celery_redislock"):
+                for _ in range(2):  # two workers of the app on this machine
+                    exporter = Exporter(app, ports, addr)
+                    exporter.path = str(tmp_path)
+                    exporter.start()
+                    exporters.append(exporter)
+            served = [exporter.server.server_port for exporter in exporters]
+            assert len(set(served)) == 2 and all(first < port <= first + 40
+                                                 for port in served), served
+            for port in served:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                            timeout=10) as response:
+                    assert response.status == 200
+                assert any(f"Prometheus metrics on http://127.0.0.1:{port}/metrics" in
+                           record.getMessage() for record in caplog.records), port
+        finally:
+            for exporter in exporters:
+                exporter.stop()
+    app.conf.redislock_metrics_port = "9818-9809"
+    with pytest.raises(LockConfigurationError, match="or a range of them such as"):
+        exporter_options(app)

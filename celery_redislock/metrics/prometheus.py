@@ -8,7 +8,9 @@ module that makes the app::
     app.conf.redislock_metrics_port = 9809
     enable_prometheus(app)
 
-Every ``celery worker`` of the app then serves ``http://<host>:9809/metrics``.
+Every ``celery worker`` of the app then serves ``http://<host>:9809/metrics``. Several
+workers on one machine each need a port: give a range, ``"9809-9818"``, and each worker
+serves the first free port of it and logs which.
 
 How it works. The signals that feed the metrics are sent where tasks run: in the pool's
 child processes under prefork. So the metrics use ``prometheus_client``'s multiprocess
@@ -21,8 +23,9 @@ files of a pool child that died are dropped (``mark_process_dead``) at the next 
 and a new child whose process id was used before starts from clean files.
 
 =================================  =======================================================
-``redislock_metrics_port``         port of the exporter (required; 0: any free port, which
-                                   the worker logs)
+``redislock_metrics_port``         port of the exporter (required), or a range
+                                   ``"9809-9818"`` of which each worker takes the first
+                                   free port; 0: any free port. The worker logs its port
 ``redislock_metrics_addr``         address it listens on (default ``"0.0.0.0"``)
 ``redislock_metrics_max_limits``   at most this many distinct values of the ``limit``
                                    label, ``"other"`` included (default 100)
@@ -40,7 +43,7 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from celery import bootsteps
 from celery.signals import worker_process_init
@@ -98,8 +101,9 @@ def enable_prometheus(app: Any, *, port: Optional[int] = None,
     app.steps["worker"].add(PrometheusExporterStep)
 
 
-def exporter_options(app: Any) -> Tuple[int, str]:
-    """The exporter's port and address for ``app``, checked."""
+def exporter_options(app: Any) -> Tuple[Tuple[int, ...], str]:
+    """The exporter's ports (tried in order; the first free one is served) and address
+    for ``app``, checked."""
     overrides: Mapping[str, Any] = getattr(app, "_redislock_prometheus", None) or {}
     port = overrides.get("port")
     if port is None:
@@ -107,20 +111,37 @@ def exporter_options(app: Any) -> Tuple[int, str]:
     addr = overrides.get("addr") or app.conf.get("redislock_metrics_addr") or DEFAULT_ADDR
     if port is None:
         raise LockConfigurationError(
-            "celery-redislock Prometheus exporter: set redislock_metrics_port (0 picks any "
+            "celery-redislock Prometheus exporter: set redislock_metrics_port (a port, a "
+            "range such as '9809-9818' for several workers on one machine, or 0 for any "
             "free port) or pass port= to enable_prometheus()"
-        )
-    if isinstance(port, str) and port.strip().isdigit():
-        port = int(port)
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise LockConfigurationError(
-            f"setting redislock_metrics_port must be a port number (0 to 65535), not {port!r}"
         )
     if not isinstance(addr, str):
         raise LockConfigurationError(
             f"setting redislock_metrics_addr must be a host or address, not {addr!r}"
         )
-    return port, addr
+    return port_range(port), addr
+
+
+def port_range(port: Any) -> Tuple[int, ...]:
+    """The ports a ``redislock_metrics_port`` value names: a port, or a range ``"A-B"``
+    (both ends included) of which each worker serves the first free one.
+
+        >>> port_range(9809), port_range("9809-9811")
+        ((9809,), (9809, 9810, 9811))
+    """
+    text = port.strip() if isinstance(port, str) else None
+    if text is not None and "-" in text:
+        low, _, high = (part.strip() for part in text.partition("-"))
+        if low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) <= 65535:
+            return tuple(range(int(low), int(high) + 1))
+    elif text is not None and text.isdigit():
+        port = int(text)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise LockConfigurationError(
+            "setting redislock_metrics_port must be a port number (0 to 65535) or a range "
+            f"of them such as '9809-9818', not {port!r}"
+        )
+    return (port,)
 
 
 class PrometheusSink(Sink):
@@ -191,9 +212,9 @@ class Exporter:
     """The exporter of one worker: prepared in the main process before the pool forks
     (:meth:`prepare`), serving HTTP while the worker runs (:meth:`start`, :meth:`stop`)."""
 
-    def __init__(self, app: Any, port: int, addr: str) -> None:
+    def __init__(self, app: Any, ports: Sequence[int], addr: str) -> None:
         self.app = app
-        self.port = port
+        self.ports = tuple(ports)
         self.addr = addr
         self.path = ""
         self.own_directory = False
@@ -222,19 +243,28 @@ class Exporter:
         _directories[os.getpid()] = path
 
     def start(self) -> None:
-        """Serve ``/metrics``; a port that cannot be bound is logged, not fatal."""
+        """Serve ``/metrics`` on the first port of :attr:`ports` that can be bound (the
+        others being taken, e.g. by other workers on the machine); none that can is
+        logged, not fatal."""
         registry = CollectorRegistry()
         SweepingCollector(registry, path=self.path)
-        try:
-            started = prometheus_client.start_http_server(self.port, self.addr, registry)
-        except OSError as exc:
-            logger.error("celery-redislock: could not serve Prometheus metrics on %s:%d: %s",
-                         self.addr, self.port, exc)
+        error: Optional[OSError] = None
+        for port in self.ports:
+            try:
+                started = prometheus_client.start_http_server(port, self.addr, registry)
+            except OSError as exc:
+                error = exc
+                continue
+            self.server = started[0] if isinstance(started, tuple) else None
+            served = self.server.server_port if self.server is not None else port
+            logger.info("celery-redislock: Prometheus metrics on http://%s:%d/metrics "
+                        "(from %s)", self.addr, served, self.path)
             return
-        self.server = started[0] if isinstance(started, tuple) else None
-        port = self.server.server_port if self.server is not None else self.port
-        logger.info("celery-redislock: Prometheus metrics on http://%s:%d/metrics (from %s)",
-                    self.addr, port, self.path)
+        logger.error("celery-redislock: could not serve Prometheus metrics on %s:%s: %s%s",
+                     self.addr, _shown(self.ports), error,
+                     "" if len(self.ports) > 1 else
+                     " (several workers on one machine: give redislock_metrics_port a range "
+                     "such as '9809-9818')")
 
     def stop(self) -> None:
         """Stop serving."""
@@ -242,6 +272,10 @@ class Exporter:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+
+
+def _shown(ports: Sequence[int]) -> str:
+    return str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]} (all taken)"
 
 
 _directories: Dict[int, str] = {}
@@ -268,8 +302,8 @@ class PrometheusExporterStep(bootsteps.StartStopStep):
     name = "celery_redislock.metrics.prometheus"
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
-        port, addr = exporter_options(worker.app)
-        self.exporter = Exporter(worker.app, port, addr)
+        ports, addr = exporter_options(worker.app)
+        self.exporter = Exporter(worker.app, ports, addr)
         self.exporter.prepare()
         super().__init__(worker, **kwargs)
 
