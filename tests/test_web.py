@@ -223,6 +223,11 @@ def test_page_shows_holders_live_and_asks_only_its_own_server(cluster, executabl
 
         of_key = f'[data-key="{semaphore_key(name)}"]'
         row = f"tr.detail{of_key}"
+        # Without a click: who holds it, with the run's arguments as Celery wrote them
+        # (its argsrepr and kwargsrepr, written into the holder entry by the worker).
+        held = f"{CALL_API_PATIENT} ('{token}',) {{'hold': True}}"
+        wait_until(lambda: texts(driver, f"tr.key-row{of_key} td.held") == [held],
+                   timeout=15, interval=0.1, what="the table to show the holder's arguments")
         click(driver, By.CSS_SELECTOR, f"tr.key-row{of_key}")  # opens its details
         wait_until(lambda: texts(driver, f"{row} tr.holder .task-id") == [first.id],
                    timeout=15, interval=0.1, what="the page to show the first run holding")
@@ -328,3 +333,95 @@ def test_page_actions_need_the_token_and_forged_cross_site_posts_change_nothing(
         driver.quit()
         forger.stop()
         served.stop()
+
+
+# --- what the table shows without a click, and when the store cannot be read ---------
+
+#: Arguments of a run as its caller wrote them: text that must stay text on the page.
+EVIL_ARGS = "('<img src=x onerror=\"window.pwned=1\">', 42) {'full': True}"
+
+
+def node_texts(driver, css):
+    """The textContent of every element ``css`` selects (SVG text too), or None when
+    the page redrew them meanwhile."""
+    try:
+        return driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]), n => n.textContent)",
+            css)
+    except Exception:  # a redraw between the query and the read
+        return None
+
+
+def test_table_shows_who_holds_overrides_and_scale_and_hides_idle_keys(
+        app, lock_client, executables):
+    """Without a click: the holder's task and arguments (put as text: the markup in them
+    is shown, never run), the set-slots override beside the usage, the history's scale;
+    an idle key (0/1, nobody waiting) is not listed."""
+    from celery_redislock.admin.control import set_slots
+
+    description = json.dumps({"task": CRAWL, "worker": "w1@host", "pid": 1, "id": "task-9",
+                              "args": EVIL_ARGS})
+    assert admit(lock_client, [SlotLimit(CRAWL, 2, "redislock:")], lease=30,
+                 owner="w1@host|task-9|", description=description).fence
+    idle = Semaphore(lock_client, "idle", slots=1)
+    lease = idle.acquire()
+    assert lease is not None and lease.release()
+    assert limit_state(app, "idle").exists  # in Redis, at 0/1
+    set_slots(app, CRAWL, 5)
+    served = serve(app)
+    driver = browser(executables)
+    try:
+        driver.get(served.base)
+        row = f'tr.key-row[data-key="{semaphore_key(CRAWL)}"]'
+        wait_until(lambda: (node_texts(driver, f"{row} td.held") or [""])[0].startswith(CRAWL),
+                   timeout=15, interval=0.1, what="the table to show who holds the key")
+        held = node_texts(driver, f"{row} td.held")[0]
+        assert held.startswith(f"{CRAWL} {EVIL_ARGS[:30]}") and held.endswith("…"), held
+        full = driver.execute_script(
+            "return document.querySelector(arguments[0]).title", f"{row} .held-by")
+        assert full == f"{CRAWL} {EVIL_ARGS}", full  # the whole text, on hover
+        assert driver.find_elements("css selector", "#keys img") == []
+        assert driver.execute_script("return window.pwned") is None
+        assert "override 5 (was 2)" in node_texts(driver, row)[0]
+        assert node_texts(driver, "tr.key-row .key-name") == ["▸" + CRAWL]  # no "idle"
+        wait_until(lambda: node_texts(driver, f"{row} svg.spark text.spark-max") == ["5"],
+                   timeout=15, interval=0.1, what="the history chart's scale (its top: 5)")
+        assert "top is 5" in node_texts(driver, f"{row} svg.spark title")[0]
+    finally:
+        driver.quit()
+        served.stop()
+
+
+def test_page_says_when_the_store_cannot_be_read(closed_port, executables, tmp_path):
+    """A store down from the start: the table says so instead of "Loading…"; a store lost
+    after a read: the last read stays, marked as not live, with its time."""
+    from redis_process import RedisServer
+
+    down = serve(create_cli_app(f"redis://127.0.0.1:{closed_port}/0"))
+    store = RedisServer().start()
+    lost_app = create_cli_app(store.url)
+    assert admit(store.client(), [SlotLimit(CRAWL, 2, "redislock:")], lease=60,
+                 owner="w1@host|task-1|", description=DESCRIPTION).fence
+    lost = serve(lost_app)
+    driver = browser(executables)
+    try:
+        driver.get(down.base)
+        wait_until(lambda: "cannot be read" in "".join(node_texts(driver, "#keys") or []),
+                   timeout=15, interval=0.1, what="the table to say the store is down")
+        text = node_texts(driver, "#keys")[0]
+        assert "Loading" not in text and "Trying again every" in text, text
+        assert node_texts(driver, "#total-keys") == ["?"]
+
+        driver.get(lost.base)
+        wait_until(lambda: node_texts(driver, "tr.key-row .key-name") == ["▸" + CRAWL],
+                   timeout=15, interval=0.1, what="the page to show the key")
+        store.stop()
+        wait_until(lambda: "Not live" in "".join(node_texts(driver, "#keys") or []),
+                   timeout=20, interval=0.1, what="the page to mark the last read stale")
+        assert node_texts(driver, "tr.key-row .key-name") == ["▸" + CRAWL]
+        assert "the last read, at 20" in node_texts(driver, "tr.stale-note")[0]
+    finally:
+        driver.quit()
+        down.stop()
+        lost.stop()
+        store.stop()

@@ -5,6 +5,7 @@
 (function () {
   const SVG = "http://www.w3.org/2000/svg";
   const WAITERS_SHOWN = 8;
+  const COLUMNS = 8;  // of the table of keys
   const expanded = new Set();
   let last = null;
   let timer = null;
@@ -33,37 +34,79 @@
     return sign + Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " m";
   }
 
+  function cut(text, most) {
+    return text.length <= most ? text : text.slice(0, most - 1) + "…";
+  }
+
   function usage(row) {
     const limit = row.limit;
     const share = limit ? Math.min(1, row.used / limit) : (row.used ? 1 : 0);
     const fill = el("div", {class: "usage-fill" + (limit && row.used > limit ? " over" :
       limit && row.used >= limit ? " full" : "")});
     fill.style.width = (share * 100).toFixed(1) + "%";
+    const configured = row.configured_limit === null ? "?" : row.configured_limit;
     return el("div", {class: "usage"},
       el("div", {class: "usage-bar", role: "meter", "aria-valuenow": row.used,
                  "aria-valuemax": limit === null ? "" : limit}, fill),
-      el("span", {class: "usage-text"}, row.used + "/" + (limit === null ? "?" : limit)));
+      el("span", {class: "usage-text"}, row.used_text),
+      row.slots_override === null ? null :
+        el("span", {class: "badge badge-override",
+                    title: `set-slots override: ${row.slots_override} slots instead of the configured ${configured}`},
+          `override ${row.slots_override} (was ${configured})`));
+  }
+
+  // Who holds the key: the oldest live holder's task and arguments (its argsrepr, as
+  // Flower shows it; text written by whoever sent the task, so only ever put as text),
+  // and how many more.
+  function heldBy(row) {
+    const live = row.holders.filter((h) => !h.expired);
+    if (!live.length) return el("span", {class: "muted"}, "-");
+    const first = live[0];
+    const what = (first.task || first.token) + (first.args ? " " + first.args : "");
+    const more = row.holder_count - 1;
+    return el("div", {class: "held-by", title: what},
+      el("span", {class: "held-task"}, cut(first.task || first.token, 40)),
+      more > 0 ? el("span", {class: "muted held-more"}, ` +${more} more`) : null,
+      first.args ? el("span", {class: "held-args mono"}, " " + cut(first.args, 48)) : null);
   }
 
   function spark(row) {
     const width = 160, height = 30, samples = row.history || [];
+    const PLOT = width - 18;  // the chart; its scale's label to the right
     const svg = document.createElementNS(SVG, "svg");
     svg.setAttribute("class", "spark");
     svg.setAttribute("width", width);
     svg.setAttribute("height", height);
     svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-    if (samples.length < 2) return svg;
     const top = Math.max(1, row.limit || 0, ...samples.map((s) => Math.max(s.used, s.waiting)));
-    const x = (i) => (i / (samples.length - 1)) * (width - 2) + 1;
+    const title = document.createElementNS(SVG, "title");
+    title.textContent = `slots used (line) and waiting runs (shaded), ${samples.length} ` +
+      `sample(s); the chart's top is ${top}`;
+    const label = document.createElementNS(SVG, "text");
+    label.setAttribute("class", "spark-max");
+    label.setAttribute("x", width - 1);
+    label.setAttribute("y", 9);
+    label.setAttribute("text-anchor", "end");
+    label.textContent = String(top);
+    const axis = document.createElementNS(SVG, "line");
+    axis.setAttribute("class", "spark-axis");
+    axis.setAttribute("x1", 1);
+    axis.setAttribute("x2", PLOT - 1);
+    axis.setAttribute("y1", 2);
+    axis.setAttribute("y2", 2);
+    svg.append(title, axis, label);
+    if (samples.length < 2) return svg;
+    const x = (i) => (i / (samples.length - 1)) * (PLOT - 2) + 1;
     const y = (v) => height - 2 - (v / top) * (height - 4);
     const area = samples.map((s, i) => `${x(i).toFixed(1)},${y(s.waiting).toFixed(1)}`);
     const waiting = document.createElementNS(SVG, "polygon");
     waiting.setAttribute("class", "waiting");
-    waiting.setAttribute("points", [`1,${height - 2}`, ...area, `${width - 1},${height - 2}`].join(" "));
+    waiting.setAttribute("points", [`1,${height - 2}`, ...area, `${PLOT - 1},${height - 2}`].join(" "));
     const used = document.createElementNS(SVG, "polyline");
     used.setAttribute("class", "used");
     used.setAttribute("points", samples.map((s, i) => `${x(i).toFixed(1)},${y(s.used).toFixed(1)}`).join(" "));
-    svg.append(waiting, used);
+    svg.insertBefore(waiting, label);
+    svg.insertBefore(used, label);
     return svg;
   }
 
@@ -89,8 +132,9 @@
                      onclick: () => toggle(row)},
       el("td", {class: "key-name"}, el("span", {class: "caret"}, open ? "▾" : "▸"), row.name),
       el("td", {}, usage(row)),
+      el("td", {class: "held"}, heldBy(row)),
       el("td", {class: "num"}, row.waiting ? el("span", {class: "badge badge-wait"}, row.waiting) : "0"),
-      el("td", {class: row.rate ? "" : "muted"}, row.rate || "-"),
+      el("td", {class: row.rate_text ? "rate" : "rate muted"}, row.rate_text || "-"),
       el("td", {}, spark(row)),
       el("td", {}, paused(row)),
       el("td", {class: "num"}, seconds(row.oldest_age_seconds)));
@@ -100,10 +144,11 @@
     if (!row.holders.length) return el("p", {class: "muted"}, "No holders.");
     return el("table", {class: "inner holders"},
       el("thead", {}, el("tr", {},
-        ["Task", "Task id", "Worker", "Age", "Lease left", "Fence", actions ? "" : null]
+        ["Task", "Arguments", "Task id", "Worker", "Age", "Lease left", "Fence", actions ? "" : null]
           .filter((h) => h !== null).map((h) => el("th", {}, h)))),
       el("tbody", {}, row.holders.map((h) => el("tr", {class: "holder", "data-token": h.token},
         el("td", {}, (h.task || "-") + (h.cost > 1 ? ` (${h.cost} slots)` : "")),
+        el("td", {class: "mono args"}, h.args || "-"),
         el("td", {class: "mono task-id"}, h.task_id || "-"),
         el("td", {class: "mono"}, h.worker || "-"),
         el("td", {class: "num"}, seconds(h.age_seconds)),
@@ -157,7 +202,7 @@
     const limits = [`configured ${row.configured_limit === null ? "?" : row.configured_limit}`];
     if (row.slots_override !== null) limits.push(`override ${row.slots_override}`);
     if (row.reserved) limits.push(`${row.reserved} reserved for waiters`);
-    return el("tr", {class: "detail", "data-key": row.key}, el("td", {colspan: 7},
+    return el("tr", {class: "detail", "data-key": row.key}, el("td", {colspan: COLUMNS},
       el("div", {class: "muted mono"}, row.key),
       el("div", {class: "muted"}, "Slots: " + limits.join(", ")),
       el("h3", {}, `Holders (${row.holder_count})`), holdersTable(row, actions),
@@ -165,22 +210,31 @@
       actions ? keyActions(row) : null));
   }
 
-  function draw(state) {
+  function clock(serverTime) {
+    return new Date(serverTime * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+  }
+
+  function draw(state, failure) {
     const filter = document.getElementById("filter").value.trim().toLowerCase();
     const rows = state.keys.filter((row) => !filter || row.name.toLowerCase().includes(filter));
     const body = document.getElementById("keys");
     const fresh = rows.length ? rows.flatMap((row) =>
       isOpen(row) ? [keyRow(row), detailRow(row, state.actions)] : [keyRow(row)]) :
-      [el("tr", {class: "empty"}, el("td", {colspan: 7},
+      [el("tr", {class: "empty"}, el("td", {colspan: COLUMNS},
         state.keys.length ? "No key matches the filter." : "No limits in use."))];
+    if (failure) {
+      fresh.unshift(el("tr", {class: "stale-note"}, el("td", {colspan: COLUMNS},
+        `Not live: the lock store cannot be read now (${failure}). ` +
+        `Shown: the last read, at ${clock(state.server_time)}.`)));
+    }
     body.replaceChildren(...fresh);
+    document.querySelector("table.keys").classList.toggle("stale", Boolean(failure));
     const totals = state.totals;
     document.getElementById("total-keys").textContent = totals.keys;
     document.getElementById("total-used").textContent = totals.used;
     document.getElementById("total-waiting").textContent = totals.waiting;
     document.getElementById("total-paused").textContent = totals.paused;
-    document.getElementById("clock").textContent =
-      new Date(state.server_time * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+    document.getElementById("clock").textContent = clock(state.server_time);
     const mode = document.getElementById("mode");
     mode.textContent = state.actions ? "actions on" : "read-only";
     mode.className = "pill" + (state.actions ? " pill-actions" : "");
@@ -220,8 +274,19 @@
       banner("error", "Cannot read the state: " + error.message);
       status("disconnected", "down");
       wait = Math.max(wait, 2);
+      if (last) draw(last, error.message);
+      else unread(error.message, wait);
     }
     timer = setTimeout(refresh, wait * 1000);
+  }
+
+  // Nothing was ever read: say so in the table, instead of "Loading…".
+  function unread(message, wait) {
+    document.getElementById("keys").replaceChildren(el("tr", {class: "empty unread"},
+      el("td", {colspan: COLUMNS},
+        `The lock store cannot be read: ${message}. Trying again every ${wait} s.`)));
+    for (const id of ["total-keys", "total-used", "total-waiting", "total-paused"])
+      document.getElementById(id).textContent = "?";
   }
 
   async function act(body) {
