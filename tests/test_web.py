@@ -226,7 +226,7 @@ def test_page_shows_holders_live_and_asks_only_its_own_server(cluster, executabl
         # Without a click: who holds it, with the run's arguments as Celery wrote them
         # (its argsrepr and kwargsrepr, written into the holder entry by the worker).
         held = f"{CALL_API_PATIENT} ('{token}',) {{'hold': True}}"
-        wait_until(lambda: texts(driver, f"tr.key-row{of_key} td.held") == [held],
+        wait_until(lambda: node_texts(driver, f"tr.key-row{of_key} td.held") == [held],
                    timeout=15, interval=0.1, what="the table to show the holder's arguments")
         click(driver, By.CSS_SELECTOR, f"tr.key-row{of_key}")  # opens its details
         wait_until(lambda: texts(driver, f"{row} tr.holder .task-id") == [first.id],
