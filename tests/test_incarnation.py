@@ -11,8 +11,17 @@ from __future__ import annotations
 
 import time
 
+import redis
+
 from celery_redislock import Semaphore
-from celery_redislock.engine.admission import SlotLimit, admit, declare_fresh, owner_prefix
+from celery_redislock.engine.admission import (
+    Busy,
+    SlotLimit,
+    admit,
+    declare_fresh,
+    declare_longest_lease,
+    owner_prefix,
+)
 from celery_redislock.engine.scripts import RELEASE_OWNER
 from celery_redislock.engine.workers import WorkerRegistration, registry_prefix
 
@@ -101,6 +110,40 @@ def test_a_registration_tells_children_of_a_worker_about_the_store(redis_client)
         .__name__ == "Busy"
     registration.unregister()
     assert not redis_client.exists(registration.key)
+
+
+def test_the_grace_after_a_loss_covers_the_longest_lease_declared(own_redis_server):
+    """The first caller after a loss (the store restarted empty) has a short lease, and a
+    holder of another key a long one: a caller of that key, whose process declares the
+    long lease, is refused past the short grace, until the holder re-asserts (issue 27:
+    the grace was the first caller's lease)."""
+    long_client, short_client = own_redis_server.client(), own_redis_server.client()
+    declare_longest_lease(long_client, 3.0)
+    holder = admit(long_client, [SlotLimit("long", 1, "redislock:")], lease=3.0)
+    assert admit(short_client, [SlotLimit("short", 1, "redislock:")], lease=0.2).release()
+    own_redis_server.restart()  # empty: it keeps nothing on disk
+
+    short = again_on_new_connection(
+        lambda: admit(short_client, [SlotLimit("short", 1, "redislock:")], lease=0.2))
+    assert isinstance(short, Busy)  # the first caller after the loss: a grace begins
+    time.sleep(0.3)  # past a grace of its lease, long before the holder renews
+    newcomer = again_on_new_connection(
+        lambda: admit(long_client, [SlotLimit("long", 1, "redislock:")], lease=3.0))
+    assert isinstance(newcomer, Busy), "a slot granted beside the holder of before"
+    assert holder.renew() and not holder.lost  # re-asserted
+    assert isinstance(admit(long_client, [SlotLimit("long", 1, "redislock:")], lease=3.0),
+                      Busy)
+    assert holder.release()
+    long_client.close()
+    short_client.close()
+
+
+def again_on_new_connection(call):
+    """``call()``, once more if it met a connection the restart closed."""
+    try:
+        return call()
+    except redis.ConnectionError:
+        return call()
 
 
 def _hold(client, name, owner):

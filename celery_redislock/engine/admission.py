@@ -180,7 +180,8 @@ class Lease:
         lease_end, lost, *reasserted = RENEW.run(
             self._client, self._keys,
             [self._member, milliseconds(self.lease_seconds),
-             0 if is_cluster(self._client) else self._epoch or self.fence, *self._costs],
+             0 if is_cluster(self._client) else self._epoch or self.fence,
+             grace_bound_ms(self._client, self.lease_seconds), *self._costs],
         )
         if lost:
             self.lost = True
@@ -671,13 +672,15 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
                  description: str, promises: Mapping[str, int], ticket: Ticket,
                  reserve_ms: int, probe: bool = False, book_ms: int = 0) -> Outcome:
     """One admit.lua call for limiters that share a Redis node and hash slot."""
+    bound = grace_bound_ms(client, lease)
     reply = ADMIT.run(
         client,
         [limiter.key for limiter in limiters],
         [token, milliseconds(lease), description, ticket.id, ticket.mode, ticket.keep_ms,
          reserve_ms, *(limiter.spec(promises) for limiter in limiters),
          -1 if is_cluster(client) else seen_incarnation(client),
-         *(("1" if probe else "0", book_ms) if probe or book_ms else ())],
+         *(("1" if probe else "0", book_ms, bound)
+           if probe or book_ms or bound > milliseconds(lease) else ())],
     )
     if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended last"
         now_ms, lease_end, fence, contended, last = map(int, reply.split())
@@ -807,6 +810,41 @@ def saw_incarnation(client: Any, value: int) -> None:
             _seen[client] = value
     except TypeError:
         pass
+
+
+#: Per client of a lock store: the longest lease (s) this process declared it may hold
+#: there (see :func:`declare_longest_lease`).
+_longest: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def declare_longest_lease(client: Any, seconds: float) -> None:
+    """Declare that holders of this process (and of the processes of its deployment) may
+    hold leases of up to ``seconds`` in the lock store behind ``client``: every
+    admission and renewal carries it, so that after the store lost its data no slot is
+    granted afresh until that long after the loss, whoever calls first (see
+    ``store.lua``). A longer declaration replaces a shorter one.
+
+        >>> class Client: ...
+        >>> client = Client()
+        >>> declare_longest_lease(client, 30); declare_longest_lease(client, 6)
+        >>> grace_bound_ms(client, 5), grace_bound_ms(client, 60)
+        (30000, 60000)
+    """
+    try:
+        if seconds > _longest.get(client, 0.0):
+            _longest[client] = float(seconds)
+    except TypeError:  # a client that cannot be referred to weakly
+        pass
+
+
+def grace_bound_ms(client: Any, lease: float) -> int:
+    """The grace after a loss of the store's data that a caller holding ``lease``
+    declares (ms): the longest lease declared for ``client``, or ``lease`` if longer."""
+    try:
+        declared = _longest.get(client, 0.0)
+    except TypeError:
+        declared = 0.0
+    return milliseconds(max(lease, declared))
 
 
 def declare_fresh(client: Any, prefix: str = "redislock:") -> None:

@@ -34,6 +34,7 @@ from ..engine.admission import (
     Ticket,
     WouldAdmit,
     admit,
+    declare_longest_lease,
     handed_young,
     holder_lease_end,
     owner_prefix,
@@ -51,7 +52,7 @@ from ..engine.refusal import (
 from ..engine.scripts import is_cluster
 from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable, LockWaitTimeout
 from . import handoff, signals
-from .recovery import this_start
+from .recovery import longest_lease, this_start
 from .waiting import (
     SHORT_WAIT,
     WAIT_HEADER,
@@ -148,10 +149,13 @@ class _Setup:
         setup = getattr(task, "_redislock_setup", None)
         if setup is None or setup.limits is not limits:
             settings = task_settings(task)
+            client = redis_client(task._get_app(), settings) if settings.enabled else None
+            if client is not None:  # the grace after a loss of the store covers it
+                declare_longest_lease(client, longest_lease(task._get_app(), limits.lease))
             setup = task._redislock_setup = cls(
                 limits=limits,
                 settings=settings,
-                client=redis_client(task._get_app(), settings) if settings.enabled else None,
+                client=client,
                 reserve_ms=handoff.reservation_ms(limits.lease),
                 no_ticket=Ticket("", False, limits.retry.keep_ticket_ms(None), ""),
                 publish=functools.partial(handoff.publish, task.app),

@@ -39,7 +39,7 @@ from celery.worker.request import Request
 
 from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
-from ..engine.admission import owner_prefix
+from ..engine.admission import declare_longest_lease, owner_prefix
 from ..engine.holder import parse_holder
 from ..engine.keeper import lease_keeper
 from ..engine.reach import unreachable_reason
@@ -79,6 +79,13 @@ def is_limited(task: Any) -> bool:
 def limits_of(task: Any) -> Optional[TaskLimits]:
     """The limits a task runs under, or None if the package does not limit it."""
     return task.task_limits() if is_limited(task) else None
+
+
+def longest_lease(app: Any, default: float = 30.0) -> float:
+    """The longest lease (s) of the limited tasks of ``app``; ``default`` if it has none:
+    what its processes declare as the grace after a loss of the lock store's data."""
+    leases = [limits.lease for limits in map(limits_of, list(app.tasks.values())) if limits]
+    return max(leases, default=default)
 
 
 def uses_limits(app: Any) -> bool:
@@ -262,9 +269,11 @@ def _free_worker_slots_saying(app: Any, worker: str, whose: str,
 
 def _register(app: Any, worker: str, start: str) -> Optional[WorkerRegistration]:
     """Register this start of ``worker`` and have the lease keeper keep it alive."""
-    leases = [limits.lease for limits in map(limits_of, app.tasks.values()) if limits]
-    registration = WorkerRegistration(redis_client(app), read_settings(app).prefix,
-                                      worker, start, grace=max(leases, default=30.0))
+    client = redis_client(app)
+    grace = longest_lease(app)
+    declare_longest_lease(client, grace)
+    registration = WorkerRegistration(client, read_settings(app).prefix, worker, start,
+                                      grace=grace)
     try:
         registration.renew()
     except Exception as exc:  # the keeper registers it once the lock store answers

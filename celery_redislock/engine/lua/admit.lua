@@ -63,6 +63,8 @@
 --             and the caller holds the run until then and starts it without asking
 --             again (a worker's main process; it gives the start back with refund.lua
 --             if it cannot start the run on time)
+-- ARGV[11+#KEYS] the longest lease (ms) the caller's process knows of, if longer than
+--             its own: the grace after a loss lasts at least that long (store.lua)
 --
 -- Replies:
 --   "now_ms lease_end_ms fence contended last"   admitted, nothing else to do. The
@@ -117,6 +119,7 @@ local STATISTICS_TTL = 60000
 local OUTSTANDING_COPY_MS = 7 * 24 * 3600 * 1000
 local seen = tonumber(ARGV[8 + #KEYS] or '0') or 0
 local book_ms = tonumber(ARGV[10 + #KEYS] or '0') or 0
+local bound = math.max(lease, tonumber(ARGV[11 + #KEYS] or '0') or 0)
 local now, now_us = server_now()
 -- Numbers go to Redis and into the reply as text made here with '%d': Lua's own number
 -- to text conversion (and '%.0f') takes the C library's slow floating-point path.
@@ -316,7 +319,7 @@ for i = 1, #KEYS do
       local used = redis.call('ZCOUNT', key, '(' .. now_text, '+inf')
       local free = slots - used
       -- After a loss of the store's data, no slot is granted until the grace ends.
-      local grace = grace_of(key, now, now_us, seen, lease)
+      local grace = grace_of(key, now, now_us, seen, bound)
       local blocked = free < cost or grace ~= nil
       if not blocked and has_line then
         -- Free slots go to the line first, oldest first; the run gets its slots only if

@@ -7,7 +7,9 @@
 --   'born'   when it was written (server time, us)
 --   'grace'  0, or the end (ms) of the grace that follows a loss of the store's data:
 --            until then no slot is granted afresh, while the holders of before the loss
---            re-assert their leases (renew.lua), as Chubby's new master does
+--            re-assert their leases (renew.lua), as Chubby's new master does. It lasts
+--            the longest lease any caller declares (every call carries the longest
+--            lease its process knows of), counted from 'born'
 --   'keep'   when (ms) its time to live is next extended: it lives 7 days, extended by
 --            admissions and worker registrations once half of that has passed, so a key
 --            space left idle for a week leaves nothing behind (a process that used it
@@ -52,22 +54,44 @@ local function new_incarnation(marker, now, now_us, grace_ms)
   return {now_us, grace, now + INCARNATION_TTL / 2}
 end
 
--- The end (ms) of the grace of the key space of `key` if it is on now, else nil. With
--- `seen` (a number, see above) a missing incarnation is written (a loss if seen > 0, then
--- with a grace of `grace_ms`); without it nothing is written.
-local function grace_of(key, now, now_us, seen, grace_ms)
-  local marker = incarnation_key(key)
-  if not marker or (seen and seen < 0) then return nil end
+-- After a loss (the incarnation has a grace, or the caller knows of one: `lost`), a
+-- caller that declares a longer bound `grace_ms` (the longest lease its process knows
+-- of) than the grace covers extends it to 'born' + that bound, even once it ended: a
+-- holder of before on that long a lease may still re-assert. The grace (ms) as it now
+-- stands.
+local function extend_grace(marker, state, grace_ms, lost)
+  local until_ms = math.floor(state[1] / 1000) + grace_ms
+  if (lost or state[2] > 0) and until_ms > state[2] then
+    redis.call('HSET', marker, 'grace', string.format('%d', until_ms))
+    state[2] = until_ms
+  end
+  return state[2]
+end
+
+-- The incarnation of incarnation key `marker` as `seen` (see above) finds it: written if
+-- missing (a loss if seen > 0, then with a grace of `grace_ms`), kept alive, its grace
+-- extended to `grace_ms` after a loss; nil if missing and there is no `seen`, false on
+-- Redis Cluster.
+local function incarnation_for(marker, now, now_us, seen, grace_ms)
   local state = incarnation(marker)
-  if state == false then return nil end
+  if state == false then return false end
   if state == nil then
     if not seen then return nil end
     local lost = 0
     if seen > 0 then lost = grace_ms end
-    state = new_incarnation(marker, now, now_us, lost)
-  elseif seen and state[3] < now then
-    keep_incarnation(marker, now)
+    return new_incarnation(marker, now, now_us, lost)
   end
-  if state[2] > now then return state[2] end
+  if seen and state[3] < now then keep_incarnation(marker, now) end
+  if grace_ms then extend_grace(marker, state, grace_ms) end
+  return state
+end
+
+-- The end (ms) of the grace of the key space of `key` if it is on now, else nil. With
+-- `seen` and `grace_ms` as incarnation_for() takes them; without them nothing is written.
+local function grace_of(key, now, now_us, seen, grace_ms)
+  local marker = incarnation_key(key)
+  if not marker or (seen and seen < 0) then return nil end
+  local state = incarnation_for(marker, now, now_us, seen, grace_ms)
+  if state and state[2] > now then return state[2] end
   return nil
 end
