@@ -205,6 +205,9 @@ def test_a_timed_pause_leaves_no_key_without_a_ttl(lock_client):
     assert control_ttls(lock_client, "leak") == (-1, -1)
     assert resume(lock_client, "leak") is True
     assert control_ttls(lock_client, "leak") == (-2, -2)
+    pause(lock_client, "far", until=1e300)                   # as good as for ever
+    assert control_ttls(lock_client, "far") == (-1, -1)
+    assert resume(lock_client, "far") is True
     pause(lock_client, "short", seconds=0.2)
     wait_until(lambda: control_ttls(lock_client, "short") == (-2, -2), timeout=10,
                what="the control hashes of an ended pause to expire")

@@ -10,6 +10,9 @@
 
 local CONTROL_FIELDS = {'slots', 'rate', 'interval', 'paused_until'}
 
+-- A pause further off than this (ms, about 3000 years) is kept as one for ever (no TTL).
+local LONGEST_TTL = 1e14
+
 local function settle_control(key, now)
   local values = redis.call('HMGET', key, unpack(CONTROL_FIELDS))
   local ends = tonumber(values[4])
@@ -17,9 +20,10 @@ local function settle_control(key, now)
     redis.call('HDEL', key, 'paused_until')
     values[4], ends = false, nil
   end
-  local lasting = values[1] or values[2] or values[3] or values[4] == 'forever'
+  local expires = ends and ends - now < LONGEST_TTL
+  local lasting = values[1] or values[2] or values[3] or (values[4] and not expires)
   if not lasting then
-    if ends then redis.call('PEXPIRE', key, ends - now) end
+    if expires then redis.call('PEXPIRE', key, string.format('%.0f', ends - now)) end
     return
   end
   if redis.call('PTTL', key) < 0 then return end
