@@ -10,7 +10,10 @@ persistence, in a temporary directory) and stops it at the end. That one Redis i
 broker, the result backend, the lock store and the place where the tasks record their
 runs. Three ``celery worker`` processes (prefork, 3 processes each) run the tasks of
 ``proj.tasks``; the demo sends a burst of them (``proj.burst``) and shows, while it runs,
-each limit key's slots filling and draining (``proj.live``). Then it stops the workers,
+each limit key's slots filling and draining (``proj.live``; off a terminal, one line a
+second such as ``proj.tasks.crawl 2/2 w14 l14 d0``: slots in use/limit, runs waiting,
+in the lock store's line, done, as the line printed before the first one says). Then it
+stops the workers,
 reads the records, prints per limit key the peak against the limit, the runs completed
 and the waits (``proj.summary``), draws the timeline chart (``proj.timeline``) into
 ``example_project/output/demo_timeline.png`` (``--chart`` for another path), and deletes

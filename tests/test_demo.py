@@ -20,7 +20,15 @@ DEMO = REPOSITORY / "example_project" / "demo.py"
 sys.path.insert(0, str(DEMO.parent))
 
 from proj.burst import Limit  # noqa: E402
-from proj.live import Row, SlotState, bar, read_semaphores, waiting_line_key  # noqa: E402
+from proj.live import (  # noqa: E402
+    PLAIN_LEGEND,
+    LiveView,
+    Row,
+    SlotState,
+    bar,
+    read_semaphores,
+    waiting_line_key,
+)
 from proj.summary import most_in_window, peak_overlap  # noqa: E402
 
 from celery_redislock.engine.keys import semaphore_key  # noqa: E402
@@ -56,6 +64,24 @@ def test_bar_shows_held_then_handed_over_then_free() -> None:
     limit = Limit("k", 3, None, "s", sent=5)
     row = Row(limit, used=2, handed_over=1, capacity=3, waiting=0, in_line=None, done=0)
     assert bar(row, 0) == "██ ▒▒ ··"
+
+
+def test_plain_view_says_once_what_its_letters_mean() -> None:
+    """Off a terminal, the line before the first ``w14 l14 d0`` says what it holds."""
+    import io
+
+    out = io.StringIO()
+    limit = Limit("proj.tasks.crawl", 2, None, "s", sent=14)
+    view = LiveView(records=None, lock_client=None, limits=[limit], out=out, tty=False)
+    view.saw_waiting_line = True
+    row = Row(limit, used=2, handed_over=0, capacity=2, waiting=14, in_line=14, done=0)
+    view.draw(1.0, [row])
+    view.draw(2.0, [row])
+    lines = out.getvalue().splitlines()
+    assert lines[0] == PLAIN_LEGEND and len(lines) == 3
+    assert "w = sent, not started yet" in lines[0] and "d = done" in lines[0]
+    assert "l = in the lock store's waiting line" in lines[0]
+    assert lines[1].endswith("proj.tasks.crawl 2/2 w14 l14 d0")
 
 
 @pytest.mark.slow

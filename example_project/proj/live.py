@@ -151,6 +151,13 @@ def render_plain(elapsed: float, table: Sequence[Row], show_line: bool = False) 
     return f"  {elapsed:5.1f} s  " + " | ".join(parts)
 
 
+#: Printed once, before the first of :func:`render_plain`'s lines, so that a log read
+#: later says what ``w14 l14 d0`` means where it is.
+PLAIN_LEGEND = ("  one line a second, per limit key: in use/limit (for a rate: starts in the "
+                "last period/most it allows), w = sent, not started yet, l = in the lock "
+                "store's waiting line (once it keeps one), d = done")
+
+
 class LiveView:
     """Watches a burst until it is over, drawing :func:`render` (or :func:`render_plain`).
 
@@ -207,6 +214,9 @@ class LiveView:
     def draw(self, elapsed: float, table: Sequence[Row]) -> None:
         """Print the view: over the previous one on a terminal, as a new line otherwise."""
         if not self.tty:
+            if not self._drawn:
+                print(PLAIN_LEGEND, file=self.out)
+                self._drawn = 1
             print(render_plain(elapsed, table, self.saw_waiting_line), file=self.out,
                   flush=True)
             return
