@@ -57,11 +57,13 @@ TIME_LIMITED = "fault_app.time_limited"
 SLOW_REPORTED = "fault_app.slow_reported"
 SHORT_LEASE = "fault_app.short_lease"
 PAIR = "fault_app.pair"
+ADOPTED = "fault_app.adopted"
 
 #: Every task takes its limit key from its ``key`` argument: ``"<prefix><key>"``.
 HOLD_PREFIX = "hold:"
 SHORT_PREFIX = "short:"
 PAIR_PREFIX = "pair:"
+ADOPTED_PREFIX = "adopted:"
 
 #: Leases: long enough that a slot coming back quickly cannot be the lease running out.
 LONG_LEASE = 30.0
@@ -70,6 +72,10 @@ SHORT_LEASE_SECONDS = 1.0
 #: ``pair``: two at a time per key, on a lease short enough for a test to wait one out.
 PAIR_SLOTS = 2
 PAIR_LEASE = 4.0
+
+#: ``adopted``: one at a time per key, on a lease long enough that its pool process
+#: adopts it without waiting for the answer (within a third of a lease of admission).
+ADOPTED_LEASE = 6.0
 
 #: The hard time limit of ``time_limited`` and ``slow_reported`` (seconds).
 TIME_LIMIT = 1
@@ -232,6 +238,13 @@ def create_app(urls: AppUrls) -> Celery:
     def pair(self: Any, seconds: float, key: str = "a") -> str:
         """Two at a time per key, on a 4 s lease renewed every 1.3 s."""
         return record().work(self, [PAIR_PREFIX + key], seconds)
+
+    @app.task(base=SingletonTask, bind=True, shared=False, name=ADOPTED,
+              lock_key=ADOPTED_PREFIX + "{key}", lock_lease=ADOPTED_LEASE, **FAST_RETRY)
+    def adopted(self: Any, seconds: float, key: str = "a") -> str:
+        """One at a time per key, on a 6 s lease: every admission takes the last slot, so
+        the pool process adopts the lease (see ``Lease.adopt``)."""
+        return record().work(self, [ADOPTED_PREFIX + key], seconds)
 
     def ours(sender: Any) -> bool:
         return getattr(sender, "app", None) is app

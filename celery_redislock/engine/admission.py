@@ -8,6 +8,7 @@ for another.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -24,7 +25,7 @@ from .holder import holder_member, unit_members
 from .keeper import lease_keeper
 from .keys import rate_key, semaphore_key
 from .rate import Rate
-from .refusal import describe_error
+from .refusal import describe_error, is_transient
 from .scripts import (
     ADMIT,
     ADOPT,
@@ -145,6 +146,10 @@ class Lease:
     _costs: List[int] = field(default_factory=list, repr=False, compare=False)
     #: A release of it was sent (see :meth:`_adopted`).
     _given_back: bool = field(default=False, repr=False, compare=False)
+    #: An adoption sent without waiting whose answer was an error (the lock store
+    #: restarted, a connection it broke): ``adopt.lua``'s arguments, until the adoption
+    #: is done again (see :meth:`_finish_adoption`); empty otherwise.
+    _adoption: List[Any] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def token(self) -> str:
@@ -177,6 +182,12 @@ class Lease:
             return all(renewed)
         if not self._keys:
             return True
+        if self._adoption:
+            return self._finish_adoption()
+        return self._renew_member()
+
+    def _renew_member(self) -> bool:
+        """:meth:`renew` of this lease's own member, in one script (``renew.lua``)."""
         lease_end, lost, *reasserted = RENEW.run(
             self._client, self._keys,
             [self._member, milliseconds(self.lease_seconds),
@@ -242,9 +253,11 @@ class Lease:
         channel = (channel_for(client) if answer_later and handed_young(record) and not parts
                    else None)
         if channel is not None and client.connection_pool in _adopts_known:
-            channel.send((*ADOPT.evalsha(client), len(lease._keys), *lease._keys, *adoption),
-                         then=functools.partial(lease._adopted, adoption))
-            return lease
+            # Not sent: _adopted heard of it, and adopted again or left it to the renewals.
+            with contextlib.suppress(RedisError):
+                channel.send((*ADOPT.evalsha(client), len(lease._keys), *lease._keys,
+                              *adoption), then=functools.partial(lease._adopted, adoption))
+            return None if lease.lost else lease
         lease_end = int(ADOPT.run(client, lease._keys, adoption))
         if lease_end == 0:
             return None
@@ -286,25 +299,65 @@ class Lease:
         return lease
 
     def _adopted(self, adoption: List[Any], replies: List[Any]) -> None:
-        """The answer to an adoption sent without waiting (see :meth:`adopt`)."""
+        """The answer to an adoption sent without waiting (see :meth:`adopt`). An error
+        in its place (the script unknown to a restarted server, a connection the restart
+        broke, the store unreachable) leaves the lease held as it was admitted: it is
+        adopted again now, on a new connection, or else by the lease keeper's renewals,
+        which renew it meanwhile; only a lease found gone is lost (issue 27: it was
+        marked lost at once, and the body ran on a lease nobody renewed)."""
         reply = replies[0]
-        if isinstance(reply, RedisError):  # e.g. NOSCRIPT: the server lost its scripts
+        if isinstance(reply, RedisError):
             _adopts_known.discard(getattr(self._client, "connection_pool", None))
-            try:
-                reply = ADOPT.run(self._client, self._keys, adoption)
-            except RedisError as exc:
-                reply = 0
-                logger.warning("celery-redislock: holder %s could not adopt its lease on %r "
-                               "(%s)", self.token, self.name, describe_error(exc))
-            if int(reply) and self._given_back:  # released before this answer came
-                for index, key in enumerate(self._keys):
-                    self._client.zrem(key, *self._members(index))
-                return
+            self._adoption = adoption
+            self._adopt_again()
+            return
         if int(reply) == 0:
             self.lost = True
             lease_keeper().report_lost(self, "the lease had ended before it was adopted")
         else:
             self.expires_at_ms = int(reply)
+
+    def _adopt_again(self) -> None:
+        """:meth:`_finish_adoption` now, a second time on a new connection if the first
+        met one that a restart of the lock store broke; left to the lease keeper's
+        renewals if the store does not answer."""
+        for attempt in (1, 2):
+            try:
+                adopted = self._finish_adoption()
+            except RedisError as exc:
+                if attempt == 2 or not is_transient(exc):
+                    logger.warning("celery-redislock: holder %s could not adopt its lease on "
+                                   "%r yet (%s); its renewals will", self.token, self.name,
+                                   describe_error(exc))
+                    return
+                continue
+            if not adopted:
+                lease_keeper().report_lost(self, "the lease had ended before it was adopted")
+                return
+            logger.info("celery-redislock: holder %s adopted its lease on %r again (its first "
+                        "answer was an error)", self.token, self.name)
+            if self._given_back:  # released before this answer came
+                for index, key in enumerate(self._keys):
+                    self._client.zrem(key, *self._members(index))
+            return
+
+    def _finish_adoption(self) -> bool:
+        """Adopt the lease (one script, as :meth:`adopt` does), renewing it; False (and
+        ``lost``) if it is gone. If the holder admitted is gone, the adoption may have
+        been applied with its answer lost: this process's own member is renewed instead
+        (or re-asserted, after a loss of the store's data)."""
+        adoption, self._adoption = self._adoption, []
+        try:
+            lease_end = int(ADOPT.run(self._client, self._keys, adoption))
+        except RedisError:
+            self._adoption = adoption
+            raise
+        if lease_end:
+            self.expires_at_ms = lease_end
+            return True
+        renewed = self._renew_member()
+        self.lost = self.lost or not renewed
+        return renewed
 
     def release(self, wait: bool = True) -> bool:
         """Give the slots back; False if they were no longer held (released already, or
@@ -325,7 +378,7 @@ class Lease:
             return all(results)
         if not self._keys:
             return False
-        self._given_back = True
+        self._give_back()
         if len(self._keys) == 1 and not self._contended:
             return self._release_uncontended()
         held_ms = round((time.monotonic() - self._taken_at) * 1000)
@@ -357,7 +410,7 @@ class Lease:
 
             lease.release_soon(lambda messages: handoff.publish(app, messages))
         """
-        self._given_back = True
+        self._give_back()
         channel = channel_for(self._client) if self._keys else None
         if (channel is None or len(self._keys) != 1 or self._contended
                 or self._took_last_slot):
@@ -367,6 +420,13 @@ class Lease:
         channel.send(("ZREM", key, *self._members(0)), ("ZSCORE", key, CONTENDED),
                      then=functools.partial(self._released_soon, on_handoffs),
                      now=not with_next_request)
+
+    def _give_back(self) -> None:
+        """Mark the lease given back; one whose adoption was not done (see
+        :meth:`_adopted`) gives back the holder that was admitted."""
+        self._given_back = True
+        if self._adoption:
+            self._member, self._adoption = str(self._adoption[0]), []
 
     def release_handing_over(self, on_handoffs: Callable[[List[Any]], None]) -> bool:
         """:meth:`release`, then pass the messages of waiters handed the freed slots to
