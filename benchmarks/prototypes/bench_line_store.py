@@ -33,14 +33,16 @@ design uses the same client library and the same number of round trips where it 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import hmac
+import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import redis
 from celery import Signature
@@ -77,8 +79,6 @@ def envelope(task_id: str) -> bytes:
     about the size Celery 5 writes for the signature above."""
     body = (b'[[42], {"full": true}, {"callbacks": null, "errbacks": null, "chain": null, '
             b'"chord": null}]')
-    import base64
-    import json
     return json.dumps({
         "body": base64.b64encode(body).decode(), "content-encoding": "utf-8",
         "content-type": "application/json",
@@ -146,8 +146,8 @@ def park_one(stores: Stores, design: str, k: Dict[str, str], ticket: str,
              pipe_lock: Any, pipe_broker: Any) -> None:
     s = stores.scripts
     if design == "today":
-        record = ('{"task": "proj.tasks.sync_customer", "id": "%s", "worker": '
-                  '"celery@host-1", "since": 1764250000000}' % ticket)
+        record = json.dumps({"task": "proj.tasks.sync_customer", "id": ticket,
+                             "worker": "celery@host-1", "since": 1764250000000})
         pipe_lock.evalsha(ENQUEUE.sha, 1, k["sem"], ticket, 1764250000000, record,
                           signed(ticket), 3600000 * 24, RESERVE_MS)
         pipe_broker.hset("unacked", ticket, envelope(ticket))  # its waiting copy, held
@@ -190,6 +190,7 @@ def drain(stores: Stores, design: str, keys: List[str], count: int) -> Dict[str,
         while pubsub.get_message(timeout=0.1) is not None:
             pass
     latencies: List[float] = []
+    usec_before = [server_usec(c) for c in (lock, broker)]
     started = time.perf_counter()
     for i in range(count):
         key = keys[i % len(keys)]
@@ -219,11 +220,17 @@ def drain(stores: Stores, design: str, keys: List[str], count: int) -> Dict[str,
         assert ok == 1
         holders[key] = member
     elapsed = time.perf_counter() - started
+    usec = [server_usec(c) - b for c, b in zip((lock, broker), usec_before)]
     pubsub.close()
     latencies.sort()
-    return {"rate": count / elapsed,
+    return {"rate": count / elapsed, "server_us_per_handoff": sum(usec) / count,
             "p50_ms": statistics.median(latencies) * 1000,
             "p95_ms": latencies[int(len(latencies) * 0.95)] * 1000}
+
+
+def server_usec(client: redis.Redis) -> int:
+    """Microseconds the server spent in commands so far (INFO commandstats)."""
+    return sum(int(v["usec"]) for v in client.info("commandstats").values())
 
 
 def used_memory(client: redis.Redis) -> int:
@@ -281,16 +288,19 @@ def report(rows: List[Dict[str, Any]], args: argparse.Namespace, load: float) ->
             f"{row['idle_cmds_per_s_lock']:.1f} / {row['idle_cmds_per_s_broker']:.1f}",
             f"{row['fill_us_per_waiter']:.0f}",
             f"{row['p50_ms']:.2f} / {row['p95_ms']:.2f}" if drained else "n/a",
-            f"{drained:,.0f}" if drained else "n/a", flat))
+            f"{drained:,.0f}" if drained else "n/a", flat,
+            f"{row['server_us_per_handoff']:.0f}" if drained else "n/a"))
     return (f"## Prototype lines: where a waiting run waits (load {load:.1f})\n\n" +
             markdown_table(("design", "line", "waiters", "lock store MB",
                             "lock store B/waiter", "broker MB",
                             "cmds/s parked (lock / broker)", "fill µs/waiter",
                             "hand-off ms p50 / p95", "drain hand-offs/s",
-                            "drain ÷ short line"), table) +
+                            "drain ÷ short line", "server µs/hand-off (both)"), table) +
             f"\n\nDrain: {args.drain} hand-offs in one closed loop (release, move, "
             "receive, claim), one after another; latency from the release sent to the "
-            "slot claimed, without a Celery worker's own delivery time.\n")
+            "slot claimed, without a Celery worker's own delivery time. Server µs: the time both "
+            "redis-servers spent in commands per hand-off (INFO commandstats), the part "
+            "of the cost that could grow with the line.\n")
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

@@ -5,9 +5,11 @@ socket it waits on) for every limited run before the run goes to the pool. Here 
 script, with the same arguments, is sent on a non-blocking socket registered with
 kombu's event loop (the ``Hub`` Celery's worker runs on):
 
-* an ask is queued and written at the start of the loop's next turn
-  (``hub.call_soon``): every ask (and every release) that arrives in one turn goes in
-  one write, and Redis answers them in one read (pipelined, batched);
+* an ask is written at once when no earlier ask waits for its reply; else it waits for
+  those replies, and every ask that arrived meanwhile goes in one write, which Redis
+  answers in one read (pipelining that batches itself, as ioredis' auto-pipelining
+  does); a release goes with the next ask, or at the loop's next turn
+  (``hub.call_soon``);
 * the replies are read when the socket is readable (``hub.add_reader``) and parsed with
   ``hiredis.Reader``; each goes, in order, to the callback of its ask, which hands the
   request to the pool (admitted) or sends it back (refused: this prototype only logs,
@@ -71,10 +73,12 @@ class HubRedis:
         self.deadline = deadline
         self.sock: Optional[socket.socket] = None
         self.reader = hiredis.Reader()
-        self.pending: Deque[Tuple[float, Reply]] = deque()
+        self.pending: Deque[Tuple[float, Reply, bool]] = deque()
         self.outbox: List[bytes] = []
         self.flush_queued = False
         self.writes = 0
+        self.asks_queued = 0
+        self.asks_unanswered = 0
         self.commands = 0
         hub.call_repeatedly(max(0.05, deadline / 4), self._check_deadline)
 
@@ -87,19 +91,42 @@ class HubRedis:
         self.sock = sock
         return sock
 
-    def send(self, *command: Any, then: Reply) -> None:
-        """Queue ``command``; it is written with the others queued in this loop turn."""
+    def send_packed(self, packed: bytes, then: Reply, ask: bool = False) -> None:
+        """:meth:`send` of a command already in Redis's protocol."""
+        self.outbox.append(packed)
+        self._queued(then, ask)
+
+    def send(self, *command: Any, then: Reply, ask: bool = False) -> None:
+        """Queue ``command``. An ask (``ask=True``) is written at once when no earlier
+        ask waits for its reply, with whatever else is queued; else it waits for those
+        replies, and every ask queued meanwhile goes in one write (pipelining that
+        batches itself). Anything else (a release) goes at the loop's next turn, or
+        with the next ask, whichever is first."""
         self.outbox.append(_pack(*command))
-        self.pending.append((time.monotonic(), then))
+        self._queued(then, ask)
+
+    def _queued(self, then: Reply, ask: bool) -> None:
+        self.pending.append((time.monotonic(), then, ask))
+        if ask:
+            self.asks_queued += 1
+            if self.asks_unanswered == 0:
+                self._flush()
+                return
         if not self.flush_queued:
             self.flush_queued = True
-            self.hub.call_soon(self._flush)
+            self.hub.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self.flush_queued = False
+        if self.asks_unanswered == 0 or not self.asks_queued:
+            self._flush()
 
     def _flush(self) -> None:
-        self.flush_queued = False
         if not self.outbox:
             return
         data, self.outbox = b"".join(self.outbox), []
+        self.asks_unanswered += self.asks_queued
+        self.asks_queued = 0
         self.writes += 1
         try:
             sock = self.sock or self._connect()
@@ -137,8 +164,12 @@ class HubRedis:
             if reply is False:
                 break
             self.commands += 1
-            _, then = self.pending.popleft()
+            _, then, was_ask = self.pending.popleft()
+            if was_ask:
+                self.asks_unanswered -= 1
             then(reply)
+        if self.asks_unanswered == 0 and self.outbox:
+            self._flush()
 
     def _check_deadline(self) -> None:
         if self.pending and time.monotonic() - self.pending[0][0] > self.deadline:
@@ -151,7 +182,8 @@ class HubRedis:
             self.sock.close()
             self.sock = None
         pending, self.pending = self.pending, deque()
-        for _, then in pending:
+        self.outbox, self.asks_queued, self.asks_unanswered = [], 0, 0
+        for _, then, _ in pending:
             then(exc)
 
 
@@ -172,7 +204,7 @@ class Gate:
         self.source = ADMIT.source
         self.token_base = f"nb{os.getpid()}."
         self.tokens = 0
-        self.keys: Dict[str, str] = {}
+        self.templates: Dict[str, Tuple[str, bytes, bytes]] = {}
 
     def room(self) -> bool:
         limit = self.concurrency + (self.lookahead if self.spare else 0)
@@ -185,19 +217,31 @@ class Gate:
             return
         self.in_flight += 1
         self.tokens += 1
-        key = self.keys.get(name) or self.keys.setdefault(name, semaphore_key(name))
+        key, head, tail = self._template(name, slots)
         token = f"{self.token_base}{self.tokens}"
         args = (token, LEASE_MS, "nb", "", "", 0, 0, f"s:{slots}", 0)
-        self.client.send("EVALSHA", self.sha, 1, key, *args,
-                         then=lambda reply: self._answered(reply, request, handle, key,
-                                                           token, args))
+        self.client.send_packed(
+            b"%s$%d\r\n%s\r\n%s" % (head, len(token), token.encode(), tail),
+            lambda reply: self._answered(reply, request, handle, key, token, args), True)
+
+    def _template(self, name: str, slots: int) -> Tuple[str, bytes, bytes]:
+        """The key of semaphore ``name`` and its ask in Redis's protocol, less the token
+        (made once per name: an ask then costs one bytes formatting)."""
+        made = self.templates.get(name)
+        if made is None:
+            key = semaphore_key(name)
+            whole = _pack("EVALSHA", self.sha, 1, key, "\0", LEASE_MS, "nb", "", "", 0, 0,
+                          f"s:{slots}", 0)
+            head, tail = whole.split(b"$1\r\n\0\r\n")
+            made = self.templates[name] = (key, head, tail)
+        return made
 
     def _answered(self, reply: Any, request: Any, handle: Callable[[Any], None], key: str,
                   token: str, args: Tuple[Any, ...]) -> None:
         if isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOSCRIPT"):
             self.client.send("EVAL", self.source, 1, key, *args,
                              then=lambda again: self._answered(again, request, handle, key,
-                                                               token, args))
+                                                               token, args), ask=True)
             return
         if isinstance(reply, bytes):  # admitted: "now_ms lease_end_ms fence contended last"
             now_ms, _, fence, contended, last = reply.split()
