@@ -15,7 +15,9 @@ kombu's event loop (the ``Hub`` Celery's worker runs on):
   request to the pool (admitted) or sends it back (refused: this prototype only logs,
   the benchmark never refuses);
 * a lease taken here is given back, when the pool reports the run's end, by a ``ZREM``
-  of the holder that rides in the next write (as today's uncontended release does);
+  of the holder that rides with the next ask, or goes alone after :data:`RIDE` (as
+  today's uncontended release does); a release of a key the admission found contended
+  goes at the loop's next turn;
 * at most ``concurrency + lookahead`` limited runs are asked for or running at once, the
   others wait here in arrival order and are asked for when a run ends: a slot is not
   taken for a run that waits for a pool process. ``lookahead`` (``NB_LOOKAHEAD``,
@@ -51,6 +53,8 @@ from celery_redislock.engine.scripts import ADMIT
 logger = logging.getLogger(__name__)
 
 LEASE_MS = 60000
+#: How long at most a release nobody waits for waits for an ask to ride with (s).
+RIDE = 0.005
 Reply = Callable[[Any], None]
 
 
@@ -79,6 +83,7 @@ class HubRedis:
         self.writes = 0
         self.asks_queued = 0
         self.asks_unanswered = 0
+        self.ride_queued = False
         self.commands = 0
         hub.call_repeatedly(max(0.05, deadline / 4), self._check_deadline)
 
@@ -96,6 +101,12 @@ class HubRedis:
         self.outbox.append(packed)
         self._queued(then, ask)
 
+    def send_later(self, *command: Any, then: Reply, within: float) -> None:
+        """Queue ``command`` to ride with the next ask, or go alone ``within`` seconds
+        from now if no ask comes first (a release nobody waits for)."""
+        self.outbox.append(_pack(*command))
+        self._queued(then, False, within)
+
     def send(self, *command: Any, then: Reply, ask: bool = False) -> None:
         """Queue ``command``. An ask (``ask=True``) is written at once when no earlier
         ask waits for its reply, with whatever else is queued; else it waits for those
@@ -105,16 +116,24 @@ class HubRedis:
         self.outbox.append(_pack(*command))
         self._queued(then, ask)
 
-    def _queued(self, then: Reply, ask: bool) -> None:
+    def _queued(self, then: Reply, ask: bool, within: float = 0.0) -> None:
         self.pending.append((time.monotonic(), then, ask))
         if ask:
             self.asks_queued += 1
             if self.asks_unanswered == 0:
                 self._flush()
                 return
-        if not self.flush_queued:
+        if within:
+            if not self.ride_queued:
+                self.ride_queued = True
+                self.hub.call_later(within, self._ride_ended)
+        elif not self.flush_queued:
             self.flush_queued = True
             self.hub.call_soon(self._flush_soon)
+
+    def _ride_ended(self) -> None:
+        self.ride_queued = False
+        self._flush_soon()
 
     def _flush_soon(self) -> None:
         self.flush_queued = False
@@ -247,32 +266,35 @@ class Gate:
             now_ms, _, fence, contended, last = reply.split()
             self.spare = contended == b"0" and last == b"0"
             member = f"{token} {int(now_ms)} {int(fence)} nb"
-            self._release_at_end(request, key, member)
+            self._release_at_end(request, key, member, self.spare)
             handle(request)
             return
         # Refused or failed: a real gate sends the run back (a move); never here.
         logger.error("prototype gate: %s not admitted: %r", request.id, reply)
         self._ended()
 
-    def _release_at_end(self, request: Any, key: str, member: str) -> None:
+    def _release_at_end(self, request: Any, key: str, member: str, spare: bool) -> None:
         ended_well, ended_badly = request.on_success, request.on_failure
 
         def succeeded(*args: Any, **kwargs: Any) -> Any:
             try:
                 return ended_well(*args, **kwargs)
             finally:
-                self._release(key, member)
+                self._release(key, member, spare)
 
         def failed(*args: Any, **kwargs: Any) -> Any:
             try:
                 return ended_badly(*args, **kwargs)
             finally:
-                self._release(key, member)
+                self._release(key, member, spare)
 
         request.on_success, request.on_failure = succeeded, failed
 
-    def _release(self, key: str, member: str) -> None:
-        self.client.send("ZREM", key, member, then=_ignore)
+    def _release(self, key: str, member: str, spare: bool) -> None:
+        if spare:  # nobody waits for the slot: it rides with the next ask
+            self.client.send_later("ZREM", key, member, then=_ignore, within=RIDE)
+        else:  # a line may wait (today: release.lua hands it over): at once
+            self.client.send("ZREM", key, member, then=_ignore)
         self._ended()
 
     def _ended(self) -> None:
