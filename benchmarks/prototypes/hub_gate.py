@@ -133,12 +133,11 @@ class HubRedis:
 
     def _ride_ended(self) -> None:
         self.ride_queued = False
-        self._flush_soon()
+        self._flush()
 
     def _flush_soon(self) -> None:
         self.flush_queued = False
-        if self.asks_unanswered == 0 or not self.asks_queued:
-            self._flush()
+        self._flush()
 
     def _flush(self) -> None:
         if not self.outbox:
@@ -187,8 +186,8 @@ class HubRedis:
             if was_ask:
                 self.asks_unanswered -= 1
             then(reply)
-        if self.asks_unanswered == 0 and self.outbox:
-            self._flush()
+        if self.asks_unanswered == 0 and self.asks_queued:
+            self._flush()  # the asks that came meanwhile, with any release queued
 
     def _check_deadline(self) -> None:
         if self.pending and time.monotonic() - self.pending[0][0] > self.deadline:
