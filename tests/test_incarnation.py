@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
+from celery import Celery
 
-from celery_redislock import Semaphore
+from celery_redislock import LimitedTask, LockConfigurationError, Semaphore
 from celery_redislock.engine.admission import (
     Busy,
     SlotLimit,
@@ -24,6 +26,7 @@ from celery_redislock.engine.admission import (
 )
 from celery_redislock.engine.scripts import RELEASE_OWNER
 from celery_redislock.engine.workers import WorkerRegistration, registry_prefix
+from celery_redislock.integration.recovery import longest_lease
 
 from support import INCARNATION, wait_until
 
@@ -172,3 +175,26 @@ def test_freeing_dead_lives_spares_a_live_namesake(redis_client):
         == [1]
     members = {member.split(b" ")[0].decode() for member in redis_client.zrange(key, 0, -1)}
     assert mine.token not in members and live.token in members
+
+
+def test_a_process_declares_the_longest_lease_of_its_app_or_the_setting():
+    """The grace a worker's process declares: the longest lease of its app's limited
+    tasks, or ``redislock_max_lease`` if longer (another app's keys on longer leases)."""
+    app = Celery("grace", set_as_current=False)
+
+    @app.task(base=LimitedTask, shared=False, name="grace.short", lock_lease=5)
+    def short():
+        pass
+
+    @app.task(base=LimitedTask, shared=False, name="grace.long", lock_lease=40)
+    def long():
+        pass
+
+    assert longest_lease(app) == 40
+    app.conf.redislock_max_lease = 90
+    assert longest_lease(app) == 90
+    app.conf.redislock_max_lease = 10  # never below what the app's own tasks hold
+    assert longest_lease(app) == 40
+    app.conf.redislock_max_lease = "1 minute"
+    with pytest.raises(LockConfigurationError, match="redislock_max_lease"):
+        longest_lease(app)

@@ -41,6 +41,11 @@
                            away asks again after at least this long (and a tenth of its
                            wait), so that a rate changed at run time reaches it; ``None``:
                            runs come back only for their promised start.
+``redislock_max_lease``    Seconds (default: unset): the longest lease any holder may
+                           have, if longer than the longest lease of this app's limited
+                           tasks. After the lock store lost its data, no slot is granted
+                           afresh for that long; set it where processes of other apps
+                           share keys with longer leases.
 =========================  ==============================================================
 """
 
@@ -77,6 +82,9 @@ class Settings:
     rate_recheck: Optional[float] = 1.0
     #: ``redislock_admit_before_pool``: limits asked in the worker's main process.
     admit_before_pool: bool = True
+    #: ``redislock_max_lease``: the longest lease (s) of any holder, at least; None: the
+    #: longest lease of the app's limited tasks.
+    max_lease: Optional[float] = None
 
 
 def read_settings(app: Any) -> Settings:
@@ -107,7 +115,8 @@ def read_settings(app: Any) -> Settings:
                     signing_key=_signing_key(conf),
                     require_noeviction=_flag(conf, "redislock_require_noeviction", False),
                     rate_recheck=_rate_recheck(conf),
-                    admit_before_pool=_flag(conf, "redislock_admit_before_pool", True))
+                    admit_before_pool=_flag(conf, "redislock_admit_before_pool", True),
+                    max_lease=_seconds(conf, "redislock_max_lease"))
 
 
 def _flag(conf: Any, name: str, default: bool) -> bool:
@@ -127,6 +136,18 @@ def _rate_recheck(conf: Any) -> Optional[float]:
             or not 0 < value < float("inf")):
         raise LockConfigurationError("setting redislock_rate_recheck must be a number of "
                                      f"seconds above zero, or None, not {value!r}")
+    return float(value)
+
+
+def _seconds(conf: Any, name: str) -> Optional[float]:
+    """The setting ``name``: a positive number of seconds, or None when unset."""
+    value = conf.get(name)
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 < value < float("inf")):
+        raise LockConfigurationError(f"setting {name} must be a number of seconds above "
+                                     f"zero, or None, not {value!r}")
     return float(value)
 
 

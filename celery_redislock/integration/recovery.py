@@ -82,10 +82,11 @@ def limits_of(task: Any) -> Optional[TaskLimits]:
 
 
 def longest_lease(app: Any, default: float = 30.0) -> float:
-    """The longest lease (s) of the limited tasks of ``app``; ``default`` if it has none:
-    what its processes declare as the grace after a loss of the lock store's data."""
+    """The longest lease (s) of the limited tasks of ``app`` (``default`` if it has
+    none), or ``redislock_max_lease`` if longer: what its processes declare as the
+    grace after a loss of the lock store's data."""
     leases = [limits.lease for limits in map(limits_of, list(app.tasks.values())) if limits]
-    return max(leases, default=default)
+    return max(max(leases, default=default), read_settings(app).max_lease or 0.0)
 
 
 def uses_limits(app: Any) -> bool:
