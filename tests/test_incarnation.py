@@ -190,7 +190,13 @@ def test_a_process_declares_the_longest_lease_of_its_app_or_the_setting():
     def long():
         pass
 
-    assert longest_lease(app) == 40
+    @app.task(base=LimitedTask, shared=False, name="grace.wrong", lock_slots=0)
+    def wrong():
+        pass
+
+    with pytest.raises(LockConfigurationError):
+        wrong.task_limits()
+    assert longest_lease(app) == 40  # a task's wrong limits are its own error
     app.conf.redislock_max_lease = 90
     assert longest_lease(app) == 90
     app.conf.redislock_max_lease = 10  # never below what the app's own tasks hold

@@ -53,6 +53,7 @@ from ..engine.workers import (
     pid_runs,
     registry_prefix,
 )
+from ..errors import LockConfigurationError
 from . import handoff
 from .startup import CheckAtStart, start_problems
 
@@ -85,8 +86,18 @@ def longest_lease(app: Any, default: float = 30.0) -> float:
     """The longest lease (s) of the limited tasks of ``app`` (``default`` if it has
     none), or ``redislock_max_lease`` if longer: what its processes declare as the
     grace after a loss of the lock store's data."""
-    leases = [limits.lease for limits in map(limits_of, list(app.tasks.values())) if limits]
+    leases = [lease for lease in map(_lease_of, list(app.tasks.values())) if lease]
     return max(max(leases, default=default), read_settings(app).max_lease or 0.0)
+
+
+def _lease_of(task: Any) -> Optional[float]:
+    """The lease of ``task``'s limits; None if it has none, or they are wrong (that is
+    reported where it runs, not to every other task)."""
+    try:
+        limits = limits_of(task)
+    except LockConfigurationError:
+        return None
+    return limits.lease if limits else None
 
 
 def uses_limits(app: Any) -> bool:
