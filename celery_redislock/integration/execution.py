@@ -55,14 +55,13 @@ from . import handoff, signals
 from .recovery import longest_lease, this_start
 from .waiting import (
     SHORT_WAIT,
-    WAIT_HEADER,
     describe,
     follow,
     requeue,
     stop_following,
     visibility_ceiling,
-    wait_state,
 )
+from .waiting_run import WaitingRun, without_wait
 
 logger = logging.getLogger(__name__)
 
@@ -173,8 +172,8 @@ class _Attempt:
     limiters: Sequence[Any]
     description: str
     owner: str
-    #: The header of the wait so far (see :func:`~.waiting.wait_state`), or {}.
-    waited: Mapping[str, Any]
+    #: The wait so far, as the message carries it.
+    waited: WaitingRun
     promises: Dict[str, int]
     ticket: Ticket
     #: Eager runs have no queue to go back to, nor a broker to hand slots over through.
@@ -184,14 +183,12 @@ class _Attempt:
     @classmethod
     def of(cls, task: Any, setup: _Setup, args: Sequence[Any], kwargs: Mapping[str, Any],
            request: Any) -> _Attempt:
-        waited = wait_state(request)
+        waited = WaitingRun.of(request)
         eager = bool(request.is_eager)
-        promises = dict(waited.get("promises") or {})
+        promises = dict(waited.promises)
         promises.update(getattr(request, PROMISED, None) or {})
-        ticket = setup.no_ticket if not waited else Ticket(
-            waited.get("ticket") or "", bool(waited.get("express")), setup.no_ticket.keep_ms,
-            str(waited.get("copy") or ""),
-        )
+        ticket = setup.no_ticket if not waited.carried else Ticket(
+            waited.ticket, waited.express, setup.no_ticket.keep_ms, waited.copy)
         return cls(
             task=task, setup=setup, request=request,
             limiters=setup.limits.limiters(args, kwargs, setup.settings.prefix),
@@ -240,13 +237,13 @@ def run_limited(
     handed = None if request.is_eager else getattr(request, ADMITTED, None)
     if handed and handed.get(MAIN_RELEASES) and handed_young(handed):
         return _run_holding(task, request, Lease.of_handover(setup.client, handed), body,
-                            since=wait_state(request).get("since"))
+                            since=WaitingRun.of(request).since)
     attempt = _Attempt.of(task, setup, args, kwargs, request)
     if handed:
         lease = _adopt(attempt, handed)
         if lease is not None:
             return _holding(attempt, lease, body)
-    elif attempt.waited.get("follows") and not attempt.eager:
+    elif attempt.waited.follows and not attempt.eager:
         _follows_on(attempt, args, kwargs)
     outcome = _first_outcome(attempt)
     if outcome is _WITHOUT_SLOT:
@@ -376,7 +373,7 @@ def _ask_before_pool(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str
                      room: bool, may_wait: bool) -> BeforePool:
     """The lock store's answer for :func:`admit_before_pool`."""
     task, request = attempt.task, attempt.request
-    if attempt.waited.get("follows"):
+    if attempt.waited.follows:
         _follows_on(attempt, args, kwargs)
     short_wait = _short_wait(task, request)
     redelivered = (request.delivery_info or {}).get("redelivered")
@@ -540,7 +537,7 @@ def _run_holding(task: Any, request: Any, lease: Lease, body: Callable[[], Resul
 def _holding(attempt: _Attempt, lease: Lease, body: Callable[[], Result]) -> Result:
     """:func:`_run_holding` for a run that asked (``attempt``) and releases itself."""
     return _run_holding(attempt.task, attempt.request, lease, body,
-                        since=attempt.waited.get("since"), publish=attempt.setup.publish)
+                        since=attempt.waited.since, publish=attempt.setup.publish)
 
 
 def _follow_an_earlier_run(attempt: _Attempt, args: Sequence[Any],
@@ -610,7 +607,7 @@ def _follows_on(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any
     did, the run ends (``Ignore``); freed by its worker as dead, or its lease ran out
     unrenewed (its whole worker died), the run goes on to ask for a slot, as any
     waiting run."""
-    earlier = dict(attempt.waited["follows"])
+    earlier = dict(attempt.waited.follows or {})
     task, request = attempt.task, attempt.request
     try:
         now_ms, lease_end = holder_lease_end(attempt.setup.client, str(earlier["key"]),
@@ -627,8 +624,7 @@ def _follows_on(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any
     logger.warning("celery-redislock: task %s[%s]: the earlier run it followed died (its "
                    "slot of %r was freed unreleased); this copy asks for a slot",
                    task.name, request.id, earlier.get("name"))
-    stop_following(request)
-    attempt.waited = wait_state(request)
+    attempt.waited = stop_following(request)
 
 
 def _short_wait(task: Any, request: Any) -> float:
@@ -668,8 +664,9 @@ def outcome_time(outcome: Any) -> int:
 def _forget_wait(request: Any) -> None:
     """Admitted: the wait is over. Drop its header, which ``self.retry()`` would copy."""
     headers = getattr(request, "headers", None)
-    if isinstance(headers, dict) and WAIT_HEADER in headers:
-        request.headers = {k: v for k, v in headers.items() if k != WAIT_HEADER}
+    stripped = without_wait(headers)
+    if stripped is not headers:
+        request.headers = stripped
 
 
 def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequence[Any],

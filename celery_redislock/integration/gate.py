@@ -82,8 +82,8 @@ from .execution import (
     give_back_unstarted,
     release_for_pool,
 )
-from .handoff import WAIT_HEADER
 from .recovery import forget_copy, limits_of
+from .waiting_run import carries_wait
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +101,7 @@ def limited_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Call
     handler = default_strategy(task, app, gated, **options)
 
     def task_message_handler(message: Any, *args: Any, **kwargs: Any) -> Any:
-        headers = getattr(message, "headers", None) or {}
-        gated.copy_of_a_wait = WAIT_HEADER in headers
+        gated.copy_of_a_wait = carries_wait(getattr(message, "headers", None))
         try:
             return handler(message, *args, **kwargs)
         finally:

@@ -49,11 +49,10 @@ from ..config.settings import read_settings, redis_client
 from ..engine.keys import companion_key
 from ..engine.scripts import ENQUEUE, LEAVE_LINE, WAKE
 from . import signals
+from .waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
 
-#: The message header that carries a run's wait (see :mod:`celery_redislock.integration.waiting`).
-WAIT_HEADER = "redislock_wait"
 
 #: How long a slot handed to a waiter is kept for it (seconds, at most the lease):
 #: time for its express copy to reach a worker.
@@ -265,10 +264,8 @@ def _reject(app: Any, message: Any, exc: Exception) -> None:
 def _new_copy(fields: Dict[str, Any]) -> None:
     """Give the express copy about to be sent an identity of its own."""
     options = fields.setdefault("options", {})
-    headers = options.setdefault("headers", {})
-    wait = dict(headers.get(WAIT_HEADER) or {})
-    wait["copy"] = new_copy_id()
-    headers[WAIT_HEADER] = wait
+    headers = options.get("headers") or {}
+    options["headers"] = WaitingRun.of_headers(headers).but(copy=new_copy_id()).on(headers)
 
 
 def wake_waiters(app: Any, semaphore_key: str, lease: float = RESERVATION) -> int:

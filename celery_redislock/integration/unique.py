@@ -42,7 +42,7 @@ from ..engine.owned import OwnedLease
 from ..errors import AlreadyQueued, LockStoreUnavailable
 from .execution import run_limited, task_settings
 from .period import Deferred, check_period
-from .waiting import WAIT_HEADER
+from .waiting_run import carries_wait
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _is_resend(task: Any, task_id: str, options: Mapping[str, Any]) -> bool:
     """A message of a run that was sent already: the task's own ``self.retry()`` from its
     body, or the package re-queueing a waiting run (its message has the wait header)."""
     headers = options.get("headers")
-    if isinstance(headers, Mapping) and WAIT_HEADER in headers:
+    if carries_wait(headers):
         return True
     request = task.request
     return not request.called_directly and request.id == task_id

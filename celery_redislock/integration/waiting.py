@@ -6,11 +6,12 @@ not show in ``self.request.retries``. The run that was refused then ends with
 :class:`celery.exceptions.Ignore`: no result is stored and no callback runs; the
 re-published copy, which has the same task id, carries on.
 
-What the wait has been so far travels with the message in the ``redislock_wait`` header:
-when it started (on the Redis server's clock), how many times the run was refused, the
-start times rate limiters promised it, and its ticket in a semaphore's waiting line
-(see :mod:`celery_redislock.integration.handoff`): a freed slot is handed to the oldest waiter at
-once, so the countdown chosen here is only the fallback.
+What the wait has been so far travels with the message in the ``redislock_wait`` header
+(a :class:`~celery_redislock.integration.waiting_run.WaitingRun`): when it started (on
+the Redis server's clock), how many times the run was refused, the start times rate
+limiters promised it, and its ticket in a semaphore's waiting line (see
+:mod:`celery_redislock.integration.handoff`): a freed slot is handed to the oldest waiter
+at once, so the countdown chosen here is only the fallback.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..engine.keys import SEMAPHORE_MARK
 from ..engine.refusal import describe_error, error_kind, server_message
 from ..errors import LockWaitTimeout
 from . import handoff, signals
-from .handoff import WAIT_HEADER
+from .waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
 
@@ -71,17 +72,6 @@ RECHECKS_PER_SECOND = 20
 OTHER_COPY_DELAY = 1.0
 
 Refusal = Union[Busy, RateLimited, Paused, None]
-
-
-def wait_state(request: Any) -> Mapping[str, Any]:
-    """The ``redislock_wait`` header of a request, or {}.
-
-    ``{"since": ms, "attempts": n, "promises": {rate_key: start_us}, "ticket": str,
-    "express": bool}``
-    """
-    headers = getattr(request, "headers", None) or {}
-    state = headers.get(WAIT_HEADER)
-    return state if isinstance(state, dict) else {}
 
 
 def describe(refusal: Refusal, task: Any = None) -> str:
@@ -142,28 +132,28 @@ def requeue(
     Raises :class:`LockWaitTimeout` instead when the run has
     waited, or would have to wait, longer than ``policy.max_wait``.
     """
-    state = wait_state(request)
-    attempts = int(state.get("attempts", 0))
-    promises: Dict[str, int] = dict(state.get("promises") or {})
-    since, waited = _wait_so_far(state, refusal)
+    run = WaitingRun.of(request)
+    attempts = run.attempts
+    promises: Dict[str, int] = dict(run.promises)
+    since, waited = _wait_so_far(run, refusal)
     ceiling = visibility_ceiling(task)
     countdown, must_wait = _countdown(policy, attempts, refusal, promises, ceiling,
                                       _settings(task).rate_recheck)
     if policy.max_wait is not None:
         _give_up_if_too_long(task, request, policy.max_wait, refusal, client, waited,
-                             must_wait, state.get("ticket"), line_keys)
+                             must_wait, run.ticket or None, line_keys)
         countdown = min(countdown, max(policy.max_wait - waited, 0.0))
 
     joins_line = _joins_line(refusal, client, reserve_ms, since)
-    ticket = state.get("ticket") or None
+    ticket = run.ticket or None
     if joins_line:
         ticket = ticket or handoff.new_ticket(request.id)
-    wait = _wait_header(state, since, attempts + 1, promises, ticket, refusal)
-    headers = {**(getattr(request, "headers", None) or {}), WAIT_HEADER: wait}
+    wait = _sent_back(run, since, promises, ticket, refusal)
+    headers = wait.on(getattr(request, "headers", None))
     handoffs: list = []
     if joins_line:
         assert isinstance(refusal, (Busy, Paused)) and since is not None and ticket
-        handoffs = _join_line(task, request, args, kwargs, headers, refusal, client, ticket,
+        handoffs = _join_line(task, request, args, kwargs, wait, refusal, client, ticket,
                               since, policy.keep_ticket_ms(ceiling), reserve_ms)
     signature = task.signature_from_request(
         request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
@@ -220,10 +210,10 @@ def follow(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
     ran out unrenewed (its worker died), the copy carries on as a waiting run, in the
     line by the time the run first asked (see :func:`followed_run_ended`).
     """
-    state = wait_state(request)
-    wait = {"since": state.get("since") or earlier.get("since"),
-            "attempts": int(state.get("attempts", 0)) + 1, "follows": dict(earlier)}
-    headers = {**(getattr(request, "headers", None) or {}), WAIT_HEADER: wait}
+    run = WaitingRun.of(request)
+    wait = WaitingRun(since=run.since or earlier.get("since"), attempts=run.attempts + 1,
+                      follows=dict(earlier), carried=True)
+    headers = wait.on(getattr(request, "headers", None))
     signature = task.signature_from_request(
         request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
     )
@@ -234,19 +224,19 @@ def follow(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, An
     raise Ignore()
 
 
-def stop_following(request: Any) -> None:
+def stop_following(request: Any) -> WaitingRun:
     """The run followed an earlier run that was lost: from now on it waits as any run
-    does (its wait header no longer names the earlier run)."""
-    state = dict(wait_state(request))
-    state.pop("follows", None)
-    request.headers = {**(getattr(request, "headers", None) or {}), WAIT_HEADER: state}
+    does (its wait header no longer names the earlier run); its wait now."""
+    run = WaitingRun.of(request).but(follows=None)
+    run.put_on(request)
+    return run
 
 
-def _wait_so_far(state: Mapping[str, Any], refusal: Refusal) -> Tuple[Optional[int], float]:
+def _wait_so_far(run: WaitingRun, refusal: Refusal) -> Tuple[Optional[int], float]:
     """When the wait began (server ms; now, for a first refusal; None when the lock
     store was not reached) and how long it has lasted (seconds)."""
     now_ms = refusal.server_time_ms if refusal is not None else None
-    since = state.get("since") or now_ms
+    since = run.since or now_ms
     return since, (now_ms - since) / 1000.0 if now_ms is not None and since else 0.0
 
 
@@ -324,35 +314,33 @@ def _give_up_if_too_long(task: Any, request: Any, max_wait: float, refusal: Refu
     )
 
 
-def _wait_header(state: Mapping[str, Any], since: Optional[int], attempts: int,
-                 promises: Dict[str, int], ticket: Optional[str],
-                 refusal: Refusal) -> Dict[str, Any]:
-    """The ``redislock_wait`` header of the copy sent back."""
-    wait: Dict[str, Any] = {"since": since, "attempts": attempts, "promises": promises}
-    if ticket:
-        wait["ticket"] = ticket
-        # The lock store went away during the admission, which may have gone through
-        # before the answer was lost: then the line remembers this copy as the one
-        # admitted. The copy sent back is, to the line, this same copy, so that it still
-        # runs (once the slot the lost answer took comes back) instead of being turned
-        # away as served by another.
-        same_copy = refusal is None and bool(state.get("copy"))
-        wait["copy"] = state["copy"] if same_copy else handoff.new_copy_id()
-        if same_copy and state.get("express"):
-            wait["express"] = True
-    return wait
+def _sent_back(run: WaitingRun, since: Optional[int], promises: Dict[str, int],
+               ticket: Optional[str], refusal: Refusal) -> WaitingRun:
+    """The wait of the copy sent back (refused once more)."""
+    wait = WaitingRun(since=since, attempts=run.attempts + 1, promises=promises,
+                      carried=True)
+    if not ticket:
+        return wait
+    # The lock store went away during the admission, which may have gone through before
+    # the answer was lost: then the line remembers this copy as the one admitted. The
+    # copy sent back is, to the line, this same copy, so that it still runs (once the
+    # slot the lost answer took comes back) instead of being turned away as served by
+    # another.
+    same_copy = refusal is None and bool(run.copy)
+    return wait.but(ticket=ticket, copy=run.copy if same_copy else handoff.new_copy_id(),
+                    express=same_copy and run.express)
 
 
 def _join_line(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
-               headers: Dict[str, Any], refusal: Union[Busy, Paused], client: Any, ticket: str,
+               wait: WaitingRun, refusal: Union[Busy, Paused], client: Any, ticket: str,
                since: int, keep_ms: int, reserve_ms: int) -> list:
     """Put the run in the semaphore's waiting line, with the express copy of its message
-    to hand a freed slot to (signed with the app's ``redislock_signing_key`` if it has
-    one); the hand-offs the line made meanwhile, to publish."""
-    wait = headers[WAIT_HEADER]
+    (its wait ``wait``) to hand a freed slot to (signed with the app's
+    ``redislock_signing_key`` if it has one); the hand-offs the line made meanwhile, to
+    publish."""
     express = task.signature_from_request(
         request, args, kwargs,
-        headers={**headers, WAIT_HEADER: {**wait, "express": True}},
+        headers=wait.but(express=True).on(getattr(request, "headers", None)),
         retries=request.retries,
     )
     express.options.pop("countdown", None)
