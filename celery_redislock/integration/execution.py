@@ -29,10 +29,8 @@ from ..engine.admission import (
     Paused,
     RateLimit,
     RateLimited,
-    Served,
     SlotLimit,
     Ticket,
-    WouldAdmit,
     admit,
     declare_longest_lease,
     handed_young,
@@ -52,6 +50,7 @@ from ..engine.refusal import (
 from ..engine.scripts import is_cluster
 from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable, LockWaitTimeout
 from . import handoff, signals
+from .decide import Action, End, Hold, Run, SendBack, Situation, WaitHere, decide
 from .recovery import longest_lease, this_start
 from .waiting import (
     SHORT_WAIT,
@@ -376,26 +375,19 @@ def _ask_before_pool(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str
     if attempt.waited.follows:
         _follows_on(attempt, args, kwargs)
     short_wait = _short_wait(task, request)
-    redelivered = (request.delivery_info or {}).get("redelivered")
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
     outcome = attempt.admit(probe=not room, book_ms=int(short_wait * 1000)
                             if room and may_wait and not redelivered else 0)
-    if isinstance(outcome, WouldAdmit):
-        return Later(ROOM_POLL, attempt.promises, probed=True)
-    if isinstance(outcome, Booked):
-        return Later(outcome.wait, attempt.promises, booked=outcome)
-    if (may_wait and isinstance(outcome, RateLimited) and not outcome.other_copy
-            and outcome.wait <= short_wait):
-        if redelivered:
-            _follow_an_earlier_run(attempt, args, kwargs, outcome)
-        attempt.promises[outcome.key] = outcome.promise
-        return Later(outcome.wait, attempt.promises)
-    return _lease_or_wait(attempt, args, kwargs, outcome, may_sleep=False).handover()
-
-
-#: How often (s) the worker's main process looks whether a pool process is free for the
-#: runs it holds (a look at the worker's own state, no call to the lock store, made by
-#: one timer per worker and only while runs are held).
-ROOM_POLL = 0.002
+    action = decide(outcome, Situation(may_hold=may_wait, short_wait=short_wait,
+                                       redelivered=redelivered))
+    if not isinstance(action, Hold):
+        return _carry_out(attempt, args, kwargs, outcome, action).handover()
+    if action.look_for_earlier:
+        _follow_an_earlier_run(attempt, args, kwargs, outcome)
+    if action.promise is not None:
+        attempt.promises[action.promise[0]] = action.promise[1]
+    return Later(action.seconds, attempt.promises, probed=action.probed,
+                 booked=action.booked)
 
 
 def _without_store(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -447,30 +439,70 @@ def _first_outcome(attempt: _Attempt) -> Any:
 
 
 def _lease_or_wait(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
-                   outcome: Any, may_sleep: bool = True) -> Lease:
-    """The lease of an admitted run. A run not admitted ends here (``Ignore``: re-queued,
-    or served by another copy of its message), or, eager, waits for its lease in place.
-    ``may_sleep``: a run due to start very soon may wait for it here (not in the
-    worker's main process)."""
+                   outcome: Any) -> Lease:
+    """The lease of an admitted run, in a pool process (or an eager run's thread). A run
+    not admitted ends here (``Ignore``: re-queued, or served by another copy of its
+    message), or, eager, waits for its lease in place. A run due to start very soon
+    waits for it here rather than going round the broker, whose delivery delay (tens to
+    hundreds of milliseconds under a backlog) would make it late and lose the rate that
+    start stood for: the only wait inside a worker process, never longer than
+    :func:`_short_wait` at a time, twice at the most."""
+    request = attempt.request
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    short_wait = _short_wait(attempt.task, request)
+    for sleeps in range(SHORT_SLEEPS + 1):
+        action = decide(outcome, Situation(
+            eager=attempt.eager, may_hold=sleeps < SHORT_SLEEPS, short_wait=short_wait,
+            redelivered=redelivered and sleeps == 0))
+        if not isinstance(action, Hold):
+            break
+        if action.look_for_earlier:
+            _follow_an_earlier_run(attempt, args, kwargs, outcome)
+        outcome = _sleep_then_ask(attempt, action)
+    return _carry_out(attempt, args, kwargs, outcome, action)
+
+
+#: How many times a pool process sleeps for a rate limit's start before it sends the run
+#: back to the broker instead.
+SHORT_SLEEPS = 2
+
+
+def _sleep_then_ask(attempt: _Attempt, hold: Hold) -> Any:
+    """Sleep until the start ``hold`` promised, then ask again; None when the lock store
+    did not answer (the run is then sent back, as when it fails the first ask)."""
+    assert hold.promise is not None  # a pool process holds only for a promised start
+    attempt.promises[hold.promise[0]] = hold.promise[1]
+    time.sleep(hold.seconds)
+    try:
+        return attempt.admit()
+    except RedisError as exc:
+        report_store_error(attempt.task, attempt.request.id, _names(attempt.limiters), exc)
+        return None
+
+
+def _carry_out(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
+               outcome: Any, action: Action) -> Lease:
+    """Do what :func:`decide` chose (anything but a hold): the lease to run under, or the
+    run ends here (``Ignore``: re-queued, or served by another copy of its message), or,
+    eager, it waits for its lease in place."""
     task, request, limits = attempt.task, attempt.request, attempt.setup.limits
-    _end_if_another_copy_runs(attempt, outcome)
-    if (request.delivery_info or {}).get("redelivered") and not attempt.eager:
+    if isinstance(action, End):
+        logger.debug("celery-redislock: task %s[%s]: %s of %r", task.name, request.id,
+                     "served already" if action.why == "served"
+                     else "its reservation lapsed; its waiting copy carries on in the line",
+                     action.name)
+        raise Ignore()
+    assert not isinstance(action, Hold)
+    if not isinstance(action, WaitHere) and action.look_for_earlier:
         _follow_an_earlier_run(attempt, args, kwargs, outcome)
-    if isinstance(outcome, RateLimited) and not attempt.eager and may_sleep:
-        try:
-            outcome = _wait_briefly_for_start(attempt, outcome)
-        except RedisError as exc:
-            report_store_error(task, request.id, _names(attempt.limiters), exc)
-            outcome = None  # ask again later, as above
-        _end_if_another_copy_runs(attempt, outcome)
-    if isinstance(outcome, Lease):
-        return outcome
-    if not attempt.eager:
-        requeue(task, request, args, kwargs, limits.retry, outcome, attempt.setup.client,
-                attempt.reserve_ms if _joins_lines(attempt) else 0,
+    if isinstance(action, Run):
+        return action.lease
+    if isinstance(action, SendBack):
+        requeue(task, request, args, kwargs, limits.retry, action.refusal,
+                attempt.setup.client, attempt.reserve_ms if _joins_lines(attempt) else 0,
                 [limiter.key for limiter in attempt.limiters if isinstance(limiter, SlotLimit)])
     return _wait_in_place(task, limits, attempt.setup.client, attempt.limiters,
-                          attempt.description, attempt.owner, outcome)
+                          attempt.description, attempt.owner, action.refusal)
 
 
 def _joins_lines(attempt: _Attempt) -> bool:
@@ -480,22 +512,6 @@ def _joins_lines(attempt: _Attempt) -> bool:
     hash slots, admitted one slot after the other: it comes back on countdowns."""
     return not (is_cluster(attempt.setup.client)
                 and any(isinstance(limiter, RateLimit) for limiter in attempt.limiters))
-
-
-def _end_if_another_copy_runs(attempt: _Attempt, outcome: Any) -> None:
-    """Another copy of this run's message ran it; or this express copy lost its
-    reservation while the run still waits in line, and its countdown copy will come
-    back: this copy ends here (``Ignore``), without running."""
-    served = isinstance(outcome, Served)
-    lapsed = (isinstance(outcome, Busy) and outcome.express
-              and outcome.position is not None)
-    if not (served or lapsed):
-        return
-    logger.debug("celery-redislock: task %s[%s]: %s of %r", attempt.task.name,
-                 attempt.request.id, "served already" if served
-                 else "its reservation lapsed; its waiting copy carries on in the line",
-                 outcome.name)
-    raise Ignore()
 
 
 def _run_holding(task: Any, request: Any, lease: Lease, body: Callable[[], Result], *,
@@ -637,23 +653,6 @@ def _short_wait(task: Any, request: Any) -> float:
                               if isinstance(limit, (int, float)) and limit > 0)])
 
 
-def _wait_briefly_for_start(attempt: _Attempt, outcome: Any) -> Any:
-    """A run due to start within :func:`_short_wait` seconds waits for its start here
-    rather than going round the broker, whose delivery delay (tens to hundreds of
-    milliseconds under a backlog) would make it late and lose the rate that start stood
-    for. The only wait inside a worker process: never longer than that at a time, twice
-    at the most."""
-    short_wait = _short_wait(attempt.task, attempt.request)
-    for _ in range(2):
-        if (not isinstance(outcome, RateLimited) or outcome.wait > short_wait
-                or outcome.other_copy):
-            break
-        attempt.promises[outcome.key] = outcome.promise
-        time.sleep(outcome.wait)
-        outcome = attempt.admit()
-    return outcome
-
-
 def outcome_time(outcome: Any) -> int:
     """The server time (ms) an admission attempt saw, or 0 when unknown."""
     if isinstance(outcome, Lease):
@@ -670,7 +669,7 @@ def _forget_wait(request: Any) -> None:
 
 
 def _wait_in_place(task: Any, limits: TaskLimits, client: Any, limiters: Sequence[Any],
-                   description: str, owner: str, outcome: Outcome) -> Lease:
+                   description: str, owner: str, outcome: Any) -> Lease:
     """Eager runs (``apply()``, ``task_always_eager``) have no queue to go back to: they
     wait here, at most ``max_wait`` seconds."""
     max_wait = limits.retry.max_wait

@@ -18,7 +18,7 @@ their limits in the worker's main process, just before a request goes to the poo
   :mod:`.recovery`);
 * no pool process is free: the request is held here, in one first-come first-served
   queue per worker, and asked about once a pool process is free (one timer looks at the
-  worker's own state every :data:`~.execution.ROOM_POLL` seconds while the queue has
+  worker's own state every :data:`~.decide.ROOM_POLL` seconds while the queue has
   requests, and takes as many from its head as there are free processes; and the end
   of every limited run the main process hands to the pool serves the queue at once, so
   that a process freed by such a run is not left idle until the timer), so that a
@@ -71,11 +71,11 @@ from ..config.limit import TaskLimits
 from ..config.settings import read_settings
 from ..engine.admission import Booked
 from ..engine.refusal import describe_error
+from .decide import ROOM_POLL
 from .execution import (
     ADMITTED,
     MAIN_RELEASES,
     PROMISED,
-    ROOM_POLL,
     BeforePool,
     Later,
     admit_before_pool,
@@ -380,7 +380,7 @@ def _wait_for_room(consumer: Any, request: Any, handle: Callable[[Any], Any],
 
 def _serve_waiting_for_room(consumer: Any, room: _Room) -> None:
     """Gate again, from the head of the queue, as many held requests as there are free
-    pool processes; come back in :data:`~.execution.ROOM_POLL` while any are left."""
+    pool processes; come back in :data:`~.decide.ROOM_POLL` while any are left."""
     with _held_lock:
         free = _free_processes(consumer)
         taken = [room.queue.popleft() for _ in range(min(free, len(room.queue)))]

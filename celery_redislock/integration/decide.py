@@ -1,0 +1,145 @@
+"""What a run does after an admission: the decision alone, without doing it.
+
+:func:`decide` turns the lock store's answer (an :data:`~..engine.admission.Outcome`, or
+None when the store was not reached) and the run's :class:`Situation` into an
+:data:`Action`. It reads no clock and calls neither Redis nor Celery: the worker's main
+process (:func:`~.execution.admit_before_pool`) and the pool process
+(:func:`~.execution.run_limited`) call it, then carry the action out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple, Union
+
+from ..engine.admission import Booked, Busy, Lease, Paused, RateLimited, Served, WouldAdmit
+from .waiting import SHORT_WAIT
+
+#: How often (s) the worker's main process looks whether a pool process is free for the
+#: runs it holds (a look at the worker's own state, no call to the lock store, made by
+#: one timer per worker and only while runs are held).
+ROOM_POLL = 0.002
+
+#: Why a run was refused: a semaphore, a rate limit, a pause, or None when the lock
+#: store did not answer.
+Refusal = Union[Busy, RateLimited, Paused, None]
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the decision needs to know about the run besides the outcome.
+
+    ``eager``: run in the caller's thread (no queue to go back to); ``may_hold``: it may
+    be held for a start due within ``short_wait`` seconds (the main process: not held
+    too often yet; a pool process: slept fewer than twice); ``redelivered``: the broker
+    delivered its message again, and this is its first answer here (an earlier run of
+    the same task may still hold a slot).
+    """
+
+    eager: bool = False
+    may_hold: bool = True
+    short_wait: float = SHORT_WAIT
+    redelivered: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    """Admitted: the run starts under ``lease`` (the main process hands it to the pool).
+    ``look_for_earlier``: first look whether an earlier run of its task holds a slot."""
+
+    lease: Lease
+    look_for_earlier: bool = False
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Hold the run ``seconds`` where it is, then ask again (a pool process sleeps, the
+    main process keeps it on its timer): for the start ``promise`` (rate key, start µs)
+    a rate limiter promised it; or, ``probed``, it would be admitted but no pool process
+    is free; or until the start ``booked`` for it, then start it without asking."""
+
+    seconds: float
+    promise: Optional[Tuple[str, int]] = None
+    probed: bool = False
+    booked: Optional[Booked] = None
+    look_for_earlier: bool = False
+
+
+@dataclass(frozen=True)
+class SendBack:
+    """Re-publish the run to wait for ``refusal`` (with a countdown, in line for a
+    semaphore; it may give up instead, past its ``max_wait``: see
+    :func:`~.waiting.requeue`), and end this copy without running it."""
+
+    refusal: Refusal
+    look_for_earlier: bool = False
+
+
+@dataclass(frozen=True)
+class WaitHere:
+    """An eager run that was refused waits in the caller's thread for ``refusal`` to pass."""
+
+    refusal: Refusal
+
+
+@dataclass(frozen=True)
+class End:
+    """End this copy of the run without running it: ``served`` (another copy of its
+    message ran it) or ``lapsed`` (this express copy lost its reservation; the waiting
+    copy carries on in the line), for limit ``name``."""
+
+    why: str
+    name: str
+
+
+#: What a run does after an admission.
+Action = Union[Run, Hold, SendBack, WaitHere, End]
+
+
+def decide(outcome: Any, situation: Situation = Situation()) -> Action:
+    """The action for a run whose admission answered ``outcome`` (None: the lock store did
+    not answer; it is sent back, fail-closed).
+
+        >>> from celery_redislock.engine.admission import Served, RateLimited
+        >>> decide(Served(name="crawl", server_time_ms=0))
+        End(why='served', name='crawl')
+        >>> decide(RateLimited("r", "k", promise=7, wait=0.2, server_time_ms=0))
+        Hold(seconds=0.2, promise=('k', 7), probed=False, booked=None, look_for_earlier=False)
+        >>> type(decide(RateLimited("r", "k", promise=7, wait=3.0, server_time_ms=0)))
+        <class 'celery_redislock.integration.decide.SendBack'>
+        >>> decide(None)
+        SendBack(refusal=None, look_for_earlier=False)
+    """
+    if isinstance(outcome, WouldAdmit):
+        return Hold(ROOM_POLL, probed=True)
+    if isinstance(outcome, Booked):
+        return Hold(outcome.wait, booked=outcome)
+    ended = _ended(outcome)
+    if ended is not None:
+        return ended
+    look = situation.redelivered and not situation.eager and outcome is not None
+    if _holds_for_start(outcome, situation):
+        return Hold(outcome.wait, promise=(outcome.key, outcome.promise),
+                    look_for_earlier=look)
+    if isinstance(outcome, Lease):
+        return Run(outcome, look_for_earlier=look)
+    if situation.eager:
+        return WaitHere(outcome)
+    return SendBack(outcome, look_for_earlier=look)
+
+
+def _ended(outcome: Any) -> Optional[End]:
+    """Another copy of this run's message ran it; or this express copy lost its
+    reservation while the run still waits in line, and its countdown copy will come back."""
+    if isinstance(outcome, Served):
+        return End("served", outcome.name)
+    if isinstance(outcome, Busy) and outcome.express and outcome.position is not None:
+        return End("lapsed", outcome.name)
+    return None
+
+
+def _holds_for_start(outcome: Any, situation: Situation) -> bool:
+    """A start promised soon enough to wait for here rather than going round the broker
+    (never the fallback copy's promise, which another copy holds)."""
+    return (isinstance(outcome, RateLimited) and not situation.eager and situation.may_hold
+            and not outcome.other_copy and outcome.wait <= situation.short_wait)
