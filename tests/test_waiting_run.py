@@ -1,5 +1,5 @@
-"""The wait header as a type (WaitingRun) and the decision after an admission (decide):
-pure code, no Redis, no worker."""
+"""The wait header as a type (WaitingRun), the decision after an admission (decide) and
+how a refused run is sent back (plan_wait): pure code, no Redis, no worker."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from celery_redislock.config.retry import RetryPolicy
 from celery_redislock.engine.admission import (
     Booked,
     Busy,
@@ -29,6 +30,7 @@ from celery_redislock.integration.decide import (
     WaitHere,
     decide,
 )
+from celery_redislock.integration.waiting import GiveUp, SendBackPlan, plan_wait
 from celery_redislock.integration.waiting_run import (
     NOT_WAITING,
     WAIT_HEADER,
@@ -233,3 +235,62 @@ def test_decide_never_runs_a_refused_run_nor_drops_a_run(outcome, situation):
         assert situation.may_hold and action.seconds <= situation.short_wait
     if getattr(action, "look_for_earlier", False):
         assert situation.redelivered and not situation.eager
+
+
+# --- plan_wait: how a refused run is sent back, or gives up ----------------------------
+
+POLICY = RetryPolicy(backoff=1.0, backoff_max=60.0, jitter=False, max_wait=5.0)
+UNBOUNDED = RetryPolicy(backoff=1.0, backoff_max=60.0, jitter=False)
+NOW = 10_000
+
+
+def at_now(**changes: Any) -> Busy:
+    return busy(**{"server_time_ms": NOW, **changes})
+
+
+PLANS = [
+    # (run, refusal, policy, may_join, plan)
+    (NOT_WAITING, at_now(), POLICY, True, SendBackPlan(0.5, NOW, {}, True)),
+    (NOT_WAITING, at_now(), POLICY, False, SendBackPlan(0.5, NOW, {}, False)),
+    # in line already, third: back after its turn (2 x 3 turns), within max_wait
+    (NOT_WAITING, at_now(position=2), POLICY, True, SendBackPlan(5.0, NOW, {}, False)),
+    (WaitingRun(since=9_000, carried=True), at_now(), POLICY, True,
+     SendBackPlan(0.5, 9_000, {}, True)),
+    (WaitingRun(since=5_200, carried=True), at_now(), POLICY, True,  # 0.2 s left
+     SendBackPlan(pytest.approx(0.2), 5_200, {}, True)),
+    (WaitingRun(since=5_000, carried=True), at_now(), POLICY, True, GiveUp(5.0, 0.0, 5.0)),
+    (WaitingRun(since=4_000, carried=True), at_now(), UNBOUNDED, True,
+     SendBackPlan(0.5, 4_000, {}, True)),
+    (NOT_WAITING, rate(3.0, server_time_ms=NOW), POLICY, True,
+     SendBackPlan(1.0, NOW, {"rk": 42}, False)),
+    (NOT_WAITING, rate(6.0, server_time_ms=NOW), POLICY, True, GiveUp(0.0, 6.0, 5.0)),
+    (NOT_WAITING, rate(3.0, server_time_ms=NOW, other_copy=True), UNBOUNDED, True,
+     SendBackPlan(4.0, NOW, {}, False)),
+    (WaitingRun(since=7_000, carried=True), None, POLICY, True,  # no answer: no clock
+     SendBackPlan(1.0, 7_000, {}, False)),
+    (NOT_WAITING, None, POLICY, True, SendBackPlan(1.0, None, {}, False)),
+]
+
+
+@pytest.mark.parametrize("run, refusal, policy, may_join, plan", PLANS)
+def test_plan_wait(run, refusal, policy, may_join, plan):
+    assert plan_wait(run, refusal, policy, None, may_join=may_join) == plan
+
+
+@settings(max_examples=200, deadline=None)
+@given(since=st.one_of(st.none(), st.integers(1, NOW)), attempts=st.integers(0, 20),
+       hint=st.floats(0, 100), max_wait=st.one_of(st.none(), st.floats(0.1, 100)),
+       ceiling=st.one_of(st.none(), st.floats(0.1, 100)))
+def test_a_run_sent_back_comes_back_before_its_max_wait_and_ceiling(
+        since, attempts, hint, max_wait, ceiling):
+    policy = RetryPolicy(backoff=1.0, backoff_max=30.0, max_wait=max_wait)
+    run = WaitingRun(since=since, attempts=attempts, carried=True)
+    plan = plan_wait(run, at_now(retry_hint=hint), policy, ceiling, may_join=True)
+    waited = (NOW - since) / 1000 if since else 0.0
+    if isinstance(plan, GiveUp):
+        assert max_wait is not None and waited >= max_wait and plan.waited == waited
+        return
+    assert plan.since == (since or NOW) and plan.joins_line
+    assert 0 <= plan.countdown <= (ceiling if ceiling is not None else 30.0)
+    if max_wait is not None:
+        assert waited < max_wait and plan.countdown <= max_wait - waited + 1e-9

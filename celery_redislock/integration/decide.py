@@ -4,7 +4,9 @@
 None when the store was not reached) and the run's :class:`Situation` into an
 :data:`Action`. It reads no clock and calls neither Redis nor Celery: the worker's main
 process (:func:`~.execution.admit_before_pool`) and the pool process
-(:func:`~.execution.run_limited`) call it, then carry the action out.
+(:func:`~.execution.run_limited`) call it, then carry the action out. How a run is sent
+back (its countdown, its place in line), or gives up past its ``max_wait``, is decided
+the same way, by :func:`~.waiting.plan_wait`.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class Hold:
 class SendBack:
     """Re-publish the run to wait for ``refusal`` (with a countdown, in line for a
     semaphore; it may give up instead, past its ``max_wait``: see
-    :func:`~.waiting.requeue`), and end this copy without running it."""
+    :func:`~.waiting.plan_wait`), and end this copy without running it."""
 
     refusal: Refusal
     look_for_earlier: bool = False

@@ -20,6 +20,7 @@ import contextlib
 import datetime
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
 from celery.exceptions import Ignore
@@ -133,22 +134,17 @@ def requeue(
     waited, or would have to wait, longer than ``policy.max_wait``.
     """
     run = WaitingRun.of(request)
-    attempts = run.attempts
-    promises: Dict[str, int] = dict(run.promises)
-    since, waited = _wait_so_far(run, refusal)
     ceiling = visibility_ceiling(task)
-    countdown, must_wait = _countdown(policy, attempts, refusal, promises, ceiling,
-                                      _settings(task).rate_recheck)
-    if policy.max_wait is not None:
-        _give_up_if_too_long(task, request, policy.max_wait, refusal, client, waited,
-                             must_wait, run.ticket or None, line_keys)
-        countdown = min(countdown, max(policy.max_wait - waited, 0.0))
-
-    joins_line = _joins_line(refusal, client, reserve_ms, since)
+    plan = plan_wait(run, refusal, policy, ceiling, _settings(task).rate_recheck,
+                     may_join=client is not None and reserve_ms > 0)
+    if isinstance(plan, GiveUp):
+        _give_up(task, request, plan, refusal, client, run.ticket or None, line_keys)
+    attempts, countdown, since, joins_line = (run.attempts, plan.countdown, plan.since,
+                                              plan.joins_line)
     ticket = run.ticket or None
     if joins_line:
         ticket = ticket or handoff.new_ticket(request.id)
-    wait = _sent_back(run, since, promises, ticket, refusal)
+    wait = _sent_back(run, since, dict(plan.promises), ticket, refusal)
     headers = wait.on(getattr(request, "headers", None))
     handoffs: list = []
     if joins_line:
@@ -168,6 +164,56 @@ def requeue(
                task.name, request.id, describe(refusal, task),
                until_when(refusal, countdown, joins_line), countdown, attempts + 1)
     raise Ignore()
+
+
+@dataclass(frozen=True)
+class SendBackPlan:
+    """How a refused run is sent back: after ``countdown`` seconds, its wait begun at
+    ``since`` (server ms; None when the lock store was never reached), with the starts
+    rate limiters promised it (``promises``), in the semaphore's waiting line if
+    ``joins_line``."""
+
+    countdown: float
+    since: Optional[int]
+    promises: Mapping[str, int]
+    joins_line: bool
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """The run has waited ``waited`` seconds and would wait ``must_wait`` more: past its
+    ``max_wait``, it fails with :class:`LockWaitTimeout`."""
+
+    waited: float
+    must_wait: float
+    max_wait: float
+
+
+def plan_wait(run: WaitingRun, refusal: Refusal, policy: RetryPolicy,
+              ceiling: Optional[float], recheck: Optional[float] = 1.0,
+              may_join: bool = False) -> Union[SendBackPlan, GiveUp]:
+    """What :func:`requeue` does with ``run`` after ``refusal``, decided without a call
+    or a clock: the refusal's server time is now. ``ceiling``: the longest countdown (see
+    :func:`visibility_ceiling`); ``recheck``: ``redislock_rate_recheck``; ``may_join``:
+    the run may wait in a semaphore's line (hand-offs are wanted).
+
+        >>> from celery_redislock.engine.admission import Busy
+        >>> busy = Busy("crawl", 1, 1, 0.5, None, server_time_ms=10_000, key="k:s:crawl")
+        >>> policy = RetryPolicy(backoff=1.0, backoff_max=60.0, jitter=False, max_wait=5.0)
+        >>> plan_wait(WaitingRun(since=9_000, carried=True), busy, policy, None, may_join=True)
+        SendBackPlan(countdown=0.5, since=9000, promises={}, joins_line=True)
+        >>> plan_wait(WaitingRun(since=4_000, carried=True), busy, policy, None)
+        GiveUp(waited=6.0, must_wait=0.0, max_wait=5.0)
+    """
+    promises: Dict[str, int] = dict(run.promises)
+    since, waited = _wait_so_far(run, refusal)
+    countdown, must_wait = _countdown(policy, run.attempts, refusal, promises, ceiling,
+                                      recheck)
+    if policy.max_wait is not None:
+        if _too_long(policy.max_wait, waited, must_wait):
+            return GiveUp(waited, must_wait, policy.max_wait)
+        countdown = min(countdown, max(policy.max_wait - waited, 0.0))
+    return SendBackPlan(countdown, since, promises, _joins_line(refusal, may_join, since))
 
 
 def until_when(refusal: Refusal, countdown: float, in_line: bool) -> str:
@@ -240,12 +286,12 @@ def _wait_so_far(run: WaitingRun, refusal: Refusal) -> Tuple[Optional[int], floa
     return since, (now_ms - since) / 1000.0 if now_ms is not None and since else 0.0
 
 
-def _joins_line(refusal: Refusal, client: Any, reserve_ms: int, since: Optional[int]) -> bool:
+def _joins_line(refusal: Refusal, may_join: bool, since: Optional[int]) -> bool:
     """Whether a refused run takes (or keeps, by asking again) a place in a semaphore's
     waiting line, when hand-offs are wanted: one refused by a full semaphore, and not in
     its line yet; one refused by a paused semaphore, every time (which keeps its ticket
     alive however long the pause lasts), so that ``resume`` hands it a slot at once."""
-    if client is None or reserve_ms <= 0 or since is None:
+    if not may_join or since is None:
         return False
     if isinstance(refusal, Busy):
         return refusal.position is None
@@ -296,13 +342,16 @@ def rate_countdown(refusal: RateLimited, recheck: Optional[float] = 1.0) -> floa
                           refusal.ahead / RECHECKS_PER_SECOND))
 
 
-def _give_up_if_too_long(task: Any, request: Any, max_wait: float, refusal: Refusal,
-                         client: Any, waited: float, must_wait: float,
-                         ticket: Optional[str], line_keys: Sequence[str] = ()) -> None:
-    """Raise :class:`LockWaitTimeout` (leaving the waiting lines) when the run has
-    waited, or would have to wait, ``max_wait`` seconds or more."""
-    if waited + must_wait < max_wait or (waited <= 0 and must_wait <= 0):
-        return
+def _too_long(max_wait: float, waited: float, must_wait: float) -> bool:
+    """Whether a run has waited, or would have to wait, ``max_wait`` seconds or more (a
+    run that has not waited and need not wait never has)."""
+    return not (waited + must_wait < max_wait or (waited <= 0 and must_wait <= 0))
+
+
+def _give_up(task: Any, request: Any, plan: GiveUp, refusal: Refusal, client: Any,
+             ticket: Optional[str], line_keys: Sequence[str] = ()) -> NoReturn:
+    """Raise :class:`LockWaitTimeout`, leaving the waiting lines."""
+    max_wait, waited, must_wait = plan.max_wait, plan.waited, plan.must_wait
     keys = [refusal.key] if isinstance(refusal, (Busy, Paused)) else list(line_keys)
     if ticket and client is not None and keys:
         with contextlib.suppress(RedisError):  # else dropped when its time runs out
