@@ -188,3 +188,11 @@ def test_a_history_without_settling_is_a_defect() -> None:
     verdict = check([sent("a"), *body("a", "a1", 1 * S, 2 * S), final("a")])
     assert not verdict.settled and verdict.defects()
     assert OPEN > 10**18
+
+
+def test_a_lease_lost_is_a_defect_only_when_the_store_kept_its_data() -> None:
+    events = [sent("a"), *body("a", "a1", 1 * S, 2 * S), final("a"), SETTLE,
+              {"kind": "lease_lost", "t": 1 * S + 5, "task": "a"}]
+    assert check(events).defects() == []
+    kept = check([*events, {"kind": "run", "t": 0, "persistence": "aof"}])
+    assert kept.defects() == ["1 lease(s) lost though the lock store kept its data"]

@@ -15,6 +15,8 @@ A history is a list of event dicts (see :mod:`.events`), each with ``kind`` and 
 ``final``    ``task``, ``state``, ``error`` (the exception's name for a failure)
 ``settle``   once everything has settled: ``held`` (slots still held, per key),
              ``no_ttl`` (lock store keys without a time to live)
+``run``      the run's set-up: ``persistence`` (``aof``: the lock store keeps its data)
+``lease_lost`` a renewal found a running body's lease ended (the signal)
 
 What counts as a defect is in :meth:`Verdict.defects`.
 """
@@ -117,6 +119,8 @@ class Verdict:
     #: Bodies that never ended, though no fault killed them.
     unended: List[str] = field(default_factory=list)
     lease_lost: int = 0
+    #: The lock store kept its data (AOF): then no lease may be lost (docs/reliability.md).
+    keeps_data: bool = False
     held: Dict[str, int] = field(default_factory=dict)
     no_ttl: List[str] = field(default_factory=list)
     settled: bool = False
@@ -131,6 +135,8 @@ class Verdict:
         found += [f"failed: task {task} ({error})" for task, error in self.failed.items()]
         found += [f"ran again, unexplained: {run}" for run in self.repeated_unexplained]
         found += [f"body {run} never ended, and no fault killed it" for run in self.unended]
+        if self.keeps_data and self.lease_lost:
+            found.append(f"{self.lease_lost} lease(s) lost though the lock store kept its data")
         found += [f"{key}: {count} slots still held once settled"
                   for key, count in self.held.items() if count]
         found += [f"{key}: lock store key without a time to live" for key in self.no_ttl]
@@ -152,6 +158,8 @@ def check(events: Iterable[Event]) -> Verdict:
     verdict.rates = rate_peaks(sent, bodies, data_losses(faults))
     verdict.unended = [body.run for body in bodies if body.until == OPEN]
     verdict.lease_lost = sum(event["kind"] == "lease_lost" for event in history)
+    verdict.keeps_data = any(event["kind"] == "run" and event.get("persistence") == "aof"
+                             for event in history)
     check_final(verdict, history, sent, bodies, faults)
     classify_repeats(verdict, sent, bodies, faults)
     for event in history:

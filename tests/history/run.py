@@ -56,6 +56,8 @@ def run(options: Options) -> Outcome:
     workers = Workers(servers.urls, logs, options.pool)
     try:
         record = Recorder(servers.urls.record)
+        record.event("run", seed=options.seed, persistence=options.persistence,
+                     pool=options.pool, tasks=options.tasks, faults_for=options.faults_for)
         workers.start()
         app = create_app(servers.urls)
         sent = drive(options, app, servers, workers, record)
