@@ -37,6 +37,11 @@
                            (a wait then shows to Celery as a run that ended IGNORED);
                            one lock-store request less per run, for throughput-bound
                            apps of very short tasks (see docs/benchmarks.md).
+``redislock_gate``         How the worker's main process asks the lock store before the
+                           pool: ``"blocking"`` (the default) waits for each answer (at
+                           most 1 s); ``"async"`` (experimental) sends the admissions on
+                           a connection driven by the worker's event loop, batched, and
+                           never waits (prefork and solo pools; others ask blocking).
 ``redislock_rate_recheck`` Seconds (default 1.0): a run promised a rate start further
                            away asks again after at least this long (and a tenth of its
                            wait), so that a rate changed at run time reaches it; ``None``:
@@ -82,6 +87,8 @@ class Settings:
     rate_recheck: Optional[float] = 1.0
     #: ``redislock_admit_before_pool``: limits asked in the worker's main process.
     admit_before_pool: bool = True
+    #: ``redislock_gate``: ``"blocking"`` or ``"async"`` (see :data:`GATES`).
+    gate: str = "blocking"
     #: ``redislock_max_lease``: the longest lease (s) of any holder, at least; None: the
     #: longest lease of the app's limited tasks.
     max_lease: Optional[float] = None
@@ -116,6 +123,7 @@ def read_settings(app: Any) -> Settings:
                     require_noeviction=_flag(conf, "redislock_require_noeviction", False),
                     rate_recheck=_rate_recheck(conf),
                     admit_before_pool=_flag(conf, "redislock_admit_before_pool", True),
+                    gate=_gate(conf),
                     max_lease=_seconds(conf, "redislock_max_lease"))
 
 
@@ -125,6 +133,19 @@ def _flag(conf: Any, name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise LockConfigurationError(f"setting {name} must be True or False, not {value!r}")
     return value
+
+
+#: The values of ``redislock_gate``.
+GATES = ("blocking", "async")
+
+
+def _gate(conf: Any) -> str:
+    """``redislock_gate``: one of :data:`GATES`."""
+    value = conf.get("redislock_gate", "blocking")
+    if value not in GATES:
+        raise LockConfigurationError(
+            f"setting redislock_gate must be 'blocking' or 'async', not {value!r}")
+    return str(value)
 
 
 def _rate_recheck(conf: Any) -> Optional[float]:

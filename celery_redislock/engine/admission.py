@@ -732,36 +732,89 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
                  description: str, promises: Mapping[str, int], ticket: Ticket,
                  reserve_ms: int, probe: bool = False, book_ms: int = 0) -> Outcome:
     """One admit.lua call for limiters that share a Redis node and hash slot."""
-    bound = grace_bound_ms(client, lease)
-    reply = ADMIT.run(
-        client,
-        [limiter.key for limiter in limiters],
-        [token, milliseconds(lease), description, ticket.id, ticket.mode, ticket.keep_ms,
-         reserve_ms, *(limiter.spec(promises) for limiter in limiters),
-         -1 if is_cluster(client) else seen_incarnation(client),
-         *(("1" if probe else "0", book_ms, bound)
-           if probe or book_ms or bound > milliseconds(lease) else ())],
-    )
-    if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended last"
-        now_ms, lease_end, fence, contended, last = map(int, reply.split())
-        saw_incarnation(client, fence)
-        return _lease(client, limiters, token, lease, description, reserve_ms,
-                      now_ms, lease_end, fence, contended, last, [])
-    status, now_ms, index = int(reply[0]), int(reply[1]), int(reply[2])
-    a, b, c, d = reply[3:7]
-    handoffs = list(reply[7:])
-    if status == 1:
-        saw_incarnation(client, int(b))
-        return _lease(client, limiters, token, lease, description, reserve_ms,
-                      now_ms, int(a), int(b), int(c), int(d), handoffs)
-    if status == 5:
-        return WouldAdmit(server_time_ms=now_ms, handoffs=handoffs)
-    if status == 6:
-        start_ms = int(a) // 1000
-        return _booked(limiters[index - 1], _lease(
-            client, limiters, token, lease, description, reserve_ms, start_ms,
-            start_ms + milliseconds(lease), 0, 0, 0, []), int(b), int(c), now_ms, handoffs)
-    return _refusal(limiters[index - 1], status, now_ms, (a, b, c, d), ticket, handoffs)
+    call = AdmitCall.of(client, limiters, token, lease, description, promises, ticket,
+                        reserve_ms, probe, book_ms)
+    return call.outcome(ADMIT.run(client, call.keys, call.args))
+
+
+@dataclass(frozen=True)
+class AdmitCall:
+    """One admit.lua call, as keys and arguments, and what its reply means: for
+    :func:`admit`, and for a caller that sends the script itself and gets the reply later
+    (the worker's main process, see :func:`prepare_admit`)."""
+
+    client: Any
+    limiters: Sequence[Limiter]
+    token: str
+    lease: float
+    description: str
+    ticket: Ticket
+    reserve_ms: int
+    keys: List[str]
+    args: List[Any]
+
+    @classmethod
+    def of(cls, client: Any, limiters: Sequence[Limiter], token: str, lease: float,
+           description: str, promises: Mapping[str, int], ticket: Ticket, reserve_ms: int,
+           probe: bool = False, book_ms: int = 0) -> AdmitCall:
+        bound = grace_bound_ms(client, lease)
+        args = [token, milliseconds(lease), description, ticket.id, ticket.mode,
+                ticket.keep_ms, reserve_ms, *(limiter.spec(promises) for limiter in limiters),
+                -1 if is_cluster(client) else seen_incarnation(client),
+                *(("1" if probe else "0", book_ms, bound)
+                  if probe or book_ms or bound > milliseconds(lease) else ())]
+        return cls(client, limiters, token, lease, description, ticket, reserve_ms,
+                   [limiter.key for limiter in limiters], args)
+
+    def outcome(self, reply: Any) -> Outcome:
+        """The outcome that admit.lua's ``reply`` stands for."""
+        client, limiters, token, lease = self.client, self.limiters, self.token, self.lease
+        description, reserve_ms = self.description, self.reserve_ms
+        if not isinstance(reply, list):  # admitted: "now_ms lease_end_ms fence contended last"
+            now_ms, lease_end, fence, contended, last = map(int, reply.split())
+            saw_incarnation(client, fence)
+            return _lease(client, limiters, token, lease, description, reserve_ms,
+                          now_ms, lease_end, fence, contended, last, [])
+        status, now_ms, index = int(reply[0]), int(reply[1]), int(reply[2])
+        a, b, c, d = reply[3:7]
+        handoffs = list(reply[7:])
+        if status == 1:
+            saw_incarnation(client, int(b))
+            return _lease(client, limiters, token, lease, description, reserve_ms,
+                          now_ms, int(a), int(b), int(c), int(d), handoffs)
+        if status == 5:
+            return WouldAdmit(server_time_ms=now_ms, handoffs=handoffs)
+        if status == 6:
+            start_ms = int(a) // 1000
+            return _booked(limiters[index - 1], _lease(
+                client, limiters, token, lease, description, reserve_ms, start_ms,
+                start_ms + milliseconds(lease), 0, 0, 0, []), int(b), int(c), now_ms,
+                handoffs)
+        return _refusal(limiters[index - 1], status, now_ms, (a, b, c, d), self.ticket,
+                        handoffs)
+
+
+def prepare_admit(
+    client: Any,
+    limiters: Sequence[Limiter],
+    *,
+    lease: float,
+    description: str = "",
+    promises: Optional[Mapping[str, int]] = None,
+    owner: str = "",
+    ticket: Optional[Ticket] = None,
+    reserve_ms: int = 0,
+    probe: bool = False,
+    book_ms: int = 0,
+) -> Optional[AdmitCall]:
+    """:func:`admit` as one script call for the caller to send (``EVALSHA`` of
+    :data:`~.scripts.ADMIT` with ``call.keys`` and ``call.args``) and its reply to read
+    (``call.outcome(reply)``); None when it takes more than one call (limiters in several
+    Redis Cluster hash slots): the caller calls :func:`admit` instead."""
+    if len(limiters) > 1 and is_cluster(client) and len(_groups(client, limiters)) > 1:
+        return None
+    return AdmitCall.of(client, limiters, owner + new_token(), lease, description,
+                        promises or {}, ticket or NO_TICKET, reserve_ms, probe, book_ms)
 
 
 def _booked(limiter: Limiter, lease: Lease, wait_ms: int, counted_until_us: int,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from importlib import resources
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
@@ -57,6 +57,19 @@ class LuaScript:
         caller that sends it itself (it must handle ``NoScriptError``)."""
         holder = getattr(client, "connection_pool", client)
         return "EVALSHA", self.plain_sha if getattr(holder, _PLAIN, False) else self.sha
+
+    def eval_again(self, client: Any, error: str) -> Optional[Tuple[str, str]]:
+        """For a caller that sent :meth:`evalsha` itself and got the error reply
+        ``error``: the start of the ``EVAL`` to send instead (the server did not know the
+        script; or, Redis before 7, its flags), or None when the error is the script's."""
+        holder = getattr(client, "connection_pool", client)
+        plain = getattr(holder, _PLAIN, False)
+        if error.startswith("NOSCRIPT"):
+            return "EVAL", self.plain_source if plain else self.source
+        if not plain and "Error compiling script" in error:
+            setattr(holder, _PLAIN, True)
+            return "EVAL", self.plain_source
+        return None
 
     def run(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script on ``client`` (a redis-py client, or a cluster client when every

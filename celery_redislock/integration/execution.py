@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from celery.exceptions import Ignore
 from celery.signals import worker_process_shutdown, worker_shutdown
@@ -22,6 +22,7 @@ from ..config.limit import TaskLimits
 from ..config.settings import Settings, read_settings, redis_client
 from ..engine.admission import (
     FREED_AS_LOST,
+    AdmitCall,
     Booked,
     Busy,
     Lease,
@@ -36,6 +37,7 @@ from ..engine.admission import (
     handed_young,
     holder_lease_end,
     owner_prefix,
+    prepare_admit,
 )
 from ..engine.channel import limit_waits, settle_all
 from ..engine.holder import parse_holder, unit_of
@@ -202,10 +204,13 @@ class _Attempt:
     def admit(self, probe: bool = False, book_ms: int = 0) -> Outcome:
         """One admission attempt (a probe, a booking: see :func:`admit`); the hand-offs
         it brings are published at once."""
-        outcome = admit(self.setup.client, self.limiters, lease=self.setup.limits.lease,
-                        description=self.description, promises=self.promises,
-                        owner=self.owner, ticket=self.ticket, reserve_ms=self.reserve_ms,
-                        probe=probe, book_ms=book_ms)
+        return self.published(admit(
+            self.setup.client, self.limiters, lease=self.setup.limits.lease,
+            description=self.description, promises=self.promises, owner=self.owner,
+            ticket=self.ticket, reserve_ms=self.reserve_ms, probe=probe, book_ms=book_ms))
+
+    def published(self, outcome: Outcome) -> Outcome:
+        """``outcome``, the hand-offs it brings published."""
         if outcome.handoffs:
             handoff.publish(self.task.app, outcome.handoffs)
         return outcome
@@ -342,6 +347,18 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool
       gave up waiting: its failure belongs in the task's trace; ``redislock_fail_open``
       and the lock store failed).
     """
+    asking = ask_before_pool(task, limits, request, room=room, promises=promises,
+                             may_wait=may_wait)
+    return asking.blocking() if isinstance(asking, Asking) else asking
+
+
+def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool = True,
+                    promises: Optional[Mapping[str, int]] = None,
+                    may_wait: bool = True) -> Union[BeforePool, Asking]:
+    """:func:`admit_before_pool` up to the admission: the answer when it needs none (the
+    package is disabled, the main process asks no store for a while after a failure),
+    else the :class:`Asking` that asks the store (blocking, or sent by the caller, which
+    hands it the reply: the worker's event loop, see :mod:`.hub_store`)."""
     if not limits.rules:
         return None
     setup = _Setup.of(task, limits)
@@ -354,30 +371,98 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool
         return _without_store(attempt, args, kwargs, None)
     attempt.description = _describe_unadopted(task.name, request.hostname, request.id,
                                               _args_of(request))
-    limit_waits(setup.client, MAIN_PROCESS_TIMEOUT)
+    asking = Asking(attempt, args, kwargs, room, may_wait)
     try:
-        return _ask_before_pool(attempt, args, kwargs, room, may_wait)
+        if attempt.waited.follows:
+            _follows_on(attempt, args, kwargs)
     except RedisError as exc:
+        return asking.failed(exc)
+    except LockWaitTimeout:
+        return None
+    return asking
+
+
+@dataclass
+class Asking:
+    """One run's admission in the worker's main process, between the question and the
+    answer: :meth:`blocking` asks and answers; or the caller sends :meth:`call` itself
+    and hands the reply to :meth:`replied` (or the failure to :meth:`failed`). Either way
+    the outcome goes through :func:`decide` and is carried out by :meth:`answered`."""
+
+    attempt: _Attempt
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    room: bool
+    may_wait: bool
+
+    def __post_init__(self) -> None:
+        request = self.attempt.request
+        self.short_wait = _short_wait(self.attempt.task, request)
+        self.redelivered = bool((request.delivery_info or {}).get("redelivered"))
+        self.probe = not self.room
+        self.book_ms = (int(self.short_wait * 1000)
+                        if self.room and self.may_wait and not self.redelivered else 0)
+
+    @property
+    def client(self) -> Any:
+        """The lock store's client (its connection settings, its scripts' state)."""
+        return self.attempt.setup.client
+
+    def blocking(self) -> BeforePool:
+        """Ask the lock store, waiting at most :data:`MAIN_PROCESS_TIMEOUT`."""
+        limit_waits(self.client, MAIN_PROCESS_TIMEOUT)
+        try:
+            outcome = self.attempt.admit(probe=self.probe, book_ms=self.book_ms)
+        except RedisError as exc:
+            return self.failed(exc)
+        except LockWaitTimeout:
+            return None
+        return self.answered(outcome)
+
+    def call(self) -> Optional[AdmitCall]:
+        """The one script call of the admission, for a caller that sends it itself; None
+        when it takes more than one (Redis Cluster): :meth:`blocking` then."""
+        attempt = self.attempt
+        return prepare_admit(
+            self.client, attempt.limiters, lease=attempt.setup.limits.lease,
+            description=attempt.description, promises=attempt.promises,
+            owner=attempt.owner, ticket=attempt.ticket, reserve_ms=attempt.reserve_ms,
+            probe=self.probe, book_ms=self.book_ms)
+
+    def replied(self, call: AdmitCall, reply: Any) -> BeforePool:
+        """The answer for the lock store's ``reply`` to ``call`` (a failure of the
+        connection as a ``RedisError``)."""
+        if isinstance(reply, RedisError):
+            return self.failed(reply)
+        return self.answered(self.attempt.published(call.outcome(reply)))
+
+    def answered(self, outcome: Any) -> BeforePool:
+        """Decide on ``outcome`` and carry the decision out (see
+        :func:`admit_before_pool`)."""
+        try:
+            return _ask_before_pool(self.attempt, self.args, self.kwargs, outcome,
+                                    self.may_wait, self.short_wait, self.redelivered)
+        except RedisError as exc:
+            return self.failed(exc)
+        except LockWaitTimeout:
+            return None
+
+    def failed(self, exc: RedisError) -> BeforePool:
+        """The lock store failed the main process: the run is sent back to wait for it
+        (see :func:`_without_store`); a store that cannot be reached is not asked again
+        for :data:`MAIN_PROCESS_PAUSE_AFTER_ERROR`."""
         if is_transient(exc):
             # The worker's main process must not wait on a lock store that does not
             # answer (a connect timeout stalls its event loop): for a while it asks no
             # more.
             _main_process_skips_until[0] = time.monotonic() + MAIN_PROCESS_PAUSE_AFTER_ERROR
-        return _without_store(attempt, args, kwargs, exc)
-    except LockWaitTimeout:
-        return None
+        return _without_store(self.attempt, self.args, self.kwargs, exc)
 
 
 def _ask_before_pool(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
-                     room: bool, may_wait: bool) -> BeforePool:
-    """The lock store's answer for :func:`admit_before_pool`."""
-    task, request = attempt.task, attempt.request
-    if attempt.waited.follows:
-        _follows_on(attempt, args, kwargs)
-    short_wait = _short_wait(task, request)
-    redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    outcome = attempt.admit(probe=not room, book_ms=int(short_wait * 1000)
-                            if room and may_wait and not redelivered else 0)
+                     outcome: Any, may_wait: bool, short_wait: float,
+                     redelivered: bool) -> BeforePool:
+    """The answer of :func:`admit_before_pool` for the lock store's ``outcome``."""
     action = decide(outcome, Situation(may_hold=may_wait, short_wait=short_wait,
                                        redelivered=redelivered))
     if not isinstance(action, Hold):

@@ -60,7 +60,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, Union
 
 from celery.exceptions import Ignore
 from celery.worker import state as worker_state
@@ -71,17 +71,21 @@ from ..config.limit import TaskLimits
 from ..config.settings import read_settings
 from ..engine.admission import Booked
 from ..engine.refusal import describe_error
+from ..engine.scripts import ADMIT
 from .decide import ROOM_POLL
 from .execution import (
     ADMITTED,
+    MAIN_PROCESS_TIMEOUT,
     MAIN_RELEASES,
     PROMISED,
+    Asking,
     BeforePool,
     Later,
-    admit_before_pool,
+    ask_before_pool,
     give_back_unstarted,
     release_for_pool,
 )
+from .hub_store import HubStore, drives, hub_store
 from .recovery import forget_copy, limits_of
 from .waiting_run import carries_wait
 
@@ -225,18 +229,46 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     room = _pool_has_room(consumer)
     if not room and hold.may_wait_unprobed():
         return _wait_for_room(consumer, request, handle, hold)
+    return _settle(consumer, request, handle, hold, limits, lambda: ask_before_pool(
+        task, limits, request._context, room=room, promises=hold.promises,
+        may_wait=hold.waits < SHORT_WAITS))
+
+
+def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+            limits: TaskLimits, step: Callable[[], Union[BeforePool, Asking]]) -> Any:
+    """Act on the answer of ``step`` for ``request`` (see :func:`_act_on_answer`): an
+    admission still to ask is asked blocking, or (``redislock_gate = "async"``) sent on
+    the worker's event loop, whose reply comes back here, the same way, later. A run sent
+    back or ended (``Ignore``) has its message acknowledged here."""
     try:
-        answer = admit_before_pool(task, limits, request._context, room=room,
-                                   promises=hold.promises, may_wait=hold.waits < SHORT_WAITS)
+        answer = step()
+        if isinstance(answer, Asking):
+            store = _store_of(consumer, answer)
+            call = None if store is None else answer.call()
+            if store is None or call is None:
+                answer = answer.blocking()
+            else:
+                asking, admit_call = answer, call
+                store.run_script(ADMIT, call.keys, call.args, lambda reply: _settle(
+                    consumer, request, handle, hold, limits,
+                    lambda: asking.replied(admit_call, reply)))
+                return None
     except Ignore:
         forget_copy(request)
         request.acknowledge()
         return None
     except Exception as exc:  # never lose a request: the pool process decides instead
         logger.warning("celery-redislock: task %s[%s]: could not ask its limits before the "
-                       "pool (%r); the pool process asks", task.name, request.id, exc)
+                       "pool (%r); the pool process asks", request.task.name, request.id, exc)
         answer = None
     return _act_on_answer(consumer, request, handle, hold, limits, answer)
+
+
+def _store_of(consumer: Any, asking: Asking) -> Optional[HubStore]:
+    """The connection on the worker's event loop to ask through; None: ask blocking."""
+    if asking.attempt.setup.settings.gate != "async":
+        return None
+    return hub_store(consumer, asking.client, MAIN_PROCESS_TIMEOUT)
 
 
 def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
@@ -286,12 +318,14 @@ def _release_here(consumer: Any, request: Any, limits: TaskLimits,
                   handed: Dict[str, Any]) -> Optional[Callable[[], None]]:
     """How the worker's main process gives back the slots it was admitted to for
     ``request`` once the run ends (with its next request to the lock store); None when
-    the pool process is to: a worker with no event loop (gevent, eventlet), no slots, a
+    the pool process is to: a worker with no event loop (gevent, eventlet) or whose
+    admissions do not block it (its main process then makes no blocking request for a
+    release to go with), no slots, a
     lease in several parts (Redis Cluster), or a contended one (a line had formed, or
     the run took the last free slot: someone is likely to wait for this release, which
     the pool process sends the moment the body ends, before the result goes back to
     this process)."""
-    if (getattr(consumer, "hub", None) is None or not handed.get("keys")
+    if (getattr(consumer, "hub", None) is None or drives(consumer) or not handed.get("keys")
             or handed.get("parts") or handed.get("contended") or handed.get("last")):
         return None
     return functools.partial(release_for_pool, request.task, limits, handed)

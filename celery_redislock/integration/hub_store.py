@@ -1,0 +1,251 @@
+"""The lock store as the worker's event loop sees it: admissions that never block it
+(``redislock_gate = "async"``, experimental).
+
+A :class:`HubStore` is one connection to the lock store per worker, driven by kombu's
+event loop (the ``Hub`` that Celery's worker runs on, in its main process): the socket
+does not block, the hub calls back when it is readable (replies) or writable (a long
+write, or the connection made). A script call is written at once when no earlier call
+waits for its reply; else it waits for those replies, and every call queued meanwhile
+goes in one write (see :class:`~..engine.resp.Pipeline`). A reply that does not come
+within :data:`~.execution.MAIN_PROCESS_TIMEOUT` fails every call in flight with a
+``TimeoutError`` and drops the connection: each run is then handled as the blocking
+gate handles a store that cannot be reached (sent back to wait, fail-closed). A
+``NOSCRIPT`` reply sends the script whole, once.
+
+Only the prefork and solo pools, with an event loop, and a plain ``redis://`` or
+``unix://`` lock store (no TLS, Sentinel or Cluster) are driven so; elsewhere the worker
+says so once in its log and asks blocking, as with ``"blocking"``. A host name is
+resolved once, at the first connection.
+
+    >>> HubStore.unsupported(None, None)
+    'the worker has no event loop (gevent, eventlet, or a transport without one)'
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import time
+import weakref
+from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple
+
+import redis
+from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
+
+from ..engine.resp import ErrorReply, Parser, Pipeline, Then, pack
+from ..engine.scripts import LuaScript, is_cluster
+
+logger = logging.getLogger(__name__)
+
+#: The pools whose requests a main-process event loop hands out (their ``TaskPool``'s
+#: module, under ``celery.concurrency``).
+POOLS = ("prefork", "solo")
+
+_CONNECTIONS = (redis.Connection, redis.UnixDomainSocketConnection)
+
+
+class HubStore:
+    """One non-blocking connection to the lock store of ``client``, on ``hub``."""
+
+    def __init__(self, hub: Any, client: Any, deadline: float) -> None:
+        self.hub, self.client, self.deadline = hub, client, deadline
+        self.options = dict(client.connection_pool.connection_kwargs)
+        self.pipeline = Pipeline()
+        self.parser = Parser(bool(self.options.get("decode_responses")))
+        self.sock: Optional[socket.socket] = None
+        self.connecting = False
+        self.unsent = b""
+        self.address: Optional[Tuple[int, Any]] = None
+        hub.call_repeatedly(max(0.05, deadline / 4), self._check_deadline)
+
+    @staticmethod
+    def unsupported(consumer: Any, client: Any) -> Optional[str]:
+        """Why the asks of ``consumer`` to ``client``'s store cannot be driven so; None
+        when they can."""
+        if getattr(consumer, "hub", None) is None:
+            return "the worker has no event loop (gevent, eventlet, or a transport without one)"
+        pool = type(getattr(consumer, "pool", None)).__module__.rsplit(".", 1)[-1]
+        if pool not in POOLS:
+            return f"the {pool} pool reports runs' ends from other threads"
+        if is_cluster(client) or type(getattr(client, "connection_pool", None)) not in (
+                redis.ConnectionPool, redis.BlockingConnectionPool):
+            return "the lock store's client is not a plain redis.Redis (Cluster, Sentinel)"
+        if client.connection_pool.connection_class not in _CONNECTIONS:
+            return "the lock store's connection is not plain TCP or a Unix socket (TLS)"
+        return None
+
+    def run_script(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any],
+                   then: Then) -> None:
+        """Run ``script`` without waiting: ``then`` gets its reply, or a ``RedisError``
+        (an error reply, the connection failed, no reply within the deadline)."""
+        name, sha = script.evalsha(self.client)
+        sent_whole = [False]
+
+        def replied(reply: Any) -> None:
+            if isinstance(reply, ErrorReply):
+                again = None if sent_whole[0] else script.eval_again(self.client, reply)
+                if again is None:
+                    return then(ResponseError(str(reply)))
+                sent_whole[0] = True
+                return self.send(pack(*again, len(keys), *keys, *args), replied)
+            if isinstance(reply, BaseException) and not isinstance(reply, RedisError):
+                reply = ConnectionError(f"the lock store failed: {reply!r}")
+            then(reply)
+
+        self.send(pack(name, sha, len(keys), *keys, *args), replied)
+
+    def send(self, packed: bytes, then: Then) -> None:
+        """Queue one command (an ask, see :class:`~..engine.resp.Pipeline`)."""
+        if self.pipeline.queue(packed, then, ask=True, now=time.monotonic()):
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.sock is None:
+            try:
+                self._connect()
+            except OSError as exc:
+                return self._fail(ConnectionError(f"could not connect to the lock store: {exc}"))
+        if self.connecting:
+            return None
+        self.unsent += self.pipeline.take()
+        return self._write()
+
+    def _write(self) -> None:
+        assert self.sock is not None
+        try:
+            sent = self.sock.send(self.unsent) if self.unsent else 0
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            return self._fail(ConnectionError(f"lost the lock store: {exc}"))
+        self.unsent = self.unsent[sent:]
+        if self.unsent:
+            self.hub.add_writer(self.sock, self._writable)
+        return None
+
+    def _writable(self) -> None:
+        if self.sock is None:
+            return None
+        self.hub.remove_writer(self.sock)
+        if self.connecting:
+            error = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                return self._fail(ConnectionError(
+                    f"could not connect to the lock store: {errno.errorcode.get(error)}"))
+            self.connecting = False
+        return self._flush()
+
+    def _connect(self) -> None:
+        """Start connecting (the hub says when it is done); the handshake (``AUTH``,
+        ``SELECT``) goes first, ahead of what is queued."""
+        family, address = self.address = self.address or self._resolve()
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        if family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        code = sock.connect_ex(address)
+        if code not in (0, errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK):
+            sock.close()
+            raise OSError(code, errno.errorcode.get(code, "connect failed"))
+        self.sock, self.connecting, self.unsent = sock, code != 0, b""
+        self.parser = Parser(bool(self.options.get("decode_responses")))
+        self.hub.add_reader(sock, self._readable)
+        if self.connecting:
+            self.hub.add_writer(sock, self._writable)
+        for command in reversed(self._handshake()):
+            self.pipeline.first(pack(*command), self._shaken)
+
+    def _resolve(self) -> Tuple[int, Any]:
+        if self.options.get("path"):
+            return socket.AF_UNIX, self.options["path"]
+        host, port = self.options.get("host", "localhost"), int(self.options.get("port", 6379))
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        return family, address
+
+    def _handshake(self) -> list:
+        """The commands that a new connection sends first, as redis-py's would."""
+        options, commands = self.options, []
+        if options.get("password") is not None:
+            commands.append(("AUTH", *([options["username"]] if options.get("username")
+                                       else []), options["password"]))
+        if int(options.get("db") or 0):
+            commands.append(("SELECT", int(options["db"])))
+        return commands
+
+    def _shaken(self, reply: Any) -> None:
+        if isinstance(reply, ErrorReply):
+            self._fail(ResponseError(f"the lock store refused the connection: {reply}"))
+
+    def _readable(self) -> None:
+        if self.sock is None:
+            return None
+        try:
+            data = self.sock.recv(1 << 16)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            return self._fail(ConnectionError(f"lost the lock store: {exc}"))
+        if not data:
+            return self._fail(ConnectionError("the lock store closed the connection"))
+        self.parser.feed(data)
+        try:
+            replies = self.parser.replies()
+        except ValueError as exc:
+            return self._fail(ConnectionError(str(exc)))
+        _call_each(self.pipeline.answered(replies))
+        if self.pipeline.due():
+            self._flush()
+        return None
+
+    def _check_deadline(self) -> None:
+        if self.pipeline.overdue(time.monotonic(), self.deadline):
+            self._fail(TimeoutError(f"the lock store did not answer within {self.deadline} s"))
+
+    def _fail(self, exc: RedisError) -> None:
+        """Drop the connection; every call queued or in flight gets ``exc``."""
+        if self.sock is not None:
+            self.hub.remove(self.sock)
+            self.sock.close()
+        self.sock, self.connecting, self.unsent = None, False, b""
+        _call_each(self.pipeline.fail(exc))
+
+
+def _call_each(answered: Sequence[Tuple[Callable[[Any], None], Any]]) -> None:
+    """Hand each reply to its callback; one that fails does not keep the others' back."""
+    for then, reply in answered:
+        try:
+            then(reply)
+        except Exception:  # a callback's own failure, logged: the others go on
+            logger.exception("celery-redislock: a reply of the lock store was not handled")
+
+
+#: Each worker's (consumer's) connections, per lock store (its client's connection pool).
+_stores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: The reasons already logged for asking blocking under ``redislock_gate = "async"``.
+_said: Set[str] = set()
+
+
+def hub_store(consumer: Any, client: Any, deadline: float) -> Optional[HubStore]:
+    """``consumer``'s connection to ``client``'s lock store, made on first use; None
+    (said once in the log) when the worker cannot drive one."""
+    stores: Dict[int, HubStore] = _stores.setdefault(consumer, {})
+    store = stores.get(id(client))
+    if store is not None:
+        return store
+    why = HubStore.unsupported(consumer, client)
+    if why is not None:
+        if why not in _said:
+            _said.add(why)
+            logger.warning("celery-redislock: redislock_gate = 'async', but %s: this worker "
+                           "asks the lock store blocking", why)
+        return None
+    store = stores[id(client)] = HubStore(consumer.hub, client, deadline)
+    logger.info("celery-redislock: the worker's main process asks the lock store without "
+                "blocking (redislock_gate = 'async', experimental)")
+    return store
+
+
+def drives(consumer: Any) -> bool:
+    """Whether ``consumer`` asks some lock store through a :class:`HubStore`."""
+    return bool(_stores.get(consumer))
