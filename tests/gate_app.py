@@ -38,6 +38,8 @@ RATE = 4
 LEASE = 2
 #: Set to ``1`` in a worker's environment: ``redislock_admit_before_pool = False``.
 POOL_ASKS_ENV = "GATE_APP_POOL_ASKS"
+#: A worker's ``redislock_gate`` (default ``"blocking"``).
+GATE_ENV = "GATE_APP_GATE"
 
 
 def create_app(urls: AppUrls) -> Celery:
@@ -49,6 +51,7 @@ def create_app(urls: AppUrls) -> Celery:
         task_track_started=True,
         worker_send_task_events=True,
         redislock_admit_before_pool=os.environ.get(POOL_ASKS_ENV) != "1",
+        redislock_gate=os.environ.get(GATE_ENV, "blocking"),
     )
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=SLOTTED, lock_slots=1,

@@ -3,8 +3,8 @@
 
 A :class:`HubStore` is one connection to the lock store per worker, driven by kombu's
 event loop (the ``Hub`` that Celery's worker runs on, in its main process): the socket
-does not block, the hub calls back when it is readable (replies) or writable (a long
-write, or the connection made). A script call is written at once when no earlier call
+does not block, the hub calls back when it is readable (replies) or, once, writable
+(the connection made). A script call is written at once when no earlier call
 waits for its reply; else it waits for those replies, and every call queued meanwhile
 goes in one write (see :class:`~..engine.resp.Pipeline`). A reply that does not come
 within :data:`~.execution.MAIN_PROCESS_TIMEOUT` fails every call in flight with a
@@ -57,6 +57,8 @@ class HubStore:
         self.connecting = False
         self.unsent = b""
         self.address: Optional[Tuple[int, Any]] = None
+        #: A long write's rest is to be written at the loop's next turn.
+        self.retrying = False
         hub.call_repeatedly(max(0.05, deadline / 4), self._check_deadline)
 
     @staticmethod
@@ -112,6 +114,8 @@ class HubStore:
         return self._write()
 
     def _write(self) -> None:
+        """Write what is unsent; the rest of a long write goes at the loop's next turns
+        (kombu's poller watches one direction per socket: this one reads)."""
         assert self.sock is not None
         try:
             sent = self.sock.send(self.unsent) if self.unsent else 0
@@ -120,20 +124,27 @@ class HubStore:
         except OSError as exc:
             return self._fail(ConnectionError(f"lost the lock store: {exc}"))
         self.unsent = self.unsent[sent:]
-        if self.unsent:
-            self.hub.add_writer(self.sock, self._writable)
+        if self.unsent and not self.retrying:
+            self.retrying = True
+            self.hub.call_later(0.001, self._write_rest)
         return None
 
-    def _writable(self) -> None:
+    def _write_rest(self) -> None:
+        self.retrying = False
+        if self.sock is not None and not self.connecting:
+            self._write()
+
+    def _connected(self) -> None:
+        """The connection is made (or failed): from now on the socket is read."""
         if self.sock is None:
             return None
         self.hub.remove_writer(self.sock)
-        if self.connecting:
-            error = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            if error:
-                return self._fail(ConnectionError(
-                    f"could not connect to the lock store: {errno.errorcode.get(error)}"))
-            self.connecting = False
+        error = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            return self._fail(ConnectionError(
+                f"could not connect to the lock store: {errno.errorcode.get(error)}"))
+        self.connecting = False
+        self.hub.add_reader(self.sock, self._readable)
         return self._flush()
 
     def _connect(self) -> None:
@@ -150,9 +161,10 @@ class HubStore:
             raise OSError(code, errno.errorcode.get(code, "connect failed"))
         self.sock, self.connecting, self.unsent = sock, code != 0, b""
         self.parser = Parser(bool(self.options.get("decode_responses")))
-        self.hub.add_reader(sock, self._readable)
         if self.connecting:
-            self.hub.add_writer(sock, self._writable)
+            self.hub.add_writer(sock, self._connected)
+        else:
+            self.hub.add_reader(sock, self._readable)
         for command in reversed(self._handshake()):
             self.pipeline.first(pack(*command), self._shaken)
 
