@@ -1,13 +1,15 @@
 """The Celery app of ``bench_admission``, loaded by the worker and by the sender.
 
 The peer benchmark's app (``benchmarks/peers_app.py``, same environment variables) with
-one more kind, ``hub``: the same ``admit.lua`` as ``slots`` (1000 slots, never
-contended), asked from the worker's main process without blocking (``hub_gate``). Every
+two more kinds: ``hub``, the same ``admit.lua`` as ``slots`` (1000 slots, never
+contended), asked from the worker's main process without blocking (``hub_gate``); and
+``gate``, ``slots`` under the package's ``redislock_gate = "async"``. Every
 task sleeps ``NB_TASK_SECONDS`` (default 0: a no-op).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -18,6 +20,7 @@ from celery.signals import task_postrun
 
 import celery_redislock
 from celery_redislock import LimitedTask
+from celery_redislock.config.settings import read_settings
 
 try:
     from celery_once import QueueOnce
@@ -60,6 +63,7 @@ def kind_options() -> Dict[str, Tuple[Optional[type], Dict[str, Any]]]:
         PLAIN: (None, {}),
         "slots": (LimitedTask, {"lock_slots": SLOTS}),
         "hub": (HubTask, {}),
+        "gate": (LimitedTask, {"lock_slots": SLOTS}),
     }
     if QueueOnce is not None:
         kinds["once"] = (QueueOnce, {"once": {"graceful": True}})
@@ -93,6 +97,15 @@ for _kind, (_base, _options) in kind_options().items():
         app.task(name=task_name(_kind, _mode), ignore_result=_mode == "ignored",
                  **_extra)(work)
 celery_redislock.install(app)
+
+
+@app.on_after_finalize.connect
+def _gate_kind_asks_async(sender: Any, **_: Any) -> None:
+    """The ``gate`` kind: ``slots`` under ``redislock_gate = "async"`` (the package's
+    own gate, made real from ``hub_gate``), for its tasks only, beside ``slots``."""
+    async_settings = dataclasses.replace(read_settings(sender), gate="async")
+    for mode in MODES:
+        sender.tasks[task_name("gate", mode)]._redislock_settings = async_settings
 
 _counter_client: Optional[redis.Redis] = None
 

@@ -84,8 +84,9 @@ from .execution import (
     ask_before_pool,
     give_back_unstarted,
     release_for_pool,
+    task_settings,
 )
-from .hub_store import HubStore, drives, hub_store
+from .hub_store import HubStore, hub_store
 from .recovery import forget_copy, limits_of
 from .waiting_run import carries_wait
 
@@ -325,7 +326,8 @@ def _release_here(consumer: Any, request: Any, limits: TaskLimits,
     the run took the last free slot: someone is likely to wait for this release, which
     the pool process sends the moment the body ends, before the result goes back to
     this process)."""
-    if (getattr(consumer, "hub", None) is None or drives(consumer) or not handed.get("keys")
+    if (getattr(consumer, "hub", None) is None or task_settings(request.task).gate == "async"
+            or not handed.get("keys")
             or handed.get("parts") or handed.get("contended") or handed.get("last")):
         return None
     return functools.partial(release_for_pool, request.task, limits, handed)

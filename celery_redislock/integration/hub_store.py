@@ -257,7 +257,3 @@ def hub_store(consumer: Any, client: Any, deadline: float) -> Optional[HubStore]
                 "blocking (redislock_gate = 'async', experimental)")
     return store
 
-
-def drives(consumer: Any) -> bool:
-    """Whether ``consumer`` asks some lock store through a :class:`HubStore`."""
-    return bool(_stores.get(consumer))
