@@ -480,9 +480,27 @@ class Lease:
         contended semaphore): if it freed the slot and the semaphore became contended
         while the lease was held (a line may have formed), hand the free slots to the
         line; the messages to re-publish."""
+        wake = self.wake_after(removed, contended)
+        return [] if wake is None else list(WAKE.run(self._client, *wake))
+
+    def release_commands(self) -> Optional[List[Tuple[Any, ...]]]:
+        """The commands of an uncontended release (see :meth:`release_soon`), for a
+        caller that sends them itself and hands their replies to :meth:`wake_after`;
+        None for a lease to release with :meth:`release_handing_over` (a line, the last
+        slot taken, several keys or parts, no slots)."""
+        if self._parts or len(self._keys) != 1 or self._contended or self._took_last_slot:
+            return None
+        self._give_back()
+        key = self._keys[0]
+        return [("ZREM", key, *self._members(0)), ("ZSCORE", key, CONTENDED)]
+
+    def wake_after(self, removed: Any, contended: Any) -> Optional[Tuple[List[str], List[Any]]]:
+        """The keys and arguments of ``wake.lua`` (:data:`~.scripts.WAKE`) to run after
+        an uncontended release answered ``removed`` and ``contended``: it freed the slot
+        and a line may have formed meanwhile; None: nothing to hand over."""
         if removed and contended is not None and self._reserve_ms > 0:
-            return list(WAKE.run(self._client, [self._keys[0]], [self._reserve_ms]))
-        return []
+            return [self._keys[0]], [self._reserve_ms]
+        return None
 
 
 @dataclass(frozen=True)

@@ -68,10 +68,11 @@ from celery.worker.strategy import default as default_strategy
 from redis.exceptions import RedisError
 
 from ..config.limit import TaskLimits
-from ..config.settings import read_settings
-from ..engine.admission import Booked
+from ..config.settings import read_settings, redis_client
+from ..engine.admission import Booked, Lease
 from ..engine.refusal import describe_error
 from ..engine.scripts import ADMIT
+from . import handoff
 from .decide import ROOM_POLL
 from .execution import (
     ADMITTED,
@@ -319,18 +320,29 @@ def _release_here(consumer: Any, request: Any, limits: TaskLimits,
                   handed: Dict[str, Any]) -> Optional[Callable[[], None]]:
     """How the worker's main process gives back the slots it was admitted to for
     ``request`` once the run ends (with its next request to the lock store); None when
-    the pool process is to: a worker with no event loop (gevent, eventlet) or whose
-    admissions do not block it (its main process then makes no blocking request for a
-    release to go with), no slots, a
+    the pool process is to: a worker with no event loop (gevent, eventlet), no slots, a
     lease in several parts (Redis Cluster), or a contended one (a line had formed, or
     the run took the last free slot: someone is likely to wait for this release, which
     the pool process sends the moment the body ends, before the result goes back to
     this process)."""
-    if (getattr(consumer, "hub", None) is None or task_settings(request.task).gate == "async"
-            or not handed.get("keys")
+    if (getattr(consumer, "hub", None) is None or not handed.get("keys")
             or handed.get("parts") or handed.get("contended") or handed.get("last")):
         return None
+    settings = task_settings(request.task)
+    if settings.gate == "async":
+        store = hub_store(consumer, redis_client(request.task._get_app(), settings),
+                          MAIN_PROCESS_TIMEOUT)
+        return None if store is None else functools.partial(
+            _release_on_hub, store, request.task, limits, handed)
     return functools.partial(release_for_pool, request.task, limits, handed)
+
+
+def _release_on_hub(store: HubStore, task: Any, limits: TaskLimits,
+                    handed: Dict[str, Any]) -> None:
+    """Give back, on the worker's event loop, the lease ``handed`` to a run that ended."""
+    lease = Lease.of_handover(store.client, handed)
+    if not store.release(lease, functools.partial(handoff.publish, task.app)):
+        release_for_pool(task, limits, handed)
 
 
 def _act_at_end(consumer: Any, request: Any, release: Optional[Callable[[], None]]) -> None:

@@ -6,7 +6,8 @@ event loop (the ``Hub`` that Celery's worker runs on, in its main process): the 
 does not block, the hub calls back when it is readable (replies) or, once, writable
 (the connection made). A script call is written at once when no earlier call
 waits for its reply; else it waits for those replies, and every call queued meanwhile
-goes in one write (see :class:`~..engine.resp.Pipeline`). A reply that does not come
+goes in one write (see :class:`~..engine.resp.Pipeline`). The release of a lease taken so
+(uncontended) goes with the next ask, or alone after :data:`RIDE`. A reply that does not come
 within :data:`~.execution.MAIN_PROCESS_TIMEOUT` fails every call in flight with a
 ``TimeoutError`` and drops the connection: each run is then handled as the blocking
 gate handles a store that cannot be reached (sent back to wait, fail-closed). A
@@ -28,19 +29,23 @@ import logging
 import socket
 import time
 import weakref
-from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import redis
 from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
+from ..engine.admission import Lease
 from ..engine.resp import ErrorReply, Parser, Pipeline, Then, pack
-from ..engine.scripts import LuaScript, is_cluster
+from ..engine.scripts import WAKE, LuaScript, is_cluster
 
 logger = logging.getLogger(__name__)
 
 #: The pools whose requests a main-process event loop hands out (their ``TaskPool``'s
 #: module, under ``celery.concurrency``).
 POOLS = ("prefork", "solo")
+
+#: How long (s) at most a release waits for an ask to go with, in the same write.
+RIDE = 0.005
 
 _CONNECTIONS = (redis.Connection, redis.UnixDomainSocketConnection)
 
@@ -59,6 +64,8 @@ class HubStore:
         self.address: Optional[Tuple[int, Any]] = None
         #: A long write's rest is to be written at the loop's next turn.
         self.retrying = False
+        #: A release waits for an ask to go with (see :data:`RIDE`).
+        self.riding = False
         hub.call_repeatedly(max(0.05, deadline / 4), self._check_deadline)
 
     @staticmethod
@@ -97,10 +104,46 @@ class HubStore:
 
         self.send(pack(name, sha, len(keys), *keys, *args), replied)
 
-    def send(self, packed: bytes, then: Then) -> None:
-        """Queue one command (an ask, see :class:`~..engine.resp.Pipeline`)."""
-        if self.pipeline.queue(packed, then, ask=True, now=time.monotonic()):
+    def send(self, packed: bytes, then: Then, ask: bool = True) -> None:
+        """Queue one command: an ask (see :class:`~..engine.resp.Pipeline`), or one
+        nobody waits for (a release), which goes with the next ask, or alone after
+        :data:`RIDE`."""
+        if self.pipeline.queue(packed, then, ask=ask, now=time.monotonic()):
             self._flush()
+        elif not ask and not self.riding:
+            self.riding = True
+            self.hub.call_later(RIDE, self._ride_ended)
+
+    def _ride_ended(self) -> None:
+        self.riding = False
+        if self.pipeline.outbox:
+            self._flush()
+
+    def release(self, lease: Lease, publish: Callable[[List[Any]], Any]) -> bool:
+        """Give ``lease`` back without waiting, as :meth:`Lease.release_soon` does (a
+        line that formed meanwhile is handed the slot, ``publish`` gets the messages);
+        False for a lease this cannot release so (see :meth:`Lease.release_commands`)."""
+        commands = lease.release_commands()
+        if commands is None:
+            return False
+        replies: List[Any] = []
+
+        def replied(reply: Any) -> None:
+            replies.append(reply)
+            if len(replies) < len(commands):
+                return None
+            failed = [r for r in replies if isinstance(r, (BaseException, ErrorReply))]
+            if failed:
+                return _release_failed(lease, failed[0])
+            wake = lease.wake_after(*replies)
+            if wake is not None:
+                self.run_script(WAKE, *wake, then=lambda messages: _woken(
+                    lease, publish, messages))
+            return None
+
+        for command in commands:
+            self.send(pack(*command), replied, ask=False)
+        return True
 
     def _flush(self) -> None:
         if self.sock is None:
@@ -221,6 +264,22 @@ class HubStore:
             self.sock.close()
         self.sock, self.connecting, self.unsent = None, False, b""
         _call_each(self.pipeline.fail(exc))
+
+
+def _release_failed(lease: Lease, failure: Any) -> None:
+    logger.warning("celery-redislock: the release of %r by holder %s failed (%s); its slot "
+                   "comes back when its lease ends, within %.0f s", lease.name, lease.token,
+                   failure, lease.lease_seconds)
+
+
+def _woken(lease: Lease, publish: Callable[[List[Any]], Any], messages: Any) -> None:
+    """The answer of ``wake.lua`` after a release: the messages of the waiters handed
+    the slot, to re-publish."""
+    if not isinstance(messages, list):
+        return _release_failed(lease, messages)
+    if messages:
+        publish(messages)
+    return None
 
 
 def _call_each(answered: Sequence[Tuple[Callable[[Any], None], Any]]) -> None:
