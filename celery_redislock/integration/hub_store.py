@@ -108,7 +108,10 @@ class HubStore:
         """Queue one command: an ask (see :class:`~..engine.resp.Pipeline`), or one
         nobody waits for (a release), which goes with the next ask, or alone after
         :data:`RIDE`."""
-        if self.pipeline.queue(packed, then, ask=ask, now=time.monotonic()):
+        now = time.monotonic()
+        if self.pipeline.overdue(now, self.deadline):  # should the loop's timer be gone
+            self._fail(TimeoutError(f"the lock store did not answer within {self.deadline} s"))
+        if self.pipeline.queue(packed, then, ask=ask, now=now):
             self._flush()
         elif not ask and not self.riding:
             self.riding = True
