@@ -100,3 +100,19 @@ def test_a_store_that_stops_answering_stalls_nothing_else(
                "the three runs, once the store answers")
     assert_each_once(record, [first, *ids, plain])
     assert max(peaks(record, SLOTTED_KEY)) == 1
+
+
+def test_a_pool_without_the_loop_asks_blocking_and_says_so_once(
+        worker_cluster_factory: WorkerClusterFactory, async_gate: None) -> None:
+    """The threads pool reports runs' ends from its threads: its worker asks blocking,
+    says so once in its log, and the limit holds as ever."""
+    cluster = worker_cluster_factory(workers=1, concurrency=3, app_module="gate_app",
+                                     app_factory=create_app, pool="threads")
+    record = record_store(cluster)
+    ids = [cluster.app.send_task(SLOTTED, (0.05,)).id for _ in range(6)]
+    wait_until(lambda: ran_once(record, ids) and settled(cluster), 60, "six runs")
+    assert_each_once(record, ids)
+    assert max(peaks(record, SLOTTED_KEY)) == 1
+    logs = cluster.logs()
+    assert logs.count("this worker asks the lock store blocking") == 1
+    assert DRIVEN not in logs
