@@ -44,6 +44,12 @@ their limits in the worker's main process, just before a request goes to the poo
 * a run that gave up waiting (``lock_max_wait``) goes to the pool, where its failure
   is stored as the task's (:func:`~.execution.run_limited`).
 
+With ``redislock_gate = "async"`` (experimental) the admission is not waited for: it is
+sent on a connection the worker's event loop drives (:mod:`.hub_store`), and its reply,
+or its failure (no reply within :data:`~.execution.MAIN_PROCESS_TIMEOUT`: the store
+failed, as above), comes back through :func:`_settle` to the same decision and actions.
+An uncontended lease taken so is given back on that connection too.
+
 The copies of a waiting run's message (sent back, or sent when a slot was handed to it)
 send no ``task-received`` event: the run was received once, when it was first sent.
 
