@@ -136,7 +136,9 @@ def settle(app: Celery, servers: Servers, workers: Workers, record: Recorder,
     longest = max(kind.lease for kind in KINDS)
     held = wait_for_slots(lock, keys, longest + 10.0)
     no_ttl = [key.decode() for key in lock.scan_iter(count=1000) if lock.ttl(key) == -1]
-    record.event("settle", held=held, no_ttl=no_ttl)
+    broker = servers.broker.client()  # kombu's Redis transport: messages not yet acked
+    record.event("settle", held=held, no_ttl=no_ttl, broker_unacked=broker.hlen("unacked"),
+                 broker_queued=broker.llen("celery"))
 
 
 def final_states(app: Celery, tasks: List[str]) -> Dict[str, Any]:
