@@ -3,7 +3,8 @@
 Every event is one JSON object appended to the list :data:`HISTORY` by one Lua script,
 which stamps it with ``t``: the recorder's server clock in µs, the one clock every process
 shares. A body's start also enters the hash :data:`RUNNING` (run -> ``"<pid> <worker>"``)
-and its end leaves it: the fault injector picks busy pool processes there.
+and its end leaves it: the fault injector picks busy pool processes there. Both count in
+:data:`BODIES`: while it grows, the run has not settled.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import redis
 
 HISTORY = "history"
 RUNNING = "running"
+BODIES = "bodies"
 
 _RECORD = """
 local now = redis.call('TIME')
@@ -25,8 +27,10 @@ event['t'] = micros
 redis.call('RPUSH', KEYS[1], cjson.encode(event))
 if ARGV[2] == 'start' then
   redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+  redis.call('INCR', KEYS[3])
 elseif ARGV[2] == 'end' then
   redis.call('HDEL', KEYS[2], ARGV[3])
+  redis.call('INCR', KEYS[3])
 end
 return micros
 """
@@ -58,7 +62,12 @@ class Recorder:
 
     def _write(self, kind: str, fields: Dict[str, Any], op: str, run: str, where: str) -> int:
         event = json.dumps({"kind": kind, **fields})
-        return int(self._record(keys=[HISTORY, RUNNING], args=[event, op, run, where]))
+        return int(self._record(keys=[HISTORY, RUNNING, BODIES],
+                                args=[event, op, run, where]))
+
+    def bodies_seen(self) -> int:
+        """How many body starts and ends were recorded so far (the history's progress)."""
+        return int(self.client.get(BODIES) or 0)
 
     def running(self) -> List[Tuple[str, int, str]]:
         """The bodies running now: (run, pid, worker), sorted by run."""

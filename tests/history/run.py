@@ -25,10 +25,14 @@ from .servers import Servers
 from .workers import Workers
 from .workload import KIND, KINDS, Send, plan
 
-#: After the faults, how long tasks may take to reach a final state: a killed worker's
-#: unacknowledged messages come back after the visibility timeout, and the long kinds'
-#: backlog drains one 15 s body at a time.
-SETTLE_TIMEOUT = VISIBILITY_TIMEOUT + 120.0
+#: After the faults, how long the run may go without a body starting or ending before
+#: the tasks not yet final are taken as lost: a killed worker's unacknowledged messages
+#: come back after the visibility timeout, and a lock store that came back empty admits
+#: nothing afresh for a grace of the longest lease (30 s).
+SETTLE_QUIET = VISIBILITY_TIMEOUT + 60.0
+
+#: The longest the settling may take whatever happens (s).
+SETTLE_LIMIT = 1200.0
 
 
 @dataclass
@@ -118,12 +122,15 @@ def settle(app: Celery, servers: Servers, workers: Workers, record: Recorder,
     """Wait until every task is final (or lost by Celery's own default acks), record
     the final states, wait for the slots to come back, and record what the lock store
     still holds (the ``settle`` event)."""
-    deadline = time.monotonic() + SETTLE_TIMEOUT
+    limit = time.monotonic() + SETTLE_LIMIT
+    deadline, progress = time.monotonic() + SETTLE_QUIET, -1
     states: Dict[str, Any] = {}
-    while time.monotonic() < deadline:
+    while time.monotonic() < min(deadline, limit):
         states = final_states(app, sent)
         if all(task in states for task in sent) or only_lost_by_celery(record, sent, states):
             break
+        if record.bodies_seen() != progress:  # bodies still start or end: wait on
+            deadline, progress = time.monotonic() + SETTLE_QUIET, record.bodies_seen()
         for name in workers.exited():
             record.event("worker_exited", worker=name)
             workers.restart(name)
