@@ -42,7 +42,8 @@ from hypothesis.stateful import (
 )
 from waiting_model import store as scripts
 from waiting_model import worker as protocol
-from waiting_model.worker import AS_WRITTEN, Protocol, World
+from waiting_model.broker import main_queue
+from waiting_model.worker import AS_WRITTEN, Protocol, Worker, World
 
 #: Two keys: one slot and two slots.
 SLOTS = {"a": 1, "b": 2}
@@ -59,10 +60,12 @@ def new_world(design: Protocol) -> World:
 
 def busy(world: World) -> bool:
     """Anything left to do: a message anywhere, a job, a move owed, a dead worker's
-    deliveries not yet given back."""
-    broker = world.broker
+    deliveries not yet given back, an entry in a line (an anonymous one counted too
+    many clears when a move finds its parking queue empty)."""
+    broker, store = world.broker, world.store
     return bool(any(broker.queues.values()) or broker.unacked or world.dead
-                or any(w.jobs or w.moves for w in world.workers))
+                or any(w.jobs or w.moves for w in world.workers)
+                or any(store.lines().values()) or any(store.anonymous.values()))
 
 
 def settle_round(world: World) -> bool:
@@ -97,8 +100,8 @@ def drain(world: World, rounds: int = 300) -> None:
     assert not lost, f"runs lost: {lost}; parked: {dict(world.broker.queues)}"
     assert not busy(world), f"left over: {world.broker.queues}, {world.broker.unacked}"
     store = world.store
-    assert not any(store.refs.values()) and not any(store.anonymous.values()), (
-        f"the store's lines are not empty: {store.refs}, {store.anonymous}")
+    assert not any(store.lines().values()) and not any(store.anonymous.values()), (
+        f"the store's lines are not empty: {store.lines()}, {store.anonymous}")
 
 
 def guarded(function: Callable[..., None]) -> Callable[..., None]:
@@ -119,7 +122,8 @@ class WaitingModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.failed = False
-        self.faults = 0
+        self.crashes = 0          # budgets: each kind of fault its own
+        self.store_faults = 0
         self.world = new_world(self.design)
 
     @initialize(lmove=st.booleans())
@@ -133,56 +137,78 @@ class WaitingModel(RuleBasedStateMachine):
     def send(self, key: str, acks_late: bool) -> None:
         protocol.send(self.world, key, acks_late)
 
+    # Each rule applies only where it does something, and falls back from the worker
+    # drawn to the next one it applies to: no step of the budget is spent on a no-op.
+
+    def busy_worker(self, worker: int, has: Callable[[Worker], Any]) -> Worker:
+        """Worker ``worker``, or the next one that ``has`` something."""
+        workers = self.world.workers
+        order = [workers[(worker + shift) % WORKERS] for shift in range(WORKERS)]
+        return next((each for each in order if has(each)), workers[worker])
+
+    def has(self, what: Callable[[Worker], Any]) -> bool:
+        return any(what(worker) for worker in self.world.workers)
+
+    @precondition(lambda self: any(self.world.broker.queues.get(main_queue(key))
+                                   for key in SLOTS))
     @rule(worker=WORKER, key=KEYS)
     @guarded
     def deliver(self, worker: int, key: str) -> None:
+        if not self.world.broker.length(main_queue(key)):
+            key = next(k for k in sorted(SLOTS) if self.world.broker.length(main_queue(k)))
         protocol.deliver(self.world, self.world.workers[worker], key)
 
+    @precondition(lambda self: self.has(lambda worker: worker.jobs))
     @rule(worker=WORKER, job=st.integers(0, 7))
     @guarded
     def advance(self, worker: int, job: int) -> None:
         """The next step of one delivery: ask, park, publish, ack, start, end, release..."""
-        jobs = self.world.workers[worker].jobs
-        if jobs:
-            protocol.step(self.world, self.world.workers[worker], jobs[job % len(jobs)])
+        chosen = self.busy_worker(worker, lambda each: each.jobs)
+        protocol.step(self.world, chosen, chosen.jobs[job % len(chosen.jobs)])
 
+    @precondition(lambda self: self.has(lambda worker: worker.moves))
     @rule(worker=WORKER)
     @guarded
     def move(self, worker: int) -> None:
-        if self.world.workers[worker].moves:
-            protocol.move_step(self.world, self.world.workers[worker])
+        """The next step of a worker's oldest move out of parking."""
+        protocol.move_step(self.world, self.busy_worker(worker, lambda each: each.moves))
 
+    @precondition(lambda self: self.world.protocol.due_poll and self.world.store.up)
     @rule(worker=WORKER)
     @guarded
     def poll(self, worker: int) -> None:
         protocol.due_poll(self.world, self.world.workers[worker])
 
-    @precondition(lambda self: self.faults < 4)
+    @precondition(lambda self: self.crashes < 3
+                  and self.has(lambda worker: worker.jobs or worker.moves))
     @rule(worker=WORKER)
     @guarded
     def crash(self, worker: int) -> None:
-        self.faults += 1
-        protocol.crash(self.world, worker)
+        """A worker with something in hand dies, between any two of its steps."""
+        self.crashes += 1
+        chosen = self.busy_worker(worker, lambda each: each.jobs or each.moves)
+        protocol.crash(self.world, self.world.workers.index(chosen))
 
+    @precondition(lambda self: self.world.dead)
     @rule()
     @guarded
     def redeliver(self) -> None:
         protocol.redeliver(self.world)
 
-    @precondition(lambda self: self.faults < 4)
+    @precondition(lambda self: self.store_faults < 2)
     @rule(keep_data=st.booleans())
     @guarded
     def restart_store(self, keep_data: bool) -> None:
-        self.faults += 1
+        self.store_faults += 1
         scripts.restart(self.world.store, keep_data, self.world.now)
         self.world.data_lost |= not keep_data
 
-    @precondition(lambda self: self.faults < 4 or not self.world.store.up)
+    @precondition(lambda self: self.store_faults < 2 or not self.world.store.up)
     @rule()
     @guarded
     def store_unreachable(self) -> None:
         """The store stops answering, or answers again (no time passes meanwhile)."""
-        self.faults += self.world.store.up
+        self.store_faults += self.world.store.up
         self.world.store.up = not self.world.store.up
 
     @precondition(lambda self: self.world.store.up)
@@ -193,7 +219,11 @@ class WaitingModel(RuleBasedStateMachine):
 
     @invariant()
     def within_limits(self) -> None:
-        protocol.check_limits(self.world)
+        try:
+            protocol.check_limits(self.world)
+        except AssertionError:
+            self.failed = True
+            raise
 
     def teardown(self) -> None:
         if not self.failed:
@@ -280,14 +310,61 @@ MISSED_WAKE_UP_REFERENCE_FIRST: List[Step] = [
 ]
 
 
+#: t1 parks behind t0; t0's release moves t1's copy out of parking; the copy claims
+#: the slot, and its worker dies before the body starts. The copy comes back: its
+#: reference, removed by the claim, no longer names it, and it ends as stale.
+CLAIMED_THEN_DIED: List[Step] = [
+    ("send", {"key": "a", "acks_late": False}),
+    ("send", {"key": "a", "acks_late": False}),
+    ("deliver", {"worker": 0, "key": "a"}),
+    ("deliver", {"worker": 0, "key": "a"}),
+    ("advance", {"worker": 0, "job": 0}),     # t0 admitted
+    ("advance", {"worker": 0, "job": 1}),     # t1 refused, its reference written
+    ("advance", {"worker": 0, "job": 1}),     # t1's parked copy published
+    ("advance", {"worker": 0, "job": 1}),     # t1's original acknowledged
+    ("advance", {"worker": 0, "job": 0}),     # t0's body starts
+    ("advance", {"worker": 0, "job": 0}),     # t0's body ends: a move owed
+    ("move", {"worker": 0}),                  # LMOVE: t1's copy to the task's queue
+    ("deliver", {"worker": 1, "key": "a"}),
+    ("advance", {"worker": 1, "job": 0}),     # t1's copy claims the reservation
+    ("crash", {"worker": 1}),
+]
+
+#: t1's worker dies between publishing its parked copy and acknowledging the original;
+#: the copy is claimed and runs; the original comes back later (a Redis broker gives
+#: it back after its visibility timeout), finds no reference and runs as a newcomer.
+ORIGINAL_AFTER_ITS_COPY_RAN: List[Step] = [
+    ("send", {"key": "a", "acks_late": False}),
+    ("send", {"key": "a", "acks_late": False}),
+    ("deliver", {"worker": 0, "key": "a"}),
+    ("deliver", {"worker": 1, "key": "a"}),
+    ("advance", {"worker": 0, "job": 0}),     # t0 admitted
+    ("advance", {"worker": 1, "job": 0}),     # t1 refused, its reference written
+    ("advance", {"worker": 1, "job": 0}),     # t1's parked copy published
+    ("crash", {"worker": 1}),                 # before the original's acknowledgement
+    ("advance", {"worker": 0, "job": 0}),     # t0's body starts
+    ("advance", {"worker": 0, "job": 0}),     # t0's body ends: a move owed
+    ("move", {"worker": 0}),
+    ("deliver", {"worker": 0, "key": "a"}),
+    ("advance", {"worker": 0, "job": 0}),     # t1's copy claims
+    ("advance", {"worker": 0, "job": 0}),     # t1's body starts
+    ("advance", {"worker": 0, "job": 0}),     # and ends
+    ("redeliver", {}),                        # the original comes back
+]
+
+
 @pytest.mark.parametrize("steps, design, found", [
     (LEASE_RUNS_OUT, replace(AS_WRITTEN, lmove=False), "runs lost"),
     (PARKED_IN_THE_GRACE, AS_WRITTEN, "runs lost"),
     (MISSED_WAKE_UP, AS_WRITTEN, "runs lost"),
     (MISSED_WAKE_UP_REFERENCE_FIRST, Protocol(due_poll=False), "runs lost"),
     (SENT_BACK_TWICE, AS_WRITTEN, "a second body"),
+    (CLAIMED_THEN_DIED, AS_WRITTEN, "runs lost"),
+    (CLAIMED_THEN_DIED, Protocol(keep_claims=False), "runs lost"),
+    (ORIGINAL_AFTER_ITS_COPY_RAN, Protocol(keep_claims=False), "a second body"),
 ], ids=["lease-runs-out", "parked-in-the-grace", "missed-wake-up",
-        "missed-wake-up-reference-first", "sent-back-twice"])
+        "missed-wake-up-reference-first", "sent-back-twice", "claimed-then-died",
+        "claimed-then-died-with-the-other-fixes", "original-after-its-copy-ran"])
 def test_as_written_fails(steps: List[Step], design: Protocol, found: str) -> None:
     """Each counter-example fails the protocol as first written, and passes the fixed one."""
     with pytest.raises(AssertionError, match=found):

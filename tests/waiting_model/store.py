@@ -26,13 +26,20 @@ Run = Tuple[str, int]
 
 @dataclass
 class Ref:
+    """A waiter's reference: ``waiting`` (its copy parked as ``park_id``), ``claimed`` by
+    ``holder`` (a copy took a slot; its body has not started, or acks late and has not
+    ended), or ``served`` (kept as long as the broker may give back a copy of it)."""
+
     since: int
     park_id: str
+    state: str = "waiting"
+    holder: str = ""
 
 
 @dataclass
 class Store:
     slots: Dict[str, int]
+    keep_claims: bool = True          # as first written: a claim removes the reference
     incarnation: int = 1
     counted: int = 1                  # the incarnation whose lines were counted
     grace_until: int = 0
@@ -53,9 +60,21 @@ class Store:
         taken = len(self.live_holders(key, now)) + len(self.live_reservations(key, now))
         return self.slots[key] - taken
 
-    def waiting(self, key: str, but: Optional[Run] = None) -> int:
+    def waits(self, key: str, ref: Ref, now: int) -> bool:
+        """In line: parked, or claimed by a holder whose lease ran out (it died before
+        its body started, or killed in it and acking late: Celery runs it again)."""
+        claimed_dead = ref.state == "claimed" and ref.holder not in self.live_holders(key, now)
+        return ref.state == "waiting" or claimed_dead
+
+    def waiting(self, key: str, now: int, but: Optional[Run] = None) -> int:
         refs = self.refs.get(key, {})
-        return len(refs) - (but in refs) + self.anonymous.get(key, 0)
+        known = sum(self.waits(key, ref, now) for run, ref in refs.items() if run != but)
+        return known + self.anonymous.get(key, 0)
+
+    def lines(self) -> Dict[str, Dict[Run, Ref]]:
+        """The references not yet served, by key."""
+        return {key: {run: ref for run, ref in refs.items() if ref.state != "served"}
+                for key, refs in self.refs.items()}
 
     def in_grace(self, now: int) -> bool:
         return now < self.grace_until
@@ -72,15 +91,28 @@ def _busy(store: Store, key: str, now: int) -> Busy:
 
 
 def _take(store: Store, key: str, run: Run, holder: str, now: int) -> Lease:
+    """The run holds a slot; a reference it has is claimed by this holder."""
     store.holders.setdefault(key, {})[holder] = now + LEASE
-    store.refs.get(key, {}).pop(run, None)
+    ref = store.refs.get(key, {}).get(run)
+    if ref is not None and not store.keep_claims:
+        del store.refs[key][run]
+    elif ref is not None:
+        ref.state, ref.holder = "claimed", holder
     return _lease(key, now)
 
 
+def _claimed_live(store: Store, key: str, ref: Optional[Ref], now: int) -> bool:
+    return ref is not None and ref.state == "claimed" and not store.waits(key, ref, now)
+
+
 def park(store: Store, key: str, run: Run, now: int) -> str:
-    """``park.lua``: add or replace the run's reference (keeping its place); its new park id."""
-    park_id = f"{store.incarnation}:{next(store.parks)}"
+    """``park.lua``: add or replace the run's reference (keeping its place); its new park
+    id. A reference claimed by a live holder is kept as it is (its park id returned): the
+    copy asking is a duplicate or its claimer's redelivery, told apart when it comes back."""
     refs = store.refs.setdefault(key, {})
+    if _claimed_live(store, key, refs.get(run), now):
+        return refs[run].park_id
+    park_id = f"{store.incarnation}:{next(store.parks)}"
     since = refs[run].since if run in refs else now
     refs[run] = Ref(since, park_id)
     return park_id
@@ -91,7 +123,13 @@ def admit(store: Store, key: str, run: Run, holder: str, now: int,
     """``admit.lua`` for a copy never parked (or parked in a lost incarnation): a lease if
     a slot is free and nobody else waits, else Busy; with ``ref_on_refusal`` the refusal
     writes the reference in the same step (its park id returned)."""
-    if not store.in_grace(now) and store.free(key, now) > 0 and not store.waiting(key, but=run):
+    ref = store.refs.get(key, {}).get(run)
+    if ref is not None and ref.state == "served":
+        return Served(name=key, server_time_ms=now * 1000), ""
+    if ref is not None and _claimed_live(store, key, ref, now):
+        return _busy(store, key, now), ref.park_id if ref_on_refusal else ""
+    if (not store.in_grace(now) and store.free(key, now) > 0
+            and not store.waiting(key, now, but=run)):
         return _take(store, key, run, holder, now), ""
     park_id = park(store, key, run, now) if ref_on_refusal else ""
     return _busy(store, key, now), park_id
@@ -104,10 +142,12 @@ def claim(store: Store, key: str, run: Run, park_id: str, holder: str, now: int,
     if park_id.split(":")[0] != str(store.incarnation):
         return _claim_lost(store, key, run, holder, now, ref_on_refusal)
     ref = store.refs.get(key, {}).get(run)
-    if ref is None or ref.park_id != park_id:
+    if ref is None or ref.park_id != park_id or ref.state == "served":
         if store.anonymous.get(key, 0) > 0:
             store.anonymous[key] -= 1
         return Served(name=key, server_time_ms=now * 1000), ""
+    if _claimed_live(store, key, ref, now):
+        return _busy(store, key, now), ref.park_id if ref_on_refusal else ""
     if not store.in_grace(now) and _reserved(store, key, now):
         return _take(store, key, run, holder, now), ""
     return admit(store, key, run, holder, now, ref_on_refusal)
@@ -140,22 +180,35 @@ def hand_over(store: Store, key: str, now: int) -> int:
     if store.in_grace(now):
         return 0
     reserved = store.live_reservations(key, now)
-    moves = max(0, min(store.free(key, now), store.waiting(key) - len(reserved)))
+    moves = max(0, min(store.free(key, now), store.waiting(key, now) - len(reserved)))
     store.reservations[key] = reserved + [now + RESERVE] * moves
     return moves
 
 
 def release(store: Store, key: str, holder: str, now: int) -> int:
-    """``release.lua``: remove the holder (if it is one), hand over; moves owed."""
+    """``release.lua``: remove the holder (if it is one), its reference served, hand
+    over; moves owed."""
     store.holders.get(key, {}).pop(holder, None)
+    started(store, key, holder)
     return hand_over(store, key, now)
 
 
-def renew(store: Store, key: str, holder: str, now: int) -> None:
-    """``renew.lua``: extend a live lease; write back one the store lost, in the grace."""
+def started(store: Store, key: str, holder: str) -> None:
+    """The body of ``holder`` started and its message is acknowledged (default acks; the
+    pool's adoption of the lease) or it ended: its reference is served."""
+    for ref in store.refs.get(key, {}).values():
+        if ref.state == "claimed" and ref.holder == holder:
+            ref.state = "served"
+
+
+def renew(store: Store, key: str, holder: str, now: int) -> bool:
+    """``renew.lua``: extend a live lease; write back one the store lost, in the grace.
+    Whether the lease was extended."""
     holders = store.holders.setdefault(key, {})
     if holders.get(holder, 0) > now or (holder not in holders and store.in_grace(now)):
         holders[holder] = now + LEASE
+        return True
+    return False
 
 
 def recount(store: Store, parked: Mapping[str, int]) -> None:
@@ -178,7 +231,7 @@ def due(store: Store, parked: Mapping[str, int], now: int) -> Dict[str, int]:
     slots over (freed by leases that ran out, reservations that lapsed, the grace's end).
     The moves owed, by key."""
     for key, length in parked.items():
-        empty = not store.waiting(key) and not store.live_reservations(key, now)
+        empty = not store.waiting(key, now) and not store.live_reservations(key, now)
         if empty and length:
             store.anonymous[key] = length
     return {key: hand_over(store, key, now) for key in store.slots}

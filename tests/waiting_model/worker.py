@@ -50,6 +50,9 @@ class Protocol:
     * ``requeue_when_down``: a store that does not answer sends the run back with
       ``reject(requeue=True)``, one step in the broker (as written: publish, then ack,
       a two-copy window nothing deduplicates);
+    * ``keep_claims``: a claim keeps the reference, claimed by its holder, until the body
+      starts (default acks) or ends (``acks_late``), then served for as long as the
+      broker may give back a copy (as written: the claim removes it);
     * ``lmove``: the broker is Redis (a move out of parking is one ``LMOVE``); else a
       move is get, publish, acknowledge.
     """
@@ -57,10 +60,12 @@ class Protocol:
     ref_on_refusal: bool = True
     due_poll: bool = True
     requeue_when_down: bool = True
+    keep_claims: bool = True
     lmove: bool = True
 
 
-AS_WRITTEN = Protocol(ref_on_refusal=False, due_poll=False, requeue_when_down=False)
+AS_WRITTEN = Protocol(ref_on_refusal=False, due_poll=False, requeue_when_down=False,
+                      keep_claims=False)
 
 
 @dataclass
@@ -86,6 +91,7 @@ class Job:
     phase: str = "received"
     park_id: str = ""
     holder: str = ""
+    renewed: int = 0        # when its lease was taken or last extended
     body: Optional[Body] = None
 
     @property
@@ -126,7 +132,7 @@ class World:
     data_lost: bool = False
 
     def __post_init__(self) -> None:
-        self.store = scripts.Store(dict(self.slots))
+        self.store = scripts.Store(dict(self.slots), self.protocol.keep_claims)
 
     def new_worker(self) -> Worker:
         return Worker(next(self.lives))
@@ -179,6 +185,7 @@ def _answer(world: World, worker: Worker, job: Job) -> Tuple[object, str]:
     if store.counted != store.incarnation:
         scripts.recount(store, _parked(world))
     job.holder = f"{worker.life}:{job.delivery.tag}"
+    job.renewed = now
     fixed = world.protocol.ref_on_refusal
     ticket = message.wait.ticket
     if ticket:
@@ -236,8 +243,10 @@ def start_body(world: World, worker: Worker, job: Job) -> None:
     message = job.message
     if not message.acks_late:
         world.broker.ack(job.delivery.tag)
+        if world.store.up:
+            scripts.started(world.store, message.key, job.holder)
     check_one_body(world, message.run)
-    job.body = Body(message.run, message.key, worker.life, world.now, world.now)
+    job.body = Body(message.run, message.key, worker.life, world.now, job.renewed)
     world.bodies.setdefault(message.run, []).append(job.body)
     job.phase = "running"
 
@@ -351,8 +360,10 @@ def tick(world: World, seconds: int) -> None:
     assert seconds < scripts.LEASE and world.store.up
     for worker in world.workers:
         for job in worker.jobs:
-            if job.phase in ("ready", "running"):
-                scripts.renew(world.store, job.message.key, job.holder, world.now)
+            renewing = job.phase in ("ready", "running")
+            if renewing and scripts.renew(world.store, job.message.key, job.holder,
+                                          world.now):
+                job.renewed = world.now
                 if job.body is not None:
                     job.body.renewed = world.now
     world.now += seconds
