@@ -1,9 +1,11 @@
 """The Celery app of the waiting-line benchmark (``bench_line.py``), for workers and sender.
 
 ``REDISLOCK_BENCH_BROKER_URL`` broker and records (database 0 and 2),
-``REDISLOCK_BENCH_LOCK_URL`` the lock store alone. One task, ``bench.line.drain``: one
-slot of the key ``line``, a body of 10 ms, no result stored; each body that ends pushes
-its end time (Redis server clock, µs) to the list ``bench:line:ends``.
+``REDISLOCK_BENCH_LOCK_URL`` the lock store alone, ``REDISLOCK_BENCH_LINE`` the line
+(``redislock_line``: ``store`` or ``broker``; unset: the package's default). One task,
+``bench.line.drain``: one slot of the key ``line:<k>``, a body of 10 ms, no result
+stored; each body pushes ``"<k> <start µs> <end µs>"`` (Redis server clock) to the list
+``bench:line:ends`` as it ends.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from celery_redislock import LimitedTask
 BROKER_ENV = "REDISLOCK_BENCH_BROKER_URL"
 LOCK_ENV = "REDISLOCK_BENCH_LOCK_URL"
 RECORD_ENV = "REDISLOCK_BENCH_RECORD_URL"
+LINE_ENV = "REDISLOCK_BENCH_LINE"
 DRAIN = "bench.line.drain"
-KEY = "line"
+KEY = "line:{k}"
 ENDS = "bench:line:ends"
 BODY_SECONDS = 0.01
 
@@ -30,6 +33,8 @@ app = Celery("line_app", broker=os.environ.get(BROKER_ENV, "memory://"),
 app.conf.update(redislock_url=os.environ.get(LOCK_ENV, "redis://localhost:6379/15"),
                 broker_connection_retry_on_startup=True, worker_prefetch_multiplier=1,
                 task_ignore_result=True)
+if os.environ.get(LINE_ENV):
+    app.conf.redislock_line = os.environ[LINE_ENV]
 
 _records: dict = {}
 
@@ -42,10 +47,15 @@ def _record() -> Optional[redis.Redis]:
 
 
 @app.task(name=DRAIN, base=LimitedTask, bind=True, lock_slots=1, lock_key=KEY)
-def drain(self: Any, seq: int) -> None:
-    """10 ms in the one slot of ``line``."""
-    time.sleep(BODY_SECONDS)
+def drain(self: Any, seq: int, k: int = 0) -> None:
+    """10 ms in the one slot of ``line:<k>``."""
     client = _record()
+    started = _server_us(client) if client is not None else 0
+    time.sleep(BODY_SECONDS)
     if client is not None:
-        seconds, micros = client.time()
-        client.rpush(ENDS, seconds * 1_000_000 + micros)
+        client.rpush(ENDS, f"{k} {started} {_server_us(client)}")
+
+
+def _server_us(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
