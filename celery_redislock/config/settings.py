@@ -42,6 +42,11 @@
                            most 1 s); ``"async"`` (experimental) sends the admissions on
                            a connection driven by the worker's event loop, batched, and
                            never waits (prefork and solo pools; others ask blocking).
+``redislock_line``         Where a refused run waits: ``"store"`` (the default: a copy
+                           sent back with a countdown, and its message parked in the
+                           lock store's line) or ``"broker"`` (experimental: one message
+                           in a parking queue of the broker, the lock store keeping only
+                           references; semaphores only, prefork and solo pools).
 ``redislock_rate_recheck`` Seconds (default 1.0): a run promised a rate start further
                            away asks again after at least this long (and a tenth of its
                            wait), so that a rate changed at run time reaches it; ``None``:
@@ -89,6 +94,8 @@ class Settings:
     admit_before_pool: bool = True
     #: ``redislock_gate``: ``"blocking"`` or ``"async"`` (see :data:`GATES`).
     gate: str = "blocking"
+    #: ``redislock_line``: ``"store"`` or ``"broker"`` (see :data:`LINES`).
+    line: str = "store"
     #: ``redislock_max_lease``: the longest lease (s) of any holder, at least; None: the
     #: longest lease of the app's limited tasks.
     max_lease: Optional[float] = None
@@ -123,7 +130,7 @@ def read_settings(app: Any) -> Settings:
                     require_noeviction=_flag(conf, "redislock_require_noeviction", False),
                     rate_recheck=_rate_recheck(conf),
                     admit_before_pool=_flag(conf, "redislock_admit_before_pool", True),
-                    gate=_gate(conf),
+                    gate=_gate(conf), line=_line(conf),
                     max_lease=_seconds(conf, "redislock_max_lease"))
 
 
@@ -145,6 +152,19 @@ def _gate(conf: Any) -> str:
     if value not in GATES:
         raise LockConfigurationError(
             f"setting redislock_gate must be 'blocking' or 'async', not {value!r}")
+    return str(value)
+
+
+#: The values of ``redislock_line``.
+LINES = ("store", "broker")
+
+
+def _line(conf: Any) -> str:
+    """``redislock_line``: one of :data:`LINES`."""
+    value = conf.get("redislock_line", "store")
+    if value not in LINES:
+        raise LockConfigurationError(
+            f"setting redislock_line must be 'store' or 'broker', not {value!r}")
     return str(value)
 
 

@@ -262,14 +262,20 @@ def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Ho
                     lambda: asking.replied(admit_call, reply)))
                 return None
     except Ignore:
-        forget_copy(request)
-        request.acknowledge()
+        end_unrun(request)
         return None
     except Exception as exc:  # never lose a request: the pool process decides instead
         logger.warning("celery-redislock: task %s[%s]: could not ask its limits before the "
                        "pool (%r); the pool process asks", request.task.name, request.id, exc)
         answer = None
     return _act_on_answer(consumer, request, handle, hold, limits, answer)
+
+
+def end_unrun(request: Any) -> None:
+    """Acknowledge ``request``, which ends here without running (sent back to wait,
+    parked, or served by another copy): the last step of its message in this worker."""
+    forget_copy(request)
+    request.acknowledge()
 
 
 def _store_of(consumer: Any, asking: Asking) -> Optional[HubStore]:

@@ -1,0 +1,120 @@
+"""The Celery app that the real workers of ``test_parking_line.py`` run.
+
+Like :mod:`fault_app` (same URLs from the environment, the same records: ``runs:<id>``,
+``peaks:<key>`` counted from inside the bodies with each process's identity), on the
+line that ``REDISLOCK_TEST_LINE`` names (``redislock_line``: ``"store"``, today's, or
+``"broker"``, the parking line). Further records:
+
+``attempts:<id>:<retries>``  how many bodies ran for that attempt (``upstream``)
+``forged``                   list: the tags of ``record`` bodies (a forged task's runs)
+
+Test-only hooks, read at import:
+
+* ``REDISLOCK_TEST_KILL_AT_PARK=<node>``: the first time worker ``<node>`` is about to
+  acknowledge a run it ended without running (a refused run whose waiting or parked
+  copy was published), it SIGKILLs its whole process group instead, once for the
+  cluster (``killed`` in the record store);
+* ``REDISLOCK_TEST_VISIBILITY``: the broker's visibility timeout (s, default 60).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Optional
+
+from celery import Celery
+
+from celery_redislock import LimitedTask
+from celery_redislock.admin.control import pause_key_of
+from celery_redislock.integration import gate
+
+from fault_app import fault_recorder
+from worker_app import BROKER_URL_ENV, AppUrls
+
+LINE_ENV = "REDISLOCK_TEST_LINE"
+KILL_ENV = "REDISLOCK_TEST_KILL_AT_PARK"
+VISIBILITY_ENV = "REDISLOCK_TEST_VISIBILITY"
+
+SLOTS = "parking_app.slots"
+ONE = "parking_app.one"
+UPSTREAM = "parking_app.upstream"
+RECORD = "parking_app.record"
+
+SLOTS_PREFIX = "slots:"
+ONE_PREFIX = "one:"
+API_PREFIX = "api:"
+SLOT_COUNT = 2
+LEASE = 4.0
+#: Waiting copies on today's line come back quickly (the hand-off is the fast path).
+RETRY = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
+
+
+def create_app(urls: AppUrls) -> Celery:
+    """A Celery app on ``urls`` with this module's tasks, on the environment's line."""
+    app = Celery("parking_app", broker=urls.broker, backend=urls.backend,
+                 set_as_current=False)
+    visibility = float(os.environ.get(VISIBILITY_ENV, "60"))
+    app.conf.update(redislock_url=urls.lock, broker_connection_retry_on_startup=True,
+                    worker_prefetch_multiplier=1, worker_direct=True,
+                    broker_transport_options={"visibility_timeout": visibility})
+    line = os.environ.get(LINE_ENV, "store")
+    if line != "store":
+        app.conf.redislock_line = line
+
+    def record() -> Any:
+        return fault_recorder(urls.record)
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=SLOTS, lock_slots=SLOT_COUNT,
+              lock_key=SLOTS_PREFIX + "{key}", lock_lease=LEASE, **RETRY)
+    def slots(self: Any, seconds: float, key: str = "a") -> str:
+        """Two at a time per key."""
+        return str(record().work(self, [SLOTS_PREFIX + key], seconds))
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=ONE, lock_slots=1,
+              lock_key=ONE_PREFIX + "{key}", lock_lease=LEASE, **RETRY)
+    def one(self: Any, seconds: float, key: str = "a") -> str:
+        """One at a time per key."""
+        return str(record().work(self, [ONE_PREFIX + key], seconds))
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=UPSTREAM, lock_slots=1,
+              lock_key=API_PREFIX + "{key}", lock_lease=LEASE, max_retries=3, **RETRY)
+    def upstream(self: Any, key: str = "a") -> str:
+        """An upstream that answers 429 to every first attempt: README's pattern."""
+        retries = self.request.retries or 0
+        record().client.incr(f"attempts:{self.request.id}:{retries}")
+        if retries == 0:
+            pause_key_of(self, key, seconds=0.5, keep_longer=True)
+            raise self.retry(countdown=0.5)
+        return str(record().work(self, [API_PREFIX + key], 0.05))
+
+    @app.task(shared=False, name=RECORD)
+    def record_tag(tag: str = "forged") -> str:
+        """Not limited: what a forged lock-store entry would name."""
+        record().client.rpush("forged", tag)
+        return tag
+
+    _kill_at_park(record)
+    return app
+
+
+def _kill_at_park(record: Any) -> None:
+    """The hook of ``REDISLOCK_TEST_KILL_AT_PARK`` (see the module doc)."""
+    node = os.environ.get(KILL_ENV)
+    if not node:
+        return
+    acknowledge = gate.end_unrun
+
+    def end_unrun(request: Any) -> None:
+        hostname = str(getattr(request, "hostname", "") or "")
+        if hostname.split("@", 1)[0] == node and record().client.setnx("killed", request.id):
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        acknowledge(request)
+
+    gate.end_unrun = end_unrun  # type: ignore[assignment]
+
+
+#: The app of the worker processes (see :mod:`fault_app`).
+app: Optional[Celery] = (
+    create_app(AppUrls.from_environment()) if BROKER_URL_ENV in os.environ else None
+)
