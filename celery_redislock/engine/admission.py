@@ -384,7 +384,7 @@ class Lease:
         held_ms = round((time.monotonic() - self._taken_at) * 1000)
         reply = RELEASE.run(self._client, self._keys,
                             [self._member, held_ms, self._reserve_ms, *self._costs])
-        self.handoffs.extend(reply[1:])
+        self.handoffs.extend(handoffs_of(reply[1:]))
         return bool(int(reply[0]))
 
     def release_soon(self, on_handoffs: Callable[[List[Any]], None], *,
@@ -481,7 +481,7 @@ class Lease:
         while the lease was held (a line may have formed), hand the free slots to the
         line; the messages to re-publish."""
         wake = self.wake_after(removed, contended)
-        return [] if wake is None else list(WAKE.run(self._client, *wake))
+        return [] if wake is None else handoffs_of(WAKE.run(self._client, *wake))
 
     def release_commands(self) -> Optional[List[Tuple[Any, ...]]]:
         """The commands of an uncontended release (see :meth:`release_soon`), for a
@@ -501,6 +501,53 @@ class Lease:
         if removed and contended is not None and self._reserve_ms > 0:
             return [self._keys[0]], [self._reserve_ms]
         return None
+
+
+@dataclass(frozen=True)
+class ParkRef:
+    """Where a parked run waits: the semaphore ``key`` whose parking queue holds its one
+    message, under ``park_id`` (``"<incarnation>:<n>"``; a copy whose park id its
+    reference no longer names is stale). See :mod:`.parking`.
+
+        >>> ParkRef("redislock:{ab}:s:reports", "1700000000000000:7").park_id
+        '1700000000000000:7'
+    """
+
+    key: str
+    park_id: str
+
+
+@dataclass(frozen=True)
+class ParkedMove:
+    """A hand-off owed to a parked line: one slot of semaphore ``key`` is reserved for
+    it, and whoever got this entry (in a lease's ``handoffs``, or from
+    :func:`.parking.due`) moves one message out of ``key``'s parking queue back to the
+    queue its task is consumed from (or calls :func:`.parking.moved_nothing` if the
+    parking queue is empty).
+
+        >>> handoffs_of([b"!move 2 redislock:{ab}:s:reports", b"@w m:t\\n{}"])[:2]
+        [ParkedMove(key='redislock:{ab}:s:reports'), ParkedMove(key='redislock:{ab}:s:reports')]
+    """
+
+    key: str
+
+
+#: How a script reports moves owed to a parked line among the messages it hands over.
+_MOVE_MARK = "!move "
+
+
+def handoffs_of(entries: Sequence[Any]) -> List[Any]:
+    """The hand-offs of a script's reply: messages to re-publish (as they came) and, for
+    each ``"!move <count> <key>"`` entry, ``count`` :class:`ParkedMove` entries."""
+    handed: List[Any] = []
+    for entry in entries:
+        text = entry.decode("utf-8", "surrogateescape") if isinstance(entry, bytes) else entry
+        if isinstance(text, str) and text.startswith(_MOVE_MARK):
+            _, count, key = text.split(" ", 2)
+            handed.extend(ParkedMove(key) for _ in range(int(count)))
+        else:
+            handed.append(entry)
+    return handed
 
 
 @dataclass(frozen=True)
@@ -527,6 +574,10 @@ class Busy:
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
     #: The slots of ``name`` the run needs at once (its cost; see :class:`SlotLimit`).
     cost: int = 1
+    #: On the parked line (:mod:`.parking`): the refusal wrote the run's reference; the
+    #: caller publishes the copy to ``park.key``'s parking queue with ``park.park_id``,
+    #: then acknowledges the original. None on the waiting line.
+    park: Optional[ParkRef] = None
 
 
 @dataclass(frozen=True)
@@ -770,6 +821,11 @@ class AdmitCall:
     reserve_ms: int
     keys: List[str]
     args: List[Any]
+
+    @property
+    def script(self) -> Any:
+        """The script to send (:data:`~.scripts.ADMIT`)."""
+        return ADMIT
 
     @classmethod
     def of(cls, client: Any, limiters: Sequence[Limiter], token: str, lease: float,

@@ -97,8 +97,9 @@ _PLAIN = "_redislock_plain_scripts"
 
 
 #: Shared functions put in front of the scripts that hand out slots: the store's
-#: incarnation (store.lua), weighted holders (units.lua), then the waiting line (line.lua).
-LINE = ["store.lua", "units.lua", "line.lua"]
+#: incarnation (store.lua), weighted holders (units.lua), the parked line (parking.lua),
+#: then the waiting line (line.lua).
+LINE = ["store.lua", "units.lua", "parking.lua", "line.lua"]
 
 ADMIT = LuaScript.load("admit.lua", after=LINE)
 RELEASE = LuaScript.load("release.lua", after=LINE)
@@ -115,6 +116,11 @@ AVAILABLE = LuaScript.load("available.lua", after=["units.lua", "line.lua"], fla
 OWNED = LuaScript.load("owned.lua")
 FOLLOW = LuaScript.load("follow.lua", after=["units.lua", "line.lua"], flags="no-writes")
 ADOPT = LuaScript.load("adopt.lua", after=["units.lua"])
+#: The parked line (parking.lua; see :mod:`.parking`).
+ADMIT_PARKED = LuaScript.load("admit_parked.lua", after=LINE)
+DUE = LuaScript.load("due.lua", after=LINE)
+MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=["parking.lua"])
+STARTED = LuaScript.load("started.lua", after=["parking.lua"])
 
 
 def is_cluster(client: Any) -> bool:

@@ -175,15 +175,31 @@ local function hand_over(key, free, now, reserve_ms, me, out, slots)
   end
 end
 
--- Hand the free slots of semaphore `key` to its line, if it has one.
+-- The configured slots of semaphore `key` for a hand-over: nil (its '#slots' says), or
+-- what its parked line recorded (`parked`, see parking.lua) when '#slots' is gone.
+local function configured_slots(key, parked)
+  if not (parked and parked[3]) or redis.call('ZSCORE', key, '#slots') then return nil end
+  return parked[3]
+end
+
+-- Hand the free slots of semaphore `key` to its line, if it has one: the waiting line's
+-- messages, then the parked line's moves owed (parking.lua), appended to `out`.
 local function serve_line(key, now, reserve_ms, out)
-  if reserve_ms <= 0 or redis.call('EXISTS', companion(key, 'q')) == 0 then return end
+  if reserve_ms <= 0 then return end
+  local queued = redis.call('EXISTS', companion(key, 'q')) == 1
+  local parked = parked_line(key)
+  if not (queued or parked) then return end
   if grace_of(key, now) then return end  -- after a loss of the store: nothing afresh yet
-  prune_tickets(key, now)
+  if queued then prune_tickets(key, now) end
   redis.call('ZREMRANGEBYSCORE', key, 0, now)
-  local slots, paused = semaphore_limit(key, nil, now)
+  local slots, paused = semaphore_limit(key, configured_slots(key, parked), now)
   if paused then return end
   local free = slots - redis.call('ZCOUNT', key, '(' .. now, '+inf')
-  if free > 0 then hand_over(key, free, now, reserve_ms, '', out, slots) end
+  if free > 0 and queued then
+    local _, blocked
+    free, _, blocked = hand_over(key, free, now, reserve_ms, '', out, slots)
+    if blocked then return end  -- the free slots are kept for the waiting line's first
+  end
+  if free > 0 and parked then hand_over_parked(key, free, now, reserve_ms, out, parked) end
 end
 

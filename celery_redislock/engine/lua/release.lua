@@ -12,7 +12,9 @@
 -- Returns {released, message...}: in how many of the N semaphores the holder was removed
 -- (0 when it held none: released already, or its lease ran out, so releasing twice is
 -- harmless and a holder never frees a slot another holder has), and the messages of the
--- waiters handed a slot, for the caller to re-publish. The average hold time is kept
+-- waiters handed a slot, for the caller to re-publish, or for a parked line the moves
+-- owed out of its parking queue ('!move <count> <key>', see parking.lua). The reference
+-- of a parked run this holder claimed becomes served. The average hold time is kept
 -- only for semaphores that have refused a run (waiters use it).
 
 local member = ARGV[1]
@@ -24,6 +26,8 @@ local now = nil
 
 for i = 1, #KEYS do
   local key = KEYS[i]
+  now = now or server_now()
+  serve_claim(key, token_of(member), now)  -- a parked run's reference: served (parking.lua)
   if redis.call('ZREM', key, member) == 1 then
     remove_units(key, token_of(member), cost_of(3, i))
     released = released + 1
@@ -34,7 +38,6 @@ for i = 1, #KEYS do
       if average >= 0 then kept = average * 0.8 + held * 0.2 end
       redis.call('ZADD', key, -1 - math.floor(kept), '#hold')
     end
-    now = now or server_now()
     serve_line(key, now, reserve, handed)
   end
 end

@@ -1,0 +1,210 @@
+-- Admit one run past N semaphores on the parked line (parking.lua), all or nothing, on
+-- the server's clock; a refusal writes the run's reference in the same call (it parks).
+-- (store.lua, units.lua, parking.lua and line.lua are put in front of this script.)
+-- Slots only, a cost of 1 in each; the holders are admit.lua's ("token acquired_ms fence
+-- description" scored by the end of the lease), so renew, adopt and release work as ever.
+--
+-- KEYS[i]      semaphore i (1..N); KEYS[N+1] the key space's index of parked lines
+-- ARGV[1]      holder token        ARGV[2] lease (ms)        ARGV[3] holder description
+-- ARGV[4]      the run: '<task id>:<attempt>'
+-- ARGV[5]      home: i of the semaphore whose parking queue this copy was moved out of,
+--              0 for a copy never parked
+-- ARGV[6]      its park id ('' for none)
+-- ARGV[7]      how long a served reference is kept (ms): the broker's visibility timeout
+-- ARGV[8]      how long a slot handed to the line stays reserved (ms)
+-- ARGV[8+i]    the configured slots of semaphore i
+-- ARGV[9+N]    the latest incarnation the caller saw (admit.lua; -1: Redis Cluster)
+-- ARGV[10+N]   the longest lease (ms) the caller's process knows of (store.lua)
+--
+-- Each semaphore decides in turn (the first that refuses parks the run):
+--   * the home of a moved copy: a reference that does not name this park id (or is
+--     served) makes the copy stale (status 4); one claimed by a live holder sends it back
+--     to parking unchanged (status 7, the same park id); else it takes a live
+--     reservation if there is one (not in the grace); a copy parked in an incarnation
+--     the store lost (its park id's) counts down an anonymous entry and does the same
+--   * else as a newcomer: served -> status 4; claimed by a live holder -> status 7, its
+--     park id; a free slot and nobody else waiting (not in the grace) -> it passes; else
+--     it parks: its reference (new park id, its first 'since' kept) is written, status 7.
+-- A moved copy that takes no reservation at its home gives one back (it was moved for
+-- it), and the slot is handed over again: '!move' entries follow the reply's fields.
+--
+-- Replies, as admit.lua's: "now_ms lease_end_ms fence contended last" admitted;
+--   {1, now, 0, lease_end, fence, contended, last, moves...} admitted
+--   {7, now, i, holders, ms_until_first_lease_end, average_hold_ms, park_id, moves...}
+--        parked at semaphore i under park_id: publish the copy to its parking queue
+--   {3, now, i, pause_end_ms or -1, 0, 0, 0}   semaphore i is paused
+--   {4, now, i, 0, 0, 0, 0, moves...}          stale or served: end this copy unrun
+
+local N = #KEYS - 1
+local token, lease, description, run = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local home, park_id = tonumber(ARGV[5]) or 0, ARGV[6]
+local keep, reserve = tonumber(ARGV[7]), tonumber(ARGV[8])
+local seen = tonumber(ARGV[9 + N] or '0') or 0
+local bound = math.max(lease, tonumber(ARGV[10 + N] or '0') or 0)
+local now, now_us = server_now()
+local now_text = string.format('%d', now)
+local handed = {}
+
+local function reply(status, i, a, b, c, d)
+  local answer = {status, now, i, a, b, c, d}
+  for _, entry in ipairs(handed) do answer[#answer + 1] = entry end
+  return answer
+end
+
+-- The incarnation (its 'born', '0' on Redis Cluster), and the end of its grace, if on.
+local born, grace = '0', nil
+local marker = incarnation_key(KEYS[1])
+if marker and seen >= 0 then
+  local state = incarnation_for(marker, now, now_us, seen, bound)
+  if state then
+    born = string.format('%d', state[1])
+    if state[2] > now then grace = state[2] end
+  end
+end
+
+-- Whether the holder with `token` has a live lease in `key` (a walk of its live
+-- holders, bounded by its slots: only for a copy that finds its reference claimed).
+local function holder_live(key, holder)
+  if holder == '' then return false end
+  local start = 0
+  while true do
+    local members = redis.call('ZRANGEBYSCORE', key, '(' .. now_text, '+inf', 'LIMIT', start, 100)
+    if #members == 0 then return false end
+    for _, member in ipairs(members) do
+      if token_of(member) == holder and string.find(member, ' ', 1, true) then return true end
+    end
+    start = start + 100
+  end
+end
+
+-- Phase 1: read every semaphore.
+local limiters = {}
+for i = 1, N do
+  local key = KEYS[i]
+  local slots, paused = semaphore_limit(key, tonumber(ARGV[8 + i]), now)
+  if paused then return reply(3, i, paused, 0, 0, 0) end
+  redis.call('ZREMRANGEBYSCORE', key, '0', now_text)
+  prune_served(key, now)
+  local l = {key = key, slots = slots, configured = ARGV[8 + i]}
+  l.stats = redis.call('ZMSCORE', key, '#fence', '#hold', '#ttl')
+  l.counts = parked_line(key) or {0, 0}
+  l.ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), run))
+  l.used = redis.call('ZCOUNT', key, '(' .. now_text, '+inf')
+  l.free = slots - l.used
+  limiters[i] = l
+end
+
+local function claimed_live(l)
+  return l.ref and l.ref.state == 'c' and holder_live(l.key, l.ref.holder)
+end
+
+-- A moved copy that takes no reservation at its home gives one back, handed over again.
+local function give_back()
+  if home < 1 or home > N or not take_reservation(KEYS[home], now) then return end
+  if grace then return end
+  local l = limiters[home]
+  local free = l.slots - redis.call('ZCOUNT', l.key, '(' .. now_text, '+inf')
+  hand_over_parked(l.key, free, now, reserve, handed)
+end
+
+local function refuse(status, i, id)
+  local l = limiters[i]
+  give_back()
+  if status == 4 then return reply(4, i, 0, 0, 0, 0) end
+  local first = redis.call('ZRANGEBYSCORE', l.key, '(' .. now_text, '+inf', 'WITHSCORES',
+                           'LIMIT', 0, 1)
+  local until_first_end = first[2] and tonumber(first[2]) - now or 0
+  if grace then until_first_end = math.max(until_first_end, grace - now) end
+  local hold = l.stats[2] and -tonumber(l.stats[2]) - 1 or -1
+  return reply(7, i, l.used, until_first_end, hold >= 0 and hold or -1, id)
+end
+
+-- Park the run at semaphore i: its reference (a new park id, its first 'since' kept).
+local function park(i)
+  local l, ref = limiters[i], limiters[i].ref
+  local counts = parked_key(l.key, 'pn')
+  local id = born .. ':' .. redis.call('HINCRBY', counts, 'n', 1)
+  if not (ref and ref.state == 'w') then redis.call('HINCRBY', counts, 'w', 1) end
+  if ref and ref.state == 'c' then redis.call('HDEL', parked_key(l.key, 'pc'), ref.holder) end
+  write_ref(l.key, run, 'w', ref and ref.since or now_text, id, '')
+  redis.call('HSET', counts, 'k', keep, 's', l.configured)
+  keep_parked(counts)
+  redis.call('ZADD', l.key, 'NX', -0.5, '#hold')  -- contended: releases hand over
+  redis.call('ZADD', KEYS[N + 1], now, l.key)  -- the poll's index of parked lines
+  local moved = home >= 1 and home ~= i and limiters[home]
+  if moved and moved.ref and moved.ref.state == 'w' and moved.ref.park_id == park_id then
+    redis.call('HDEL', parked_key(moved.key, 'pr'), run)  -- it waits at i now
+    redis.call('HINCRBY', parked_key(moved.key, 'pn'), 'w', -1)
+  end
+  return refuse(7, i, id)
+end
+
+-- Phase 2: each semaphore decides; the first that refuses parks the run.
+local function count_down_anonymous(l)
+  if l.counts[2] > 0 then
+    redis.call('HINCRBY', parked_key(l.key, 'pn'), 'a', -1)
+    l.counts[2] = l.counts[2] - 1
+  end
+end
+
+for i = 1, N do
+  local l, ref = limiters[i], limiters[i].ref
+  local decided = false
+  if i == home and park_id ~= '' then
+    local lost = string.match(park_id, '^([^:]*):') ~= born
+    if lost then
+      count_down_anonymous(l)
+    elseif not ref or ref.park_id ~= park_id or ref.state == 's' then
+      count_down_anonymous(l)
+      return refuse(4, i)
+    elseif claimed_live(l) then
+      return refuse(7, i, ref.park_id)
+    end
+    if not grace and live_reservations(l.key, now) > 0 then
+      l.take, decided = 'reserved', true
+    end
+  end
+  if not decided then
+    if ref and ref.state == 's' then return refuse(4, i) end
+    if claimed_live(l) then return refuse(7, i, ref.park_id) end
+    local others = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
+    if grace or l.free < 1 or others > 0 then return park(i) end
+    l.take = 'free'
+  end
+end
+
+-- Phase 3: admitted by every semaphore. One fencing number above every one's last.
+local fence, contended, last = now_us, 0, 0
+for i = 1, N do
+  local l = limiters[i]
+  if l.stats[1] then fence = math.max(fence, 1 - tonumber(l.stats[1])) end
+  if l.stats[2] or l.counts[1] + l.counts[2] > 0 then contended = 1 end
+  if l.take == 'free' and l.free <= 1 then last = 1 end
+end
+local fence_text = string.format('%d', fence)
+local lease_end = now + lease
+local lease_end_text = string.format('%d', lease_end)
+local member = token .. ' ' .. now_text .. ' ' .. fence_text .. ' ' .. description
+for i = 1, N do
+  local l, ref = limiters[i], limiters[i].ref
+  if l.take == 'reserved' then take_reservation(l.key, now) end
+  if ref and (ref.state == 'w' or ref.state == 'c') then
+    -- Claimed by this holder until its body starts (default acks) or ends (acks late).
+    local claims = parked_key(l.key, 'pc')
+    if ref.state == 'w' then redis.call('HINCRBY', parked_key(l.key, 'pn'), 'w', -1) end
+    if ref.state == 'c' then redis.call('HDEL', claims, ref.holder) end
+    write_ref(l.key, run, 'c', ref.since, ref.park_id, token)
+    redis.call('HSET', claims, token, run)
+    keep_parked(claims)
+  end
+  redis.call('ZADD', l.key, lease_end_text, member, '-' .. fence_text, '#fence',
+             '-' .. l.configured, '#slots')
+  local ttl_end = ttl_recorded(l.key, l.stats[3], now)
+  if ttl_end < lease_end then
+    local ttl = math.max(math.floor(lease * 1.5), 60000)
+    redis.call('ZADD', l.key, ttl_score(now + ttl), TTL_END)
+    redis.call('PEXPIRE', l.key, ttl)
+  end
+end
+if #handed > 0 then return reply(1, 0, lease_end, fence_text, contended, last) end
+return string.format('%s %s %s %d %d', now_text, lease_end_text, fence_text, contended, last)

@@ -1,0 +1,140 @@
+-- The parked line of a semaphore: a refused run waits as ONE message in a parking queue
+-- of the broker that no worker consumes; the lock store keeps only references to it, and
+-- counts. Shared by the scripts that admit, release, hand over and poll. (This text is
+-- put in front of those scripts, before line.lua; see scripts.py.)
+--
+-- A semaphore K = '<prefix>{<digest>}:s:<name>' has these companions (same hash tag):
+--
+--   '}:pn:'  hash, the line's counts: 'w' references waiting, 'a' anonymous entries
+--            (parked messages counted from the broker after the store lost its data),
+--            'n' the last park number, 'k' how long a served reference is kept (ms),
+--            's' the configured number of slots (for a hand-over once K's '#slots' is
+--            gone), 'v' the last reservation number
+--   '}:pr:'  hash, run ('<task id>:<attempt>') -> its reference 'state since park_id
+--            holder': state 'w' waiting (its copy parked as park_id), 'c' claimed by the
+--            holder token (a moved copy took a slot; its body has not started, or acks
+--            late and has not ended), 's' served (kept 'k' ms, then forgotten)
+--   '}:pc:'  hash, holder token -> the run whose reference it claimed
+--   '}:px:'  sorted set, run -> when its served reference is forgotten (ms)
+--   '}:pv:'  sorted set, reservation number -> its end (ms); the reservation itself is
+--            the member '~~' .. number of K, scored the same: it counts as a holder
+--
+-- and the key space's index '<prefix>parked' (sorted set, K -> when a run last parked).
+-- Every operation reads and writes O(1) entries (O(log n) in a sorted set): nothing
+-- walks the line, which may hold 100,000 references. A park id is '<incarnation>:<n>'.
+
+local PARKED_TTL = 7 * 24 * 3600 * 1000
+local PRUNE_SERVED = 8
+local PARKED_RESERVED = '~~'
+
+local function parked_key(key, mark)
+  local at = string.find(key, '}:s:', 1, true)
+  if not at then return key .. ':' .. mark end
+  return string.sub(key, 1, at) .. ':' .. mark .. ':' .. string.sub(key, at + 4)
+end
+
+-- The key space's index of parked lines, or nil for a key with no hash tag.
+local function parked_index(key)
+  local at = string.find(key, '{', 1, true)
+  if not at then return nil end
+  return string.sub(key, 1, at - 1) .. 'parked'
+end
+
+-- Keep companion `name` alive PARKED_TTL (set when less than half of it is left).
+local function keep_parked(name)
+  if redis.call('PTTL', name) < PARKED_TTL / 2 then redis.call('PEXPIRE', name, PARKED_TTL) end
+end
+
+-- {state, since, park_id, holder} of a reference's text, or nil.
+local function parse_ref(text)
+  if not text then return nil end
+  local state, since, park_id, holder = string.match(text, '^(%S+) (%S+) (%S*) ?(%S*)$')
+  return {state = state, since = since, park_id = park_id, holder = holder or ''}
+end
+
+local function write_ref(key, run, state, since, park_id, holder)
+  local refs = parked_key(key, 'pr')
+  redis.call('HSET', refs, run, state .. ' ' .. since .. ' ' .. park_id .. ' ' .. holder)
+  keep_parked(refs)
+end
+
+-- The counts of the parked line of `key`: {waiting, anonymous, configured slots}, or
+-- nil when it has none.
+local function parked_line(key)
+  local counts = redis.call('HMGET', parked_key(key, 'pn'), 'w', 'a', 's')
+  if not (counts[1] or counts[2]) then return nil end
+  return {tonumber(counts[1] or '0') or 0, tonumber(counts[2] or '0') or 0, tonumber(counts[3])}
+end
+
+-- Forget a few served references whose time ran out.
+local function prune_served(key, now)
+  local served = parked_key(key, 'px')
+  local old = redis.call('ZRANGEBYSCORE', served, '-inf', now, 'LIMIT', 0, PRUNE_SERVED)
+  if #old > 0 then
+    redis.call('HDEL', parked_key(key, 'pr'), unpack(old))
+    redis.call('ZREM', served, unpack(old))
+  end
+end
+
+-- The reference claimed by holder `token` (if any) becomes served: its body started
+-- under default acks, or ended. Returns 1 if one did.
+local function serve_claim(key, token, now)
+  local claims = parked_key(key, 'pc')
+  local run = redis.call('HGET', claims, token)
+  if not run then return 0 end
+  redis.call('HDEL', claims, token)
+  local ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), run))
+  if not (ref and ref.state == 'c' and ref.holder == token) then return 0 end
+  local keep = tonumber(redis.call('HGET', parked_key(key, 'pn'), 'k') or '') or 3600000
+  write_ref(key, run, 's', ref.since, ref.park_id, token)
+  local served = parked_key(key, 'px')
+  redis.call('ZADD', served, now + keep, run)
+  keep_parked(served)
+  return 1
+end
+
+-- How many reservations of `key` are live (those that ran out are dropped).
+local function live_reservations(key, now)
+  local reservations = parked_key(key, 'pv')
+  redis.call('ZREMRANGEBYSCORE', reservations, '-inf', now)
+  return redis.call('ZCARD', reservations)
+end
+
+-- Take the live reservation of `key` that ends first: true if there was one.
+local function take_reservation(key, now)
+  local reservations = parked_key(key, 'pv')
+  local first = redis.call('ZRANGEBYSCORE', reservations, '(' .. now, '+inf', 'LIMIT', 0, 1)
+  if #first == 0 then return false end
+  redis.call('ZREM', reservations, first[1])
+  redis.call('ZREM', key, PARKED_RESERVED .. first[1])
+  return true
+end
+
+-- Reserve for the parked line of `key` as many of its `free` slots as it has waiters
+-- with no reservation yet (waiting references and anonymous entries, less the live
+-- reservations), each until now + reserve_ms; the moves owed out of its parking queue
+-- are appended to `out` as one entry '!move <count> <key>'. Returns the slots left free.
+local function hand_over_parked(key, free, now, reserve_ms, out, counts)
+  counts = counts or parked_line(key)
+  if not counts or free <= 0 or reserve_ms <= 0 then return free end
+  local moves = math.min(free, counts[1] + counts[2] - live_reservations(key, now))
+  if moves <= 0 then return free end
+  local last = redis.call('HINCRBY', parked_key(key, 'pn'), 'v', moves)
+  local until_ms = now + reserve_ms
+  local members, numbers = {'ZADD', key}, {'ZADD', parked_key(key, 'pv')}
+  for number = last - moves + 1, last do
+    members[#members + 1] = until_ms
+    members[#members + 1] = PARKED_RESERVED .. number
+    numbers[#numbers + 1] = until_ms
+    numbers[#numbers + 1] = number
+  end
+  redis.call(unpack(members))
+  redis.call(unpack(numbers))
+  keep_parked(parked_key(key, 'pv'))
+  if redis.call('PTTL', key) < reserve_ms then  -- recorded as admit.lua reads it ('#ttl')
+    redis.call('ZADD', key, string.format('%d', 1000 - (now + reserve_ms + 60000)), '#ttl')
+    redis.call('PEXPIRE', key, reserve_ms + 60000)
+  end
+  out[#out + 1] = '!move ' .. moves .. ' ' .. key
+  return free - moves
+end

@@ -1,0 +1,295 @@
+"""The lock store's side of the parked line: a refused run waits as ONE message in a
+*parking queue* of the broker that no worker consumes, and the lock store keeps only a
+reference to it and counts (``lua/parking.lua`` describes the keys).
+
+A run is named by ``run_id(task_id, attempt)``. Its one admission call,
+:func:`park_admit` (or :func:`prepare_park_admit` for a caller that sends the script
+itself, as the worker's main process does), answers:
+
+* :class:`~.admission.Lease`: admitted (a free slot and nobody waiting, or a moved copy
+  that took the reservation made for it);
+* :class:`~.admission.Busy` with ``park`` set: the refusal *wrote the run's reference*
+  in the same script; the caller publishes the copy to ``park.key``'s parking queue with
+  ``park.park_id`` in its header, then acknowledges the original. A copy whose reference
+  is claimed by a live holder gets its own park id back: it goes back to parking as it is;
+* :class:`~.admission.Served`: a stale copy (its reference is served, or names another
+  park id): it ends without running;
+* :class:`~.admission.Paused`: an operator paused a limit (nothing was written).
+
+Hand-offs are :class:`~.admission.ParkedMove` entries: a release of a lease taken here
+(``Lease.release``, ``release_handing_over``, ``release_soon``; the waiting line's
+scripts ``release.lua``, ``wake.lua``, ``release_owner.lua`` too) reserves the freed slots
+for the line and puts one ``ParkedMove(key)`` per move owed among the lease's hand-offs;
+the worker's poll :func:`due` owes the moves of slots freed without a release. A move
+that finds its parking queue empty calls :func:`moved_nothing`. Under default acks the
+body's start calls :func:`started` (the reference becomes served; a release does it
+too, for ``acks_late``).
+
+Semantics are those of the executable model ``tests/waiting_model/store.py``, with two
+choices it does not make:
+
+* several semaphores (a global cap and a per-tenant key): all or nothing; the run parks
+  at the FIRST semaphore that refuses it. A moved copy takes its reservation at its home
+  (the semaphore it was parked at) and asks every other one as a newcomer; refused by
+  another (full, or with waiters of its own), it parks there, and the reservation of its
+  home is given back and handed over again at once (a ``ParkedMove`` in its answer).
+  Likewise a moved copy that ends stale or goes back to parking gives its reservation
+  back at once, rather than leaving it to lapse;
+* a reference claimed by a holder whose lease ran out is not counted as waiting (that
+  would take a scan): its copy, given back by the broker, asks again and then parks or
+  takes a free slot.
+
+Slots only, a cost of 1 per semaphore; not on Redis Cluster (the poll's index lives
+outside the keys' hash slot). :func:`prepare_park_admit` answers None for anything
+else, which keeps today's path.
+
+Cost, measured on one private redis-server, in the server (``SLOWLOG``-free
+``INFO commandstats`` µs per call) with 1,000 and 100,000 references waiting on one
+key: see ``tests/test_parking_store.py::test_cost_does_not_grow_with_the_line`` and the
+change's description.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Mapping, Optional, Sequence
+
+from .admission import (
+    Busy,
+    Lease,
+    Outcome,
+    ParkedMove,
+    ParkRef,
+    Paused,
+    Served,
+    SlotLimit,
+    _lease,
+    grace_bound_ms,
+    handoffs_of,
+    milliseconds,
+    new_token,
+    saw_incarnation,
+    seen_incarnation,
+)
+from .scripts import ADMIT_PARKED, DUE, MOVED_NOTHING, STARTED, LuaScript, is_cluster
+
+__all__ = [
+    "KEEP_SERVED_MS", "RESERVE_MS", "ParkAdmitCall", "ParkRef", "ParkedMove", "due",
+    "moved_nothing", "park_admit", "parked_index", "parked_keys", "prepare_park_admit",
+    "run_id", "started",
+]
+
+#: How long a served reference is kept (ms): as long as the broker may give back a copy
+#: of the run (its visibility timeout; kombu's Redis transport: one hour).
+KEEP_SERVED_MS = 3600 * 1000
+
+#: How long a slot handed to a parked line stays reserved for the moved copy (ms).
+RESERVE_MS = 10 * 1000
+
+
+def run_id(task_id: str, attempt: int) -> str:
+    """The name of one attempt of a task in the parked line.
+
+        >>> run_id("5f0c", 2)
+        '5f0c:2'
+    """
+    return f"{task_id}:{int(attempt)}"
+
+
+def parked_index(prefix: str = "redislock:") -> str:
+    """The key of the index of semaphores with a parked line, for the key ``prefix``."""
+    return f"{prefix}parked"
+
+
+@dataclass(frozen=True)
+class ParkAdmitCall:
+    """One ``admit_parked.lua`` call: ``script``, ``keys`` and ``args`` to send
+    (``EVALSHA``, as :class:`~.admission.AdmitCall`), and :meth:`outcome` to read its
+    reply. Built by :func:`prepare_park_admit`."""
+
+    client: Any
+    limiters: Sequence[SlotLimit]
+    token: str
+    lease: float
+    description: str
+    reserve_ms: int
+    keys: List[str]
+    args: List[Any]
+
+    @property
+    def script(self) -> LuaScript:
+        """The script to send: :data:`~.scripts.ADMIT_PARKED`."""
+        return ADMIT_PARKED
+
+    def outcome(self, reply: Any) -> Outcome:
+        """The outcome ``reply`` stands for: a Lease, Busy (with ``park``), Served or
+        Paused, each with the moves owed (:class:`ParkedMove`) in ``handoffs``."""
+        limiters = self.limiters
+        if not isinstance(reply, list):  # "now_ms lease_end_ms fence contended last"
+            text = reply.decode() if isinstance(reply, bytes) else str(reply)
+            now_ms, lease_end, fence, contended, last = map(int, text.split())
+            return self._lease(now_ms, lease_end, fence, contended, last, [])
+        status, now_ms, index = int(reply[0]), int(reply[1]), int(reply[2])
+        a, b, c, d = reply[3:7]
+        handoffs = handoffs_of(reply[7:])
+        limiter = limiters[index - 1] if index else limiters[0]
+        if status == 1:
+            return self._lease(now_ms, int(a), int(b), int(c), int(d), handoffs)
+        if status == 7:
+            park_id = d.decode() if isinstance(d, bytes) else str(d)
+            return Busy(name=limiter.name, holders=int(a), slots=limiter.slots,
+                        retry_hint=max(0, int(b)) / 1000.0,
+                        average_hold=None if int(c) < 0 else int(c) / 1000.0,
+                        server_time_ms=now_ms, key=limiter.key, handoffs=handoffs,
+                        park=ParkRef(limiter.key, park_id))
+        if status == 3:
+            return Paused(name=limiter.name, key=limiter.key,
+                          retry_hint=None if int(a) < 0 else max(0, int(a) - now_ms) / 1000.0,
+                          server_time_ms=now_ms, handoffs=handoffs)
+        if status == 4:
+            return Served(name=limiter.name, server_time_ms=now_ms, handoffs=handoffs)
+        raise ValueError(f"admit_parked.lua answered status {status}")
+
+    def _lease(self, now_ms: int, lease_end: int, fence: int, contended: int, last: int,
+               handoffs: List[Any]) -> Lease:
+        saw_incarnation(self.client, fence)
+        return _lease(self.client, self.limiters, self.token, self.lease, self.description,
+                      self.reserve_ms, now_ms, lease_end, fence, contended, last, handoffs)
+
+
+def parks(client: Any, limiters: Sequence[Any]) -> bool:
+    """Whether a run under ``limiters`` can wait on the parked line: semaphores only,
+    each of cost 1, and not on Redis Cluster."""
+    return (bool(limiters) and not is_cluster(client)
+            and all(isinstance(limiter, SlotLimit) and limiter.cost == 1
+                    for limiter in limiters))
+
+
+def prepare_park_admit(
+    client: Any,
+    limiters: Sequence[Any],
+    *,
+    lease: float,
+    run: str,
+    parked: Optional[ParkRef] = None,
+    description: str = "",
+    owner: str = "",
+    keep_served_ms: int = KEEP_SERVED_MS,
+    reserve_ms: int = RESERVE_MS,
+) -> Optional[ParkAdmitCall]:
+    """:func:`park_admit` as one script call for the caller to send, or None when the
+    run cannot wait on the parked line (see :func:`parks`): the caller keeps today's
+    path. ``run`` is :func:`run_id`; ``parked`` the :class:`ParkRef` in the header of a
+    copy moved out of parking (None for a copy never parked)."""
+    if not parks(client, limiters):
+        return None
+    keys = [limiter.key for limiter in limiters]
+    home = 0
+    if parked is not None and parked.key in keys:
+        home = keys.index(parked.key) + 1
+    token = owner + new_token()
+    prefix = limiters[0].prefix
+    args = [token, milliseconds(lease), description, run, home,
+            parked.park_id if parked is not None and home else "", keep_served_ms,
+            reserve_ms, *(limiter.slots for limiter in limiters), seen_incarnation(client),
+            grace_bound_ms(client, lease)]
+    return ParkAdmitCall(client, list(limiters), token, lease, description, reserve_ms,
+                         [*keys, parked_index(prefix)], args)
+
+
+def park_admit(
+    client: Any,
+    limiters: Sequence[Any],
+    *,
+    lease: float,
+    run: str,
+    parked: Optional[ParkRef] = None,
+    description: str = "",
+    owner: str = "",
+    keep_served_ms: int = KEEP_SERVED_MS,
+    reserve_ms: int = RESERVE_MS,
+) -> Outcome:
+    """Admit ``run`` past every semaphore, or park it (one script; see the module).
+
+        >>> import redis
+        >>> client = redis.Redis.from_url(redis_url)
+        >>> limit = [SlotLimit("park-doc", 1, "doc:")]
+        >>> first = park_admit(client, limit, lease=5, run=run_id("t1", 0))
+        >>> second = park_admit(client, limit, lease=5, run=run_id("t2", 0))
+        >>> type(first).__name__, second.park.key == limit[0].key
+        ('Lease', True)
+        >>> first.release(), first.handoffs == [ParkedMove(limit[0].key)]
+        (True, True)
+    """
+    call = prepare_park_admit(client, limiters, lease=lease, run=run, parked=parked,
+                              description=description, owner=owner,
+                              keep_served_ms=keep_served_ms, reserve_ms=reserve_ms)
+    if call is None:
+        raise ValueError("park_admit: semaphores of cost 1 only, not on Redis Cluster")
+    return call.outcome(call.script.run(client, call.keys, call.args))
+
+
+def parked_keys(client: Any, prefix: str = "redislock:") -> List[str]:
+    """The semaphores that have (or recently had) a parked line, from the index: the
+    keys for the poll (:func:`due`).
+
+        >>> import redis
+        >>> parked_keys(redis.Redis.from_url(redis_url), "nothing-parked:")
+        []
+    """
+    return [key.decode() if isinstance(key, bytes) else key
+            for key in client.zrange(parked_index(prefix), 0, -1)]
+
+
+def due(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "redislock:",
+        reserve_ms: int = RESERVE_MS) -> List[ParkedMove]:
+    """The poll (each worker, every ~100-250 ms): the moves owed now, for slots freed
+    without a release (a lease ran out, a reservation lapsed, the grace after a loss of
+    the store's data ended). ``parked_lengths`` maps each semaphore key to its parking
+    queue's length (-1 if unknown): pass every key of :func:`parked_keys` and of the
+    broker's registry of parking queues. A key whose line knows nobody while its queue
+    holds messages (the store lost its data) counts them as anonymous entries. One
+    script per 500 keys.
+
+        >>> import redis
+        >>> due(redis.Redis.from_url(redis_url), {"doc:{x}:s:nobody": 0}, prefix="doc:")
+        []
+    """
+    moves: List[ParkedMove] = []
+    keys = list(parked_lengths)
+    for start in range(0, len(keys), 500):
+        batch = keys[start:start + 500]
+        reply = DUE.run(client, [*batch, parked_index(prefix)],
+                        [reserve_ms, *(int(parked_lengths[key]) for key in batch)])
+        moves.extend(move for move in handoffs_of(reply) if isinstance(move, ParkedMove))
+    return moves
+
+
+def moved_nothing(client: Any, key: str) -> bool:
+    """A move out of ``key``'s parking queue found it empty: the reservation it was for
+    is given back at once (and anonymous entries dropped). True if one was.
+
+        >>> import redis
+        >>> moved_nothing(redis.Redis.from_url(redis_url), "doc:{x}:s:nobody")
+        False
+    """
+    return bool(int(MOVED_NOTHING.run(client, [key], [])))
+
+
+def started(lease: Lease) -> int:
+    """The body of ``lease``'s run started and its message was acknowledged (default
+    acks): the reference it claimed becomes served (kept ``keep_served_ms``, so a copy
+    of the run given back later ends unrun). A release does the same (``acks_late``).
+    How many references became served (0 for a run that was never parked).
+
+        >>> import redis
+        >>> client = redis.Redis.from_url(redis_url)
+        >>> lease = park_admit(client, [SlotLimit("started-doc", 1, "doc:")], lease=5,
+        ...                    run=run_id("t3", 0))
+        >>> started(lease), lease.release()
+        (0, True)
+    """
+    keys = [key for part in (lease._parts or [lease]) for key in part._keys]
+    if not keys:
+        return 0
+    return int(STARTED.run(lease._client, keys, [lease.token]))
