@@ -1,0 +1,60 @@
+"""The broker side of the parking line (``redislock_line = "broker"``, experimental).
+
+A run refused by a semaphore waits as ONE message in its key's *parking queue*, a
+queue of the broker that no worker consumes; the lock store keeps only references
+(see :mod:`celery_redislock.engine.parking`). When the store hands the line a slot, one
+message is moved back to the queue its task is consumed from, to the front where the
+transport allows it (Redis broker), so that the waiter runs next.
+
+The contract, for the main process's gate and the poll:
+
+* :func:`parking_queue` (``naming``): ``semaphore_key -> queue name``, short and
+  deterministic (``redislock.parking.<24 hex>``).
+* :class:`ParkedCopy` (``parked_copy``): ``ParkedCopy.of(message, key, wait)`` reads
+  the kombu message a worker received (no network): body, content type and encoding,
+  headers with ``redislock_wait`` replaced by ``wait``, the properties Celery reads
+  (priority...), and its :class:`Route` (the exchange and routing key it was delivered
+  with). The moved copy keeps that route as its ``delivery_info``, so ``self.retry()``
+  and routing behave as for the original.
+* :class:`ParkingBroker` (``broker``): the operations on one broker connection,
+  blocking (use them from a thread, never from the event loop):
+  ``park(copy, job_id) -> Outcome``, ``move(parking_queue, job_id) -> Outcome``
+  (``moved`` False: the parking queue was empty, the caller gives the reservation
+  back), ``lengths(queues) -> {queue: n}``, ``registry() -> {queue: semaphore key}``.
+  ``broker_for(connection)`` (``transport``) picks :class:`RedisParking` (every
+  step one Lua script on the broker's Redis, exactly once even when retried) or
+  :class:`AmqpParking`
+  (RabbitMQ: publish with confirms; move = get, publish, ack).
+* :class:`Mover` (``mover``): one thread per worker process with its own broker
+  connection, jobs done in order, ``park(copy, on_done)`` / ``move(queue, on_done)``
+  return False at once when its bounded queue is full or it stopped; ``on_done(Done)``
+  is called on the mover's thread (the main process passes one that hops to the event
+  loop with ``hub.call_soon``).
+
+Nothing here imports the engine's store; the engine never imports this package.
+"""
+
+from .amqp_line import AmqpParking
+from .broker import Outcome, ParkingBroker
+from .mover import Done, Mover
+from .naming import PARKING_PREFIX, REGISTRY, ROUTE_HEADER, is_parking_queue, parking_queue
+from .parked_copy import ParkedCopy, Route
+from .redis_line import RedisParking
+from .transport import broker_for
+
+__all__ = [
+           "PARKING_PREFIX",
+           "REGISTRY",
+           "ROUTE_HEADER",
+           "AmqpParking",
+           "Done",
+           "Mover",
+           "Outcome",
+           "ParkedCopy",
+           "ParkingBroker",
+           "RedisParking",
+           "Route",
+           "broker_for",
+           "is_parking_queue",
+           "parking_queue",
+]

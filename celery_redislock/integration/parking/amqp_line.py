@@ -1,0 +1,146 @@
+"""The parking line on an AMQP broker (RabbitMQ): publish with confirms; move = get,
+publish, ack.
+
+A parking queue is a durable classic queue declared with ``x-expires`` (7 days by
+default: a queue nobody parked into nor moved from for that long is deleted by the
+broker, with what it holds), which no worker consumes. A parked copy is published to
+it through the default exchange with the original's body and properties (persistent),
+its route in the ``redislock_park`` header; a move gets the oldest message
+(``basic.get``, unacknowledged), publishes it to the original exchange and routing key
+(confirmed; the header removed, so the delivery is the original's), then acknowledges
+it. AMQP cannot put a message at the front of a queue: the moved run is taken after
+what its queue already holds. A connection lost between the publish and its confirm or
+the ack may leave two copies (``Outcome.doubt``): the lock store's reference makes the
+second stale.
+
+The registry is a durable queue ``redislock.parking`` of small JSON messages
+``{"queue", "key"}``, one published by each connection the first time it parks into a
+queue (before the copy); :meth:`AmqpParking.registry` reads it whole, acknowledges the
+duplicates and the entries of queues that no longer exist, and gives the others back.
+Two readers at once may each see part of it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterable, Optional, Set
+
+from amqp.exceptions import NotFound
+
+from .broker import Outcome
+from .naming import REGISTRY, ROUTE_HEADER, UNROUTABLE
+from .parked_copy import ParkedCopy, Route
+
+#: A parking queue unused this long (ms) is deleted by RabbitMQ (``x-expires``).
+PARKING_EXPIRES_MS = 7 * 24 * 3600 * 1000
+
+
+class AmqpParking:
+    """:class:`~.broker.ParkingBroker` on kombu ``connection`` to an AMQP broker."""
+
+    def __init__(self, connection: Any, expires_ms: Optional[int] = PARKING_EXPIRES_MS) -> None:
+        self.connection = connection
+        self.arguments = {"x-expires": expires_ms} if expires_ms else {}
+        self.channel = connection.channel()
+        self._declared: Set[str] = set()
+        self._registered: Set[str] = set()
+        self._probe: Any = None
+        #: The last park or move published its copy (the mover's retry reads it).
+        self.sent = False
+
+    def declare(self, queue: str) -> None:
+        """Declare parking queue ``queue`` (once per connection)."""
+        if queue not in self._declared:
+            arguments = self.arguments if queue not in (REGISTRY, UNROUTABLE) else {}
+            self.channel.queue_declare(queue, durable=True, auto_delete=False,
+                                       arguments=arguments)
+            self._declared.add(queue)
+
+    def _publish(self, body: Any, exchange: str, routing_key: str, **properties: Any) -> None:
+        message = self.channel.prepare_message(body, **properties)
+        self.channel.basic_publish_confirm(message, exchange=exchange,
+                                           routing_key=routing_key)
+
+    def park(self, copy: ParkedCopy, job_id: str) -> Outcome:
+        self.declare(copy.queue)
+        if copy.queue not in self._registered:
+            self.declare(REGISTRY)
+            self._publish(json.dumps({"queue": copy.queue, "key": copy.key}), "", REGISTRY,
+                          content_type="application/json", content_encoding="utf-8",
+                          properties={"delivery_mode": 2})
+            self._registered.add(copy.queue)
+        self.sent = False
+        properties = dict(copy.properties)
+        priority = properties.pop("priority", None)
+        properties["delivery_mode"] = 2
+        self.sent = True
+        self._publish(copy.body, "", copy.queue, priority=priority,
+                      content_type=copy.content_type,
+                      content_encoding=copy.content_encoding,
+                      headers={**copy.headers, ROUTE_HEADER: copy.route.header()},
+                      properties=properties)
+        return Outcome(True, "parked")
+
+    def move(self, queue: str, job_id: str) -> Outcome:
+        self.sent = False
+        self.declare(queue)
+        message = self.channel.basic_get(queue, no_ack=False)
+        if message is None:
+            return Outcome(False, "empty")
+        headers = dict(message.headers or {})
+        route = Route.parse(headers.pop(ROUTE_HEADER, None))
+        properties = {name: value for name, value in message.properties.items()
+                      if name not in ("application_headers", "content_type",
+                                      "content_encoding", "priority")}
+        if route is None:
+            self.declare(UNROUTABLE)
+            exchange, routing_key = "", UNROUTABLE
+        else:
+            exchange, routing_key = route.exchange, route.routing_key
+        self.sent = True
+        self._publish(message.body, exchange, routing_key,
+                      priority=message.properties.get("priority"),
+                      content_type=message.content_type,
+                      content_encoding=message.content_encoding,
+                      headers=headers, properties=properties)
+        self.channel.basic_ack(message.delivery_tag)
+        if route is None:
+            return Outcome(False, "unroutable", UNROUTABLE)
+        return Outcome(True, "moved", f"{exchange}/{routing_key}")
+
+    def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
+        return {queue: self._count(queue) or 0 for queue in queues}
+
+    def registry(self) -> Dict[str, str]:
+        self.declare(REGISTRY)
+        known: Dict[str, str] = {}
+        drop = []
+        while True:
+            message = self.channel.basic_get(REGISTRY, no_ack=False)
+            if message is None:
+                break
+            try:
+                entry = json.loads(message.body)
+                queue, key = str(entry["queue"]), str(entry["key"])
+            except (ValueError, KeyError, TypeError):
+                drop.append(message.delivery_tag)
+                continue
+            if queue in known or self._count(queue) is None:
+                drop.append(message.delivery_tag)
+            else:
+                known[queue] = key
+        for tag in drop:
+            self.channel.basic_ack(tag)
+        self.channel.basic_recover(requeue=True)  # gives back the entries kept
+        return known
+
+    def _count(self, queue: str) -> Optional[int]:
+        """How many messages ``queue`` holds; None if it does not exist (asked on a
+        channel of its own: the broker closes the channel that asks of a missing queue)."""
+        if self._probe is None:
+            self._probe = self.connection.channel()
+        try:
+            return int(self._probe.queue_declare(queue, passive=True).message_count)
+        except NotFound:
+            self._probe = None
+            return None

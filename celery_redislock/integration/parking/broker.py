@@ -1,0 +1,53 @@
+"""The parking operations of one broker connection, and what each did.
+
+Each operation blocks on the network: call them from a thread (the :class:`~.mover.Mover`,
+the poll), never from the worker's event loop. :func:`~.transport.broker_for` gives the
+one for a kombu connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, Protocol
+
+from .parked_copy import ParkedCopy
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one park or move did.
+
+    * ``done``: park: the copy is in its parking queue; move: one message left the
+      parking queue for its target (False: the queue was empty, or its head could not
+      be routed and was set aside: the caller gives the reservation back);
+    * ``what``: ``"parked"``, ``"moved"``, ``"empty"``, ``"unroutable"``, or
+      ``"parked before"`` / ``"moved before"`` / ``"empty before"`` (a retried job the
+      broker had already done: reported, not done twice);
+    * ``target``: a move's destination (Redis: the list; RabbitMQ: ``exchange/key``);
+    * ``doubt``: the broker may now hold two copies of the message (RabbitMQ: the
+      connection broke after a publish and before its confirm, or before the ack of a
+      move): harmless because the lock store's reference makes the second one stale.
+    """
+
+    done: bool
+    what: str
+    target: str = ""
+    doubt: bool = False
+
+
+class ParkingBroker(Protocol):
+    """The broker side of the parking line on one connection (see the package doc)."""
+
+    def park(self, copy: ParkedCopy, job_id: str) -> Outcome:
+        """Publish ``copy`` into ``copy.queue`` (declared, registered); ``job_id`` names
+        this park, so that a retry after a lost connection does not publish it twice
+        where the broker allows it (Redis)."""
+
+    def move(self, queue: str, job_id: str) -> Outcome:
+        """Move the oldest message of parking queue ``queue`` back to its target."""
+
+    def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
+        """How many messages each parking queue holds (0 for one that does not exist)."""
+
+    def registry(self) -> Dict[str, str]:
+        """Every parking queue the broker knows of, with its semaphore key."""

@@ -1,0 +1,128 @@
+"""The parking line on a Redis broker: every step one Lua script on the broker's Redis.
+
+kombu's Redis transport keeps a queue as a list named by the queue (one list per
+priority step: ``<queue>\\x06\\x16<step>``), publishes with ``LPUSH`` and consumes with
+``BRPOP`` (the right end). A parking queue is one list (no priority steps: the lock
+store orders the line) that no worker's ``BRPOP`` names, holding kombu's own JSON
+payloads, so the moved message is exactly what kombu would have delivered:
+
+* park (``lua/park.lua``): ``LPUSH`` the copy, ``HSET`` the registry hash
+  ``redislock.parking`` (queue -> semaphore key), once per job id;
+* move (``lua/move.lua``): ``RPOP`` the oldest, read its target list from its
+  ``redislock_park`` header (written when parked: the queue found from the original's
+  exchange and routing key as kombu routes, and the list of its priority as kombu's
+  ``_put`` names it), ``RPUSH`` it there (the end ``BRPOP`` takes next), once per job id.
+  Moved, the message has the original's ``delivery_info`` (exchange, routing key), a new
+  delivery tag, and is never in kombu's unacked hash while it moves;
+* lengths: ``LLEN``; registry: ``HGETALL``.
+
+A job's marker (``redislock.parking.done.<job id>``, 10 minutes) makes a park or move
+retried after a lost connection (by the mover, or by redis-py's own retry) happen once:
+the retry reports what the first did. Keys take the transport's ``global_keyprefix``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from importlib import resources
+from typing import Any, Dict, Iterable, List, Tuple
+
+import redis
+from kombu.utils.json import dumps
+
+from .broker import Outcome
+from .naming import DONE_PREFIX, REGISTRY, ROUTE_HEADER, UNROUTABLE
+from .parked_copy import ParkedCopy
+
+#: How long a job's marker lives (s): longer than any retry of the job.
+MARKER_LIFE = 600
+
+#: How long the queues bound to an exchange and routing key are remembered (s).
+ROUTE_MEMORY = 30.0
+
+
+def _script(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", name).read_text("utf-8")
+
+
+class RedisParking:
+    """:class:`~.broker.ParkingBroker` on kombu ``connection`` to a Redis broker (its
+    own pool: a plain redis-py client on the transport's connection parameters)."""
+
+    def __init__(self, connection: Any) -> None:
+        self.channel = connection.default_channel
+        self.prefix: str = self.channel.global_keyprefix or ""
+        self.client = redis.Redis(connection_pool=self.channel.pool)
+        self._park = self.client.register_script(_script("park.lua"))
+        self._move = self.client.register_script(_script("move.lua"))
+        self._routes: Dict[Tuple[str, str], Tuple[float, List[str]]] = {}
+
+    def park(self, copy: ParkedCopy, job_id: str) -> Outcome:
+        payload = self.payload(copy)
+        reply = self._park(keys=[self.prefix + copy.queue, self.prefix + REGISTRY,
+                                 self.prefix + DONE_PREFIX + job_id],
+                           args=[dumps(payload), copy.key, copy.queue, MARKER_LIFE])
+        return Outcome(True, "parked before" if int(reply) < 0 else "parked")
+
+    def move(self, queue: str, job_id: str) -> Outcome:
+        reply = self._move(keys=[self.prefix + queue, self.prefix + DONE_PREFIX + job_id,
+                                 self.prefix + UNROUTABLE],
+                           args=[ROUTE_HEADER, self.prefix, MARKER_LIFE])
+        text = reply.decode() if isinstance(reply, bytes) else str(reply)
+        again = text.startswith("again ")
+        what, _, target = text.removeprefix("again ").partition(" ")
+        if target and self.prefix:
+            target = target.removeprefix(self.prefix)
+        return Outcome(what == "moved", what + (" before" if again else ""), target)
+
+    def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
+        names = list(queues)
+        with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.llen(self.prefix + name)
+            return {name: int(n) for name, n in zip(names, pipe.execute())}
+
+    def registry(self) -> Dict[str, str]:
+        found = self.client.hgetall(self.prefix + REGISTRY)
+        return {_text(name): _text(key) for name, key in found.items()}
+
+    def payload(self, copy: ParkedCopy) -> Dict[str, Any]:
+        """kombu's JSON payload of ``copy``, as its Redis transport would have pushed
+        the original (body encoded, a new delivery tag, the original's delivery_info),
+        with the route header naming its target list."""
+        body, encoding = self.channel.encode_body(copy.body, self.channel.body_encoding)
+        route = copy.route
+        payload: Dict[str, Any] = {
+            "body": body, "content-encoding": copy.content_encoding,
+            "content-type": copy.content_type, "headers": dict(copy.headers),
+            "properties": {**copy.properties, "body_encoding": encoding,
+                           "delivery_tag": str(uuid.uuid4()),
+                           "delivery_info": {"exchange": route.exchange,
+                                             "routing_key": route.routing_key}}}
+        queue = route.queue or self.queue_of(route.exchange, route.routing_key)
+        step = self.channel._get_message_priority(payload, reverse=False)
+        target = self.channel._q_for_pri(queue, step)
+        payload["headers"][ROUTE_HEADER] = route.header(queue=queue, list=target)
+        return payload
+
+    def queue_of(self, exchange: str, routing_key: str) -> str:
+        """The queue kombu routes ``exchange``/``routing_key`` to (the first, sorted, when
+        the exchange routes it to several: the copy goes back to one queue only)."""
+        if not exchange:
+            return routing_key
+        now = time.monotonic()
+        known = self._routes.get((exchange, routing_key))
+        if known is None or known[0] < now:
+            table = self.channel.get_table(exchange)
+            found = self.channel.typeof(exchange).lookup(table, exchange, routing_key, None)
+            known = (now + ROUTE_MEMORY, sorted(q for q in found if q))
+            self._routes[(exchange, routing_key)] = known
+        if not known[1]:
+            raise LookupError(f"no queue is bound to exchange {exchange!r} with "
+                              f"routing key {routing_key!r}")
+        return known[1][0]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

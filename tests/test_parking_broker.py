@@ -1,0 +1,329 @@
+"""The broker side of the parking line (``celery_redislock.integration.parking``): parked
+copies, moves, lengths and the registry on a private Redis broker and on the shared
+RabbitMQ, the mover thread, and a moved run retried by a real ``celery worker``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, List, Optional
+
+import kombu
+import pytest
+from celery import Celery
+
+from celery_redislock.integration.parking import (
+    REGISTRY,
+    ROUTE_HEADER,
+    Done,
+    Mover,
+    ParkedCopy,
+    broker_for,
+    parking_queue,
+)
+from celery_redislock.integration.parking.naming import is_parking_queue
+from celery_redislock.integration.waiting_run import WAIT_HEADER
+
+from redis_process import RedisServer
+from support import wait_until
+
+AMQP_URL = os.environ.get("REDISLOCK_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+TESTS_DIRECTORY = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def redis_app(server: RedisServer) -> Iterator[Celery]:
+    """A Celery app whose broker is database 5 of the module's own redis-server, emptied."""
+    client = server.client(db=5)
+    client.flushdb()
+    app = make_app(server.database_url(5))
+    yield app
+    client.close()
+
+
+def make_app(broker: str, queue: str = "work") -> Celery:
+    app = Celery("parking_broker_test", broker=broker, set_as_current=False)
+    app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=True,
+                    task_ignore_result=True)
+
+    app.task(name="parking.noop", bind=True)(_noop)
+    return app
+
+
+def _noop(self: Any, value: Any) -> Any:
+    return value
+
+
+def receive(app: Celery, queue: str, timeout: float = 5.0) -> kombu.Message:
+    """The next message of ``queue``, received as a Celery worker receives it (a kombu
+    consumer; the message is acknowledged)."""
+    got: List[kombu.Message] = []
+    with app.connection_for_read() as connection:
+        consumer = kombu.Consumer(connection, [kombu.Queue(queue, routing_key=queue)],
+                                  accept=["json"], on_message=got.append, prefetch_count=1)
+        with consumer:
+            deadline = time.monotonic() + timeout
+            while not got:
+                with contextlib.suppress(TimeoutError):  # nothing yet
+                    connection.drain_events(timeout=max(0.05, deadline - time.monotonic()))
+                if not got and time.monotonic() > deadline:
+                    raise AssertionError(f"nothing arrived in {queue!r}")
+        got[0].ack()
+    return got[0]
+
+
+def send(app: Celery, value: Any, queue: Optional[str] = None, **options: Any) -> str:
+    return app.tasks["parking.noop"].apply_async((value,), queue=queue, **options).id
+
+
+def task_value(message: kombu.Message) -> Any:
+    args, _kwargs, _embed = message.decode()
+    return args[0]
+
+
+WAIT = {"v": 2, "park_id": "p-1", "line": "k"}
+
+
+# ---- naming -------------------------------------------------------------------------
+
+def test_parking_queue_names_are_short_safe_and_deterministic() -> None:
+    names = {parking_queue(f"redislock:{{{i}}}:s:key") for i in range(1000)}
+    assert len(names) == 1000
+    name = parking_queue("redislock:{x}:s:a key with spaces and ünïcode")
+    assert name == parking_queue("redislock:{x}:s:a key with spaces and ünïcode")
+    assert len(name) == 42 and name.isascii() and " " not in name
+    assert is_parking_queue(name) and not is_parking_queue(REGISTRY)
+
+
+# ---- Redis broker -------------------------------------------------------------------
+
+def test_redis_park_then_move_puts_the_same_message_first(redis_app: Celery,
+                                                          server: RedisServer) -> None:
+    key = "redislock:{t}:s:front"
+    parked_id = send(redis_app, "parked", priority=0)
+    original = receive(redis_app, "work")
+    send(redis_app, "queued-1")
+    send(redis_app, "queued-2")
+    copy = ParkedCopy.of(original, key, WAIT)
+    with redis_app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        assert broker.park(copy, "job-park").what == "parked"
+        assert broker.lengths([copy.queue, parking_queue("other")]) == {
+            copy.queue: 1, parking_queue("other"): 0}
+        assert broker.registry() == {copy.queue: key}
+        outcome = broker.move(copy.queue, "job-move")
+    assert (outcome.done, outcome.what, outcome.target) == (True, "moved", "work")
+    moved = receive(redis_app, "work")
+    assert moved.headers["id"] == parked_id and task_value(moved) == "parked"
+    assert moved.headers[WAIT_HEADER] == WAIT
+    assert moved.headers["task"] == original.headers["task"]
+    assert {k: v for k, v in moved.headers.items() if k not in (WAIT_HEADER, ROUTE_HEADER)} \
+        == {k: v for k, v in original.headers.items() if k != WAIT_HEADER}
+    for name in ("priority", "correlation_id", "reply_to", "delivery_mode"):
+        assert moved.properties.get(name) == original.properties.get(name), name
+    assert moved.delivery_info["exchange"] == original.delivery_info["exchange"]
+    assert moved.delivery_info["routing_key"] == original.delivery_info["routing_key"]
+    assert moved.delivery_tag != original.delivery_tag
+    assert (moved.content_type, moved.content_encoding) == (
+        original.content_type, original.content_encoding)
+    assert [task_value(receive(redis_app, "work")) for _ in range(2)] == [
+        "queued-1", "queued-2"]
+    client = server.client(db=5)
+    assert client.llen(copy.queue) == 0 and client.hlen("unacked") == 0
+    client.close()
+
+
+def test_redis_move_of_an_empty_parking_queue_returns_false(redis_app: Celery) -> None:
+    with redis_app.connection_for_write() as connection:
+        outcome = broker_for(connection).move(parking_queue("nobody"), "j")
+    assert (outcome.done, outcome.what) == (False, "empty")
+
+
+def test_redis_priority_lists_are_respected(redis_app: Celery, server: RedisServer) -> None:
+    """A run sent with a priority is moved to its queue's list for that priority step
+    (kombu's ``_q_for_pri``), and the worker's BRPOP over the steps takes it in turn."""
+    send(redis_app, "urgent", priority=5)
+    original = receive(redis_app, "work")
+    assert original.properties["priority"] == 5
+    copy = ParkedCopy.of(original, "redislock:{t}:s:prio", WAIT)
+    with redis_app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        broker.park(copy, "p")
+        outcome = broker.move(copy.queue, "m")
+    assert outcome.target == "work\x06\x163"
+    client = server.client(db=5)
+    assert client.llen("work\x06\x163") == 1 and client.llen("work") == 0
+    client.close()
+    moved = receive(redis_app, "work")
+    assert moved.properties["priority"] == 5 and task_value(moved) == "urgent"
+
+
+def test_redis_parks_and_moves_in_order_and_a_retried_job_happens_once(
+        redis_app: Celery) -> None:
+    key = "redislock:{t}:s:order"
+    for index in range(3):
+        send(redis_app, index)
+    copies = [ParkedCopy.of(receive(redis_app, "work"), key, WAIT) for _ in range(3)]
+    with redis_app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        for index, copy in enumerate(copies):
+            assert broker.park(copy, f"park-{index}").what == "parked"
+        assert broker.park(copies[0], "park-0").what == "parked before"
+        assert broker.lengths([copies[0].queue]) == {copies[0].queue: 3}
+        assert broker.move(copies[0].queue, "move-0").what == "moved"
+        again = broker.move(copies[0].queue, "move-0")
+        assert (again.done, again.what) == (True, "moved before")
+        assert broker.lengths([copies[0].queue]) == {copies[0].queue: 2}
+        assert task_value(receive(redis_app, "work")) == 0  # the oldest parked first
+        assert broker.move(copies[0].queue, "move-1").done
+        assert broker.move(copies[0].queue, "move-2").done
+    # each move goes to the front: moves made before any is taken are taken last first
+    assert [task_value(receive(redis_app, "work")) for _ in range(2)] == [2, 1]
+
+
+def test_redis_exchange_routing_and_global_prefix(server: RedisServer) -> None:
+    """A task routed through a direct exchange to a queue of another name goes back to
+    that queue; the transport's ``global_keyprefix`` is applied to every key."""
+    client = server.client(db=6)
+    client.flushdb()
+    app = make_app(server.database_url(6))
+    app.conf.broker_transport_options = {"global_keyprefix": "pfx:"}
+    app.conf.task_queues = [kombu.Queue("reports", kombu.Exchange("jobs", type="direct"),
+                                        routing_key="report.daily")]
+    app.conf.task_routes = {"parking.noop": {"exchange": "jobs",
+                                             "routing_key": "report.daily"}}
+    with app.connection_for_write() as connection:  # declares the queue and its binding
+        kombu.Queue("reports", kombu.Exchange("jobs", type="direct"),
+                    routing_key="report.daily")(connection.default_channel).declare()
+    send(app, "routed")
+    original = receive(app, "reports")
+    assert original.delivery_info["exchange"] == "jobs"
+    copy = ParkedCopy.of(original, "redislock:{t}:s:routed", WAIT)
+    with app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        broker.park(copy, "p")
+        assert client.llen("pfx:" + copy.queue) == 1
+        assert broker.registry() == {copy.queue: "redislock:{t}:s:routed"}
+        assert broker.move(copy.queue, "m").target == "reports"
+    moved = receive(app, "reports")
+    assert moved.delivery_info["routing_key"] == "report.daily"
+    assert task_value(moved) == "routed"
+    client.close()
+
+
+def test_redis_unroutable_head_is_set_aside(redis_app: Celery, server: RedisServer) -> None:
+    queue = parking_queue("redislock:{t}:s:junk")
+    client = server.client(db=5)
+    client.lpush(queue, b"not json")
+    with redis_app.connection_for_write() as connection:
+        outcome = broker_for(connection).move(queue, "m")
+    assert (outcome.done, outcome.what) == (False, "unroutable")
+    assert client.lrange("redislock.parking.unroutable", 0, -1) == [b"not json"]
+    client.close()
+
+
+# ---- the mover thread ---------------------------------------------------------------
+
+def test_mover_does_jobs_in_order_and_reports_each_once(redis_app: Celery) -> None:
+    key = "redislock:{t}:s:mover"
+    for index in range(3):
+        send(redis_app, index)
+    copies = [ParkedCopy.of(receive(redis_app, "work"), key, WAIT) for _ in range(3)]
+    done: List[Done] = []
+    threads = set()
+
+    def on_done(result: Done) -> None:
+        threads.add(threading.current_thread().name)
+        done.append(result)
+
+    mover = Mover.for_app(redis_app).start()
+    try:
+        for copy in copies:
+            assert mover.park(copy, on_done)
+        for _ in range(4):
+            assert mover.move(copies[0].queue, on_done)
+        wait_until(lambda: len(done) == 7, what="seven jobs done")
+    finally:
+        assert mover.stop()
+    assert [(d.kind, d.outcome.what if d.outcome else None) for d in done] == [
+        ("park", "parked")] * 3 + [("move", "moved")] * 3 + [("move", "empty")]
+    assert [d.copy for d in done[:3]] == copies
+    assert threads == {"redislock-mover"}
+    assert [task_value(receive(redis_app, "work")) for _ in range(3)] == [2, 1, 0]
+    assert not mover.move(copies[0].queue, on_done)  # stopped: not taken
+
+
+def test_mover_queue_is_bounded_and_a_failing_callback_does_not_stop_it(
+        redis_app: Celery) -> None:
+    gate = threading.Event()
+    done: List[Done] = []
+
+    def slow(result: Done) -> None:
+        gate.wait(10)
+        raise RuntimeError("a callback that fails")
+
+    mover = Mover.for_app(redis_app, max_jobs=2).start()
+    try:
+        queue = parking_queue("redislock:{t}:s:bounded")
+        assert mover.move(queue, slow)  # taken by the thread, which waits in the callback
+        wait_until(lambda: mover.pending == 0, what="the first job taken")
+        assert mover.move(queue, done.append) and mover.move(queue, done.append)
+        assert not mover.move(queue, done.append)  # full
+        gate.set()
+        wait_until(lambda: len(done) == 2, what="the jobs after the failing callback")
+    finally:
+        assert mover.stop()
+
+
+def test_mover_reconnects_and_does_the_job_once(tmp_path: Path) -> None:
+    """The broker goes away with a park and a move waiting: both are done once it is
+    back, on a new connection, each once."""
+    own = RedisServer().start()
+    try:
+        app = make_app(own.database_url(0))
+        send(app, "survives")
+        copy = ParkedCopy.of(receive(app, "work"), "redislock:{t}:s:reconnect", WAIT)
+        done: List[Done] = []
+        mover = Mover.for_app(app, retry_delay=0.1).start()
+        assert mover.move(copy.queue, done.append)
+        wait_until(lambda: len(done) == 1, what="a first move")
+        own.stop()
+        assert mover.park(copy, done.append) and mover.move(copy.queue, done.append)
+        time.sleep(0.5)  # let the mover fail a few times against the stopped server
+        assert len(done) == 1
+        own.start()
+        wait_until(lambda: len(done) == 3, timeout=30, what="the jobs after the restart")
+        assert mover.stop()
+        assert [d.outcome.what for d in done if d.outcome] == ["empty", "parked", "moved"]
+        assert done[1].attempts > 1
+        assert task_value(receive(app, "work")) == "survives"
+        client = own.client()
+        assert client.llen(copy.queue) == 0 and client.llen("work") == 0
+        client.close()
+    finally:
+        own.cleanup()
+
+
+def test_mover_stop_gives_up_on_a_broker_that_does_not_come_back() -> None:
+    own = RedisServer().start()
+    try:
+        app = make_app(own.database_url(0))
+        own.stop()
+        done: List[Done] = []
+        mover = Mover.for_app(app, retry_delay=0.05).start()
+        assert mover.move(parking_queue("k"), done.append)
+        assert mover.move(parking_queue("k"), done.append)
+        assert mover.stop(timeout=0.5)
+        assert [type(d.error).__name__ for d in done] == ["Cancelled", "Cancelled"]
+    finally:
+        own.cleanup()
