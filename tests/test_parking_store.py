@@ -3,10 +3,13 @@ model (``tests/waiting_model/store.py``) takes them, on a real redis-server."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any, List
 
 import pytest
+import redis
 
 from celery_redislock.engine.admission import (
     Busy,
@@ -16,6 +19,7 @@ from celery_redislock.engine.admission import (
     Paused,
     Served,
     SlotLimit,
+    declare_fresh,
 )
 from celery_redislock.engine.parking import (
     due,
@@ -26,6 +30,8 @@ from celery_redislock.engine.parking import (
     run_id,
     started,
 )
+
+from redis_process import RedisServer
 
 PREFIX = "redislock:"
 
@@ -135,3 +141,242 @@ def test_a_copy_whose_reference_names_another_park_id_is_stale(redis_client, par
     incarnation = waiter.park.park_id.split(":")[0]
     stale = ParkRef(key, f"{incarnation}:{park_id.split(':')[1]}999")
     assert isinstance(ask(redis_client, limiters, "t1", parked=stale), Served)
+
+
+def test_the_original_given_back_while_its_copy_waits_parks_again(redis_client):
+    """A redelivered original (its worker died after publishing the parked copy) parks
+    again under a new park id, in the same place: the first parked copy is stale."""
+    limiters = [limit()]
+    key = limiters[0].key
+    holder = ask(redis_client, limiters, "t0")
+    first = ask(redis_client, limiters, "t1")
+    again = ask(redis_client, limiters, "t1")
+    assert isinstance(first, Busy) and isinstance(again, Busy)
+    assert again.park.park_id != first.park.park_id
+    assert counts(redis_client, key) == {"w": 1}
+    holder.release()
+    assert moves(holder) == [ParkedMove(key)]
+    stale = ask(redis_client, limiters, "t1", parked=first.park)
+    assert isinstance(stale, Served)
+    # The stale copy used the move: its reservation is given back and handed over again.
+    assert moves(stale) == [ParkedMove(key)]
+    assert isinstance(ask(redis_client, limiters, "t1", parked=again.park), Lease)
+
+
+def test_a_claim_whose_holder_died_is_claimed_again(redis_client):
+    """A moved copy claimed and its worker died before the body started: the broker
+    gives the copy back; once the claimer's lease ran out it claims in its place."""
+    limiters = [limit()]
+    holder = ask(redis_client, limiters, "t0")
+    waiter = ask(redis_client, limiters, "t1")
+    holder.release()
+    claimer = ask(redis_client, limiters, "t1", parked=waiter.park, lease=0.2)
+    assert isinstance(claimer, Lease)
+    back = ask(redis_client, limiters, "t1", parked=waiter.park)
+    assert isinstance(back, Busy) and back.park == waiter.park  # its claimer lives
+    time.sleep(0.25)
+    redelivered = ask(redis_client, limiters, "t1", parked=waiter.park)
+    assert isinstance(redelivered, Lease)
+    redelivered.release()  # acks late: the release serves the reference
+    assert isinstance(ask(redis_client, limiters, "t1", parked=waiter.park), Served)
+
+
+def test_a_claim_whose_holder_died_parks_behind_the_line(redis_client):
+    limiters = [limit()]
+    key = limiters[0].key
+    holder = ask(redis_client, limiters, "t0")
+    waiter = ask(redis_client, limiters, "t1")
+    holder.release()
+    claimer = ask(redis_client, limiters, "t1", parked=waiter.park, lease=0.2)
+    assert isinstance(claimer, Lease)
+    behind = ask(redis_client, limiters, "t2")
+    assert isinstance(behind, Busy)
+    time.sleep(0.25)
+    # t2 waits, the slot is free: the claim's copy parks again (a new park id), behind t2.
+    back = ask(redis_client, limiters, "t1", parked=waiter.park)
+    assert isinstance(back, Busy) and back.park.park_id != waiter.park.park_id
+    assert counts(redis_client, key) == {"w": 2}
+
+
+def test_served_references_are_forgotten_after_keep_served(redis_client):
+    limiters = [limit()]
+    holder = ask(redis_client, limiters, "t0")
+    waiter = ask(redis_client, limiters, "t1", keep_served_ms=100)
+    holder.release()
+    claimer = ask(redis_client, limiters, "t1", parked=waiter.park, keep_served_ms=100)
+    assert started(claimer) == 1
+    claimer.release()
+    assert isinstance(ask(redis_client, limiters, "t1"), Served)
+    time.sleep(0.15)
+    ask(redis_client, limiters, "t9").release()  # any call prunes a few
+    refs = limiters[0].key.replace("}:s:", "}:pr:", 1)
+    assert not redis_client.hexists(refs, run_id("t1", 0))
+
+
+def test_an_operator_override_of_the_slots_is_handed_over(redis_client):
+    limiters = [limit(slots=1)]
+    key = limiters[0].key
+    ask(redis_client, limiters, "t0")
+    parked = [ask(redis_client, limiters, f"t{i}") for i in (1, 2, 3)]
+    assert all(isinstance(outcome, Busy) for outcome in parked)
+    redis_client.hset(key.replace("}:s:", "}:cs:", 1), "slots", 3)
+    assert due(redis_client, {key: 3}) == [ParkedMove(key)] * 2
+    assert [type(ask(redis_client, limiters, f"t{i}", parked=parked[i - 1].park)).__name__
+            for i in (1, 2, 3)] == ["Lease", "Lease", "Busy"]
+
+
+def test_a_pause_holds_the_hand_overs_until_it_ends(redis_client):
+    limiters = [limit()]
+    key = limiters[0].key
+    holder = ask(redis_client, limiters, "t0")
+    waiter = ask(redis_client, limiters, "t1")
+    control = key.replace("}:s:", "}:cs:", 1)
+    redis_client.hset(control, "paused_until", "forever")
+    holder.release()
+    assert moves(holder) == []
+    assert due(redis_client, {key: 1}) == []
+    assert isinstance(ask(redis_client, limiters, "t1", parked=waiter.park), Paused)
+    redis_client.hdel(control, "paused_until")
+    assert due(redis_client, {key: 1}) == [ParkedMove(key)]
+
+
+def test_several_semaphores_all_or_nothing_parking_at_the_first_refusal(redis_client):
+    """A global cap of 2 and a tenant's key of 1. A moved copy refused by the global cap
+    parks there; the tenant's reservation is given back (nobody else waits there)."""
+    overall, tenant_a = limit("all", 2), limit("tenant-a", 1)
+    tenant_b, tenant_c = limit("tenant-b", 1), limit("tenant-c", 1)
+    a0 = ask(redis_client, [overall, tenant_a], "a0")
+    assert isinstance(a0, Lease)
+    a1 = ask(redis_client, [overall, tenant_a], "a1")
+    assert isinstance(a1, Busy) and a1.park.key == tenant_a.key
+    assert redis_client.zcount(overall.key, "(0", "+inf") == 1  # nothing taken by a1
+    b0 = ask(redis_client, [overall, tenant_b], "b0")
+    assert isinstance(b0, Lease)
+    a0.release()
+    assert moves(a0) == [ParkedMove(tenant_a.key)]
+    c0 = ask(redis_client, [overall, tenant_c], "c0")  # the global cap has a free slot
+    assert isinstance(c0, Lease)
+    moved = ask(redis_client, [overall, tenant_a], "a1", parked=a1.park)
+    assert isinstance(moved, Busy) and moved.park.key == overall.key
+    assert counts(redis_client, tenant_a.key) == {"w": 0}
+    assert counts(redis_client, overall.key) == {"w": 1}
+    assert redis_client.zcard(tenant_a.key.replace("}:s:", "}:pv:", 1)) == 0
+    b0.release()
+    assert moves(b0) == [ParkedMove(overall.key)]
+    admitted = ask(redis_client, [overall, tenant_a], "a1", parked=moved.park)
+    assert isinstance(admitted, Lease)
+    assert redis_client.zcount(tenant_a.key, "(0", "+inf") == 1
+
+
+def test_a_moved_copy_refused_elsewhere_hands_its_reservation_to_the_next(redis_client):
+    overall, tenant_a = limit("all", 1), limit("tenant-a", 1)
+    a0 = ask(redis_client, [tenant_a], "a0")
+    a1 = ask(redis_client, [overall, tenant_a], "a1")
+    a2 = ask(redis_client, [tenant_a], "a2")
+    assert isinstance(a1, Busy) and a1.park.key == tenant_a.key
+    assert isinstance(a2, Busy) and a2.park.key == tenant_a.key
+    holder = ask(redis_client, [overall], "g0")
+    assert isinstance(holder, Lease)
+    a0.release()
+    assert moves(a0) == [ParkedMove(tenant_a.key)]
+    # The parking queue is first in first out: a1's copy comes out first.
+    moved = ask(redis_client, [overall, tenant_a], "a1", parked=a1.park)
+    assert isinstance(moved, Busy) and moved.park.key == overall.key
+    assert moves(moved) == [ParkedMove(tenant_a.key)]  # handed to a2
+    assert isinstance(ask(redis_client, [tenant_a], "a2", parked=a2.park), Lease)
+
+
+def _reconnect(client: Any) -> None:
+    """The first command after a restart may meet the connection the restart broke (the
+    client's, and the engine's channel, which scripts go through)."""
+    for _ in range(2):
+        try:
+            client.ping()
+            moved_nothing(client, PREFIX + "{none}:s:none")
+        except redis.ConnectionError:
+            continue
+
+
+def _kill_and_start(server: RedisServer) -> None:
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+    server.start()
+
+
+def test_a_restart_with_its_data_keeps_the_line(tmp_path):
+    server = RedisServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"]).start()
+    try:
+        client = server.client()
+        declare_fresh(client)
+        limiters = [limit()]
+        key = limiters[0].key
+        holder = ask(client, limiters, "t0", lease=30)
+        waiters = [ask(client, limiters, f"t{i}") for i in (1, 2)]
+        holder.release()
+        assert moves(holder) == [ParkedMove(key)]
+        _kill_and_start(server)
+        _reconnect(client)
+        assert counts(client, key) == {"w": 2}
+        assert due(client, {key: 2}) == []  # the reservation survived
+        first = ask(client, limiters, "t1", parked=waiters[0].park)
+        assert isinstance(first, Lease)
+        first.release()
+        assert moves(first) == [ParkedMove(key)]
+        assert isinstance(ask(client, limiters, "t2", parked=waiters[1].park), Lease)
+        assert isinstance(ask(client, limiters, "t1", parked=waiters[0].park), Served)
+        client.close()
+    finally:
+        server.cleanup()
+
+
+def test_a_restart_without_data_counts_the_parking_queues(own_redis_server):
+    """The store restarts empty: the line knows nobody, the poll counts the parking
+    queue's messages as anonymous entries; nothing is granted in the grace; then a copy
+    parked in the lost incarnation takes a reservation like any."""
+    client = own_redis_server.client()
+    declare_fresh(client)
+    limiters = [limit()]
+    key = limiters[0].key
+    holder = ask(client, limiters, "t0", lease=1)
+    assert isinstance(holder, Lease)
+    waiter = ask(client, limiters, "t1", lease=1)
+    assert isinstance(waiter, Busy)
+    own_redis_server.restart()  # empty: it keeps nothing on disk
+    _reconnect(client)
+    assert due(client, {key: 1}) == []  # counted, but the grace is on
+    assert counts(client, key) == {"a": 1}
+    newcomer = ask(client, limiters, "t2", lease=1)
+    assert isinstance(newcomer, Busy)  # in the grace: it parks
+    assert counts(client, key) == {"a": 1, "w": 1}
+    deadline = time.monotonic() + 5
+    owed: List[ParkedMove] = []
+    while not owed and time.monotonic() < deadline:
+        owed = due(client, {key: 2})
+        time.sleep(0.05)
+    assert owed == [ParkedMove(key)]
+    lost = ask(client, limiters, "t1", parked=waiter.park, lease=1)
+    assert isinstance(lost, Lease)
+    assert counts(client, key) == {"a": 0, "w": 1}
+    lost.release()
+    assert moves(lost) == [ParkedMove(key)]
+    assert isinstance(ask(client, limiters, "t2", parked=newcomer.park, lease=1), Lease)
+    client.close()
+
+
+def test_a_copy_of_a_lost_incarnation_with_no_reservation_asks_as_a_newcomer(
+        own_redis_server):
+    client = own_redis_server.client()
+    declare_fresh(client)
+    limiters = [limit()]
+    key = limiters[0].key
+    ask(client, limiters, "t0", lease=0.3)
+    waiter = ask(client, limiters, "t1", lease=0.3)
+    own_redis_server.restart()
+    _reconnect(client)
+    assert due(client, {key: 1}) == []
+    time.sleep(0.35)  # the grace (the longest lease) ends
+    lost = ask(client, limiters, "t1", parked=waiter.park, lease=0.3)
+    assert isinstance(lost, Lease)  # the anonymous entry was its own
+    assert counts(client, key) == {"a": 0}
+    client.close()

@@ -242,14 +242,16 @@ def parked_keys(client: Any, prefix: str = "redislock:") -> List[str]:
 
 
 def due(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "redislock:",
-        reserve_ms: int = RESERVE_MS) -> List[ParkedMove]:
+        reserve_ms: int = RESERVE_MS, lease: float = 0.0) -> List[ParkedMove]:
     """The poll (each worker, every ~100-250 ms): the moves owed now, for slots freed
     without a release (a lease ran out, a reservation lapsed, the grace after a loss of
     the store's data ended). ``parked_lengths`` maps each semaphore key to its parking
     queue's length (-1 if unknown): pass every key of :func:`parked_keys` and of the
     broker's registry of parking queues. A key whose line knows nobody while its queue
-    holds messages (the store lost its data) counts them as anonymous entries. One
-    script per 500 keys.
+    holds messages (the store lost its data) counts them as anonymous entries. A poll
+    that is the first to find the store emptied starts the grace (the longest lease
+    declared, see :func:`~.admission.declare_longest_lease`, or ``lease``), as an
+    admission would: nothing is handed over until it ends. One script per 500 keys.
 
         >>> import redis
         >>> due(redis.Redis.from_url(redis_url), {"doc:{x}:s:nobody": 0}, prefix="doc:")
@@ -260,8 +262,11 @@ def due(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "redisl
     for start in range(0, len(keys), 500):
         batch = keys[start:start + 500]
         reply = DUE.run(client, [*batch, parked_index(prefix)],
-                        [reserve_ms, *(int(parked_lengths[key]) for key in batch)])
-        moves.extend(move for move in handoffs_of(reply) if isinstance(move, ParkedMove))
+                        [reserve_ms, seen_incarnation(client),
+                         grace_bound_ms(client, lease or 0.001),
+                         *(int(parked_lengths[key]) for key in batch)])
+        saw_incarnation(client, int(reply[0]))
+        moves.extend(move for move in handoffs_of(reply[1:]) if isinstance(move, ParkedMove))
     return moves
 
 

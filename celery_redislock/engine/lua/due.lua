@@ -7,20 +7,36 @@
 --
 -- KEYS[i]     semaphore i (1..N); KEYS[N+1] the key space's index of parked lines
 -- ARGV[1]     how long a slot handed to the line stays reserved (ms)
--- ARGV[1+i]   how many messages semaphore i's parking queue holds (-1: unknown)
+-- ARGV[2]     the latest incarnation the caller saw (admit.lua; -1: Redis Cluster)
+-- ARGV[3]     the longest lease (ms) the caller's process knows of (store.lua): a poll
+--             that is the first to find the store emptied starts the grace, as an
+--             admission would
+-- ARGV[3+i]   how many messages semaphore i's parking queue holds (-1: unknown)
 --
--- Returns the moves owed: '!move <count> <key>' entries (see parking.lua). A key whose
--- line is empty (no reference waiting, no anonymous entry, no live reservation) and
--- whose parking queue is empty leaves the index.
+-- Returns {born, move...}: the incarnation ('born', 0 if none) and the moves owed,
+-- '!move <count> <key>' entries (see parking.lua). A key whose line is empty (no
+-- reference waiting, no anonymous entry, no live reservation) and whose parking queue
+-- is empty leaves the index.
 
 local N = #KEYS - 1
 local reserve = tonumber(ARGV[1])
-local now = server_now()
-local out = {}
+local seen = tonumber(ARGV[2]) or 0
+local bound = tonumber(ARGV[3]) or 0
+local now, now_us = server_now()
+local out = {0}
+local grace = nil
+local marker = N > 0 and incarnation_key(KEYS[1])
+if marker and seen >= 0 then
+  local state = incarnation_for(marker, now, now_us, seen, bound)
+  if state then
+    out[1] = state[1]
+    if state[2] > now then grace = state[2] end
+  end
+end
 
 for i = 1, N do
   local key = KEYS[i]
-  local length = tonumber(ARGV[1 + i]) or -1
+  local length = tonumber(ARGV[3 + i]) or -1
   local counts = parked_line(key) or {0, 0}
   local reserved = live_reservations(key, now)
   prune_served(key, now)
@@ -36,7 +52,7 @@ for i = 1, N do
       redis.call('ZREM', KEYS[N + 1], key)
     end
   end
-  if counts[1] + counts[2] > 0 and not grace_of(key, now) then
+  if counts[1] + counts[2] > 0 and not grace then
     redis.call('ZREMRANGEBYSCORE', key, 0, now)
     local parked = parked_line(key)
     local slots, paused = semaphore_limit(key, configured_slots(key, parked), now)
