@@ -8,7 +8,6 @@ for another.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import logging
@@ -253,10 +252,14 @@ class Lease:
         channel = (channel_for(client) if answer_later and handed_young(record) and not parts
                    else None)
         if channel is not None and client.connection_pool in _adopts_known:
-            # Not sent: _adopted heard of it, and adopted again or left it to the renewals.
-            with contextlib.suppress(RedisError):
+            try:
                 channel.send((*ADOPT.evalsha(client), len(lease._keys), *lease._keys,
                               *adoption), then=functools.partial(lease._adopted, adoption))
+            except RedisError as exc:
+                # Not written (an earlier request found the connection a restart of the
+                # store broke): no answer comes, so it is handled here as an error
+                # answer: adopted again now, else by the renewals.
+                lease._adopted(adoption, [exc])
             return None if lease.lost else lease
         lease_end = int(ADOPT.run(client, lease._keys, adoption))
         if lease_end == 0:
