@@ -5,9 +5,13 @@ RabbitMQ, the mover thread, and a moved run retried by a real ``celery worker``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
@@ -327,3 +331,176 @@ def test_mover_stop_gives_up_on_a_broker_that_does_not_come_back() -> None:
         assert [type(d.error).__name__ for d in done] == ["Cancelled", "Cancelled"]
     finally:
         own.cleanup()
+
+
+# ---- RabbitMQ -----------------------------------------------------------------------
+
+def rabbitmq_answers() -> bool:
+    try:
+        with kombu.Connection(AMQP_URL, connect_timeout=2) as connection:
+            connection.ensure_connection(max_retries=1)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def rabbit_app() -> Iterator[Celery]:
+    """A Celery app on the shared RabbitMQ with a queue (and exchange) of its own; the
+    test's queues are deleted after it (``app.parking_queues``: those it parked into)."""
+    if not rabbitmq_answers():
+        pytest.skip(f"no RabbitMQ answers at {AMQP_URL}")
+    queue = f"redislock-test-park-{uuid.uuid4().hex[:10]}"
+    app = make_app(AMQP_URL, queue)
+    app.conf.update(task_queues=[kombu.Queue(queue, kombu.Exchange(queue, "direct"),
+                                             routing_key="parking.rk")],
+                    task_default_exchange=queue, task_default_routing_key="parking.rk")
+    app.parking_queues = []  # type: ignore[attr-defined]
+    yield app
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        for name in [queue, *app.parking_queues]:  # type: ignore[attr-defined]
+            channel.queue_delete(name)
+        channel.exchange_delete(queue)
+
+
+def test_rabbitmq_park_then_move_returns_the_same_message(rabbit_app: Celery) -> None:
+    queue = rabbit_app.conf.task_default_queue
+    key = f"redislock:{{t}}:s:{queue}"
+    with rabbit_app.connection_for_write() as connection:
+        rabbit_app.conf.task_queues[0](connection.default_channel).declare()
+    # through the exchange (Celery sends to a direct queue by the default exchange)
+    parked_id = send(rabbit_app, "parked", priority=5, exchange=queue,
+                     routing_key="parking.rk")
+    original = receive(rabbit_app, queue)
+    send(rabbit_app, "queued")
+    copy = ParkedCopy.of(original, key, WAIT)
+    rabbit_app.parking_queues.append(copy.queue)  # type: ignore[attr-defined]
+    with rabbit_app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        assert broker.park(copy, "p").what == "parked"
+        wait_until(lambda: broker.lengths([copy.queue]) == {copy.queue: 1},
+                   what="the parked copy counted")
+        assert broker.registry().get(copy.queue) == key
+        outcome = broker.move(copy.queue, "m")
+        assert (outcome.done, outcome.what) == (True, "moved")
+        assert outcome.target == f"{queue}/parking.rk"
+        assert broker.move(copy.queue, "m2").what == "empty"
+        assert broker.lengths([copy.queue, parking_queue("none")]) == {
+            copy.queue: 0, parking_queue("none"): 0}
+    assert task_value(receive(rabbit_app, queue)) == "queued"  # AMQP: behind the queue
+    moved = receive(rabbit_app, queue)
+    assert moved.headers["id"] == parked_id and task_value(moved) == "parked"
+    assert moved.headers[WAIT_HEADER] == WAIT and ROUTE_HEADER not in moved.headers
+    assert {k: v for k, v in moved.headers.items() if k != WAIT_HEADER} \
+        == {k: v for k, v in original.headers.items() if k != WAIT_HEADER}
+    for name in ("priority", "correlation_id", "reply_to", "delivery_mode"):
+        assert moved.properties.get(name) == original.properties.get(name), name
+    assert moved.properties["priority"] == 5
+    assert moved.delivery_info["exchange"] == original.delivery_info["exchange"] == queue
+    assert original.delivery_info["routing_key"] == "parking.rk"
+    assert moved.delivery_info["routing_key"] == original.delivery_info["routing_key"]
+    assert (moved.content_type, moved.content_encoding) == (
+        original.content_type, original.content_encoding)
+    with rabbit_app.connection_for_write() as connection:
+        connection.default_channel.queue_delete(copy.queue)
+        assert copy.queue not in broker_for(connection).registry()
+
+
+def test_rabbitmq_mover_parks_and_moves_in_order(rabbit_app: Celery) -> None:
+    queue = rabbit_app.conf.task_default_queue
+    with rabbit_app.connection_for_write() as connection:
+        rabbit_app.conf.task_queues[0](connection.default_channel).declare()
+    for index in range(3):
+        send(rabbit_app, index)
+    copies = [ParkedCopy.of(receive(rabbit_app, queue), f"redislock:{{t}}:s:{queue}", WAIT)
+              for _ in range(3)]
+    rabbit_app.parking_queues.append(copies[0].queue)  # type: ignore[attr-defined]
+    done: List[Done] = []
+    mover = Mover.for_app(rabbit_app).start()
+    try:
+        for copy in copies:
+            assert mover.park(copy, done.append)
+        for _ in range(4):
+            assert mover.move(copies[0].queue, done.append)
+        wait_until(lambda: len(done) == 7, what="seven jobs done")
+    finally:
+        assert mover.stop()
+    assert [(d.kind, d.outcome.what if d.outcome else d.error) for d in done] == [
+        ("park", "parked")] * 3 + [("move", "moved")] * 3 + [("move", "empty")]
+    assert [task_value(receive(rabbit_app, queue)) for _ in range(3)] == [0, 1, 2]
+
+
+# ---- a real worker ------------------------------------------------------------------
+
+@pytest.mark.parametrize("broker_kind", ["redis", "amqp"])
+def test_a_moved_run_retries_to_its_original_queue(broker_kind: str, server: RedisServer,
+                                                   tmp_path: Path) -> None:
+    """A run parked, then moved back, is taken by a real ``celery worker``; its
+    ``self.retry()`` goes through the original exchange and routing key to the original
+    queue, where the worker runs it again (``retries`` 1)."""
+    import parking_broker_app
+
+    record = server.client(db=8)
+    record.flushdb()
+    queue = f"parking-reports-{uuid.uuid4().hex[:8]}"
+    if broker_kind == "redis":
+        server.client(db=7).flushdb()
+        broker_url = server.database_url(7)
+    else:
+        if not rabbitmq_answers():
+            pytest.skip(f"no RabbitMQ answers at {AMQP_URL}")
+        broker_url = AMQP_URL
+    app = parking_broker_app.create_app(broker_url, queue)
+    key = f"redislock:{{t}}:s:{queue}"
+    worker: Optional[subprocess.Popen[bytes]] = None
+    log_path = tmp_path / "worker.log"
+    try:
+        with app.connection_for_write() as connection:
+            app.conf.task_queues[0](connection.default_channel).declare()
+        task_id = app.tasks["parking.retry_once"].delay(server.database_url(8)).id
+        original = receive(app, queue)
+        assert original.delivery_info["routing_key"] == parking_broker_app.ROUTING_KEY
+        copy = ParkedCopy.of(original, key, WAIT)
+        with app.connection_for_write() as connection:
+            assert broker_for(connection).park(copy, "p").done
+        env = {**os.environ, "PARKING_BROKER_URL": broker_url, "PARKING_QUEUE": queue}
+        with log_path.open("wb") as log:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "parking_broker_app", "worker",
+                 "-P", "solo", "-Q", queue, "-l", "info", "-n", f"{queue}@%h",
+                 "--without-gossip", "--without-mingle", "--without-heartbeat"],
+                cwd=TESTS_DIRECTORY, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        wait_until(lambda: "ready." in log_path.read_text(errors="replace"), timeout=30,
+                   what="the worker ready")
+        assert record.llen("runs") == 0  # parked: nobody runs it
+        with app.connection_for_write() as connection:
+            assert broker_for(connection).move(copy.queue, "m").done
+        wait_until(lambda: record.llen("runs") >= 2, timeout=30, what="the run and its retry")
+        time.sleep(0.3)  # a third run, if any, would show now
+        runs = [json.loads(item) for item in record.lrange("runs", 0, -1)]
+        assert [run["retries"] for run in runs] == [0, 1], log_path.read_text()
+        assert {run["id"] for run in runs} == {task_id}
+        for run in runs:
+            assert (run["exchange"], run["routing_key"]) == (
+                f"{queue}-exchange", parking_broker_app.ROUTING_KEY), run
+        assert runs[0]["wait"] == WAIT
+        with app.connection_for_write() as connection:
+            assert broker_for(connection).lengths([copy.queue]) == {copy.queue: 0}
+    finally:
+        if worker is not None:
+            worker.terminate()
+            try:
+                worker.wait(15)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait(5)
+        if broker_kind == "amqp":
+            with app.connection_for_write() as connection:
+                channel = connection.default_channel
+                for name in (queue, copy.queue if "copy" in locals() else ""):
+                    if name:
+                        channel.queue_delete(name)
+                channel.exchange_delete(f"{queue}-exchange")
+        record.close()
