@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from history.checker import OPEN, check, most_in_window
+from history.checker import ACK_WINDOW, KILLED_BEFORE_ACK, OPEN, check, most_in_window
 from history.table import render
 
 S = 1_000_000  # one second, in µs
@@ -19,10 +19,13 @@ def sent(task: str, t: int = 0, *, slots: int = 1, cost: int = 1, key: str = "k"
 
 
 def body(task: str, run: str, start: int, end: Optional[int], *, pid: int = 100,
-         worker: str = "worker1", admitted_ms: Optional[int] = None) -> List[Dict[str, Any]]:
+         worker: str = "worker1", admitted_ms: Optional[int] = None,
+         redelivered: Optional[bool] = None,
+         copy: Optional[bool] = None) -> List[Dict[str, Any]]:
     events: List[Dict[str, Any]] = [
         {"kind": "start", "t": start, "task": task, "run": run, "pid": pid,
-         "worker": worker, "admitted_ms": admitted_ms}]
+         "worker": worker, "admitted_ms": admitted_ms, "redelivered": redelivered,
+         "copy": copy}]
     if end is not None:
         events.append({"kind": "end", "t": end, "task": task, "run": run})
     return events
@@ -174,6 +177,49 @@ def test_repeats_by_cause() -> None:
     assert verdict.repeated_known == ["w2"]
     assert verdict.repeated_unexplained == ["e2"]
     assert "ran again, unexplained: e2" in verdict.defects()
+
+
+def refused(task: str, t: int, pid: int) -> Dict[str, Any]:
+    return {"kind": "lock_contended", "t": t, "task": task, "pid": pid, "key": "k"}
+
+
+def test_a_worker_killed_between_a_refusals_copy_and_the_ack_is_known() -> None:
+    """Default acks: worker1's main process (pid 50) refuses the message the task was
+    sent as, publishes its waiting copy, records the refusal and is killed whole before
+    it acknowledges the message; the copy runs, and the message, never acknowledged,
+    comes back after the visibility timeout and runs again."""
+    def history(task: str, *, kill_at: int, again_redelivered: Optional[bool] = True,
+                again_copy: Optional[bool] = False, acks_late: bool = False,
+                kill_pids: Any = (50, 51)) -> List[Dict[str, Any]]:
+        return [sent(task, acks_late=acks_late), refused(task, 1 * S, 50),
+                fault(kill_at, "kill_worker", pids=kill_pids, worker="worker1"),
+                *body(task, f"{task}1", 2 * S, 3 * S, pid=60, worker="worker2", copy=True,
+                      redelivered=False),
+                *body(task, f"{task}2", 45 * S, 46 * S, pid=61, worker="worker2",
+                      redelivered=again_redelivered, copy=again_copy),
+                final(task)]
+
+    proven = check([*history("a", kill_at=1 * S + 300_000), SETTLE])
+    assert (proven.repeated_known, proven.repeated_unexplained) == (["a2"], [])
+    assert proven.known_causes == {"a2": KILLED_BEFORE_ACK} and proven.defects() == []
+    assert f"1 {KILLED_BEFORE_ACK}" in render("seed 2", proven, {})
+    for unproven in (
+            history("b", kill_at=1 * S + ACK_WINDOW + 1),  # killed long after: acknowledged
+            history("c", kill_at=1 * S - 1),  # killed before the record: not that refusal
+            history("d", kill_at=1 * S + 300_000, kill_pids=(70,)),  # another worker
+            history("e", kill_at=1 * S + 300_000, again_redelivered=False),  # not redelivered
+            history("f", kill_at=1 * S + 300_000, again_redelivered=None),  # not recorded
+            history("g", kill_at=1 * S + 300_000, again_copy=True),  # a copy, not the message
+            history("h", kill_at=1 * S + 300_000, acks_late=True)):  # acks late: not this
+        verdict = check([*unproven, SETTLE])
+        assert verdict.repeated_known == [] and len(verdict.repeated_unexplained) == 1, unproven
+    # Only the task's first refusal is the refusal of the message it was sent as.
+    later = [sent("i", acks_late=False), refused("i", 1 * S, 50), refused("i", 5 * S, 52),
+             fault(5 * S + 10, "kill_worker", pids=[52], worker="worker3"),
+             *body("i", "i1", 6 * S, 7 * S, pid=60, copy=True, redelivered=False),
+             *body("i", "i2", 45 * S, 46 * S, pid=61, redelivered=True, copy=False),
+             final("i"), SETTLE]
+    assert check(later).repeated_unexplained == ["i2"]
 
 
 def test_settle_figures_are_defects() -> None:

@@ -3,7 +3,8 @@
 The workers start it with ``celery -A history.app worker``; the URLs come from the
 environment (:class:`worker_app.AppUrls`: broker, result backend, lock store, recorder).
 Every body records its ``start`` (the lease's fence and the start its admission counted,
-``admitted_ms`` on the lock store's clock) and its ``end``; the ``lock_acquired``,
+``admitted_ms`` on the lock store's clock; whether its message came back from the broker
+unacknowledged, and whether it is a copy the package sent) and its ``end``; the ``lock_acquired``,
 ``lock_released``, ``lease_lost``, ``lock_contended`` and ``rate_limited`` signals are
 recorded too, each where it is sent.
 """
@@ -46,6 +47,22 @@ def node(hostname: Optional[str]) -> str:
     return (hostname or "").split("@", 1)[0]
 
 
+#: The headers of a copy of a run's message that the package sends (a run sent back to
+#: wait, handed a slot, or parked); the message a task was sent as carries none of them.
+#: (The worker's main process adds other request fields, ``redislock_admitted``...)
+COPY_HEADERS = ("redislock_wait", "redislock_park")
+
+
+def is_copy(headers: Any) -> bool:
+    """Whether a message with ``headers`` (a request's custom headers) is a copy the
+    package sent.
+
+        >>> is_copy({"redislock_wait": {}}), is_copy({"redislock_admitted": {}}), is_copy(None)
+        (True, False, False)
+    """
+    return isinstance(headers, dict) and any(name in headers for name in COPY_HEADERS)
+
+
 def weight(cost: int) -> int:
     """A weighted run's cost: its ``cost`` argument."""
     return cost
@@ -85,7 +102,9 @@ def _define(app: Celery, urls: AppUrls, kind: Kind, acks_late: bool) -> None:
         record = recorder(urls.record)
         record.started(run, os.getpid(), node(request.hostname), task=request.id,
                        fence=str(getattr(lease, "fence", "")),
-                       admitted_ms=str(getattr(lease, "acquired_at_ms", "")))
+                       admitted_ms=str(getattr(lease, "acquired_at_ms", "")),
+                       redelivered=bool((request.delivery_info or {}).get("redelivered")),
+                       copy=is_copy(request.headers))
         try:
             time.sleep(seconds)  # the body's work
         finally:

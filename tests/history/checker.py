@@ -7,7 +7,10 @@ A history is a list of event dicts (see :mod:`.events`), each with ``kind`` and 
              ``{"key", "slots", "cost"}``, ``rate``: ``{"key", "count", "period_us",
              "burst"}`` or None
 ``start``    a body began: ``task``, ``run`` (unique per body), ``pid``, ``worker``,
-             ``admitted_ms`` (the admission's start on the lock store's clock, ms)
+             ``admitted_ms`` (the admission's start on the lock store's clock, ms),
+             ``redelivered`` (its message came back from the broker unacknowledged),
+             ``copy`` (its message is one the package sent: it carries its headers;
+             false for the message the task was sent as)
 ``end``      that body ended, however (``run``)
 ``fault``    ``fault`` (its kind), ``pids`` (processes it SIGKILLed), ``worker`` (a
              worker it killed whole), ``data_lost`` (a lock store restart that lost its
@@ -17,6 +20,9 @@ A history is a list of event dicts (see :mod:`.events`), each with ``kind`` and 
              ``no_ttl`` (lock store keys without a time to live)
 ``run``      the run's set-up: ``persistence`` (``aof``: the lock store keeps its data)
 ``lease_lost`` a renewal found a running body's lease ended (the signal)
+``lock_contended``, ``rate_limited``  a delivery of ``task`` was refused and sent back
+             to wait (the signals, sent once the waiting copy is published and before
+             the refused message is acknowledged), by process ``pid``
 
 What counts as a defect is in :meth:`Verdict.defects`.
 """
@@ -41,6 +47,20 @@ WORKER_LOST = "WorkerLostError"
 #: How a known cause is reported: the redesign that removes it.
 KNOWN_CAUSE = "known: issue 'one copy of every run'"
 
+#: The two known causes of a repeated body (see :func:`why_again`).
+AFTER_EMPTY_RESTART = "the lock store came back empty"
+KILLED_BEFORE_ACK = "its worker killed between a refusal's waiting copy and the ack"
+
+#: The events that record a refused delivery sent back to wait.
+REFUSALS = ("lock_contended", "rate_limited")
+
+#: How long (µs) after a refusal's record a whole-worker kill still falls before the
+#: refused message's acknowledgement: the worker's main process acknowledges it right
+#: after the record, in the same thread; this covers a worker stopped meanwhile (a
+#: SIGSTOP lasts under half the shortest lease, 1.5 s) and the time between a kill and
+#: its own record.
+ACK_WINDOW = 2_000_000
+
 
 @dataclass
 class Body:
@@ -53,6 +73,10 @@ class Body:
     start: int
     admitted_ms: Optional[int] = None
     end: Optional[int] = None
+    #: Its message came back from the broker unacknowledged; None when not recorded.
+    redelivered: Optional[bool] = None
+    #: Its message is a copy the package sent (None when not recorded).
+    copy: Optional[bool] = None
     #: When a fault SIGKILLed its process while it ran (µs), if one did.
     killed: Optional[int] = None
 
@@ -116,6 +140,8 @@ class Verdict:
     repeated_explained: List[str] = field(default_factory=list)
     repeated_known: List[str] = field(default_factory=list)
     repeated_unexplained: List[str] = field(default_factory=list)
+    #: Each known repeat's cause (:data:`AFTER_EMPTY_RESTART`, :data:`KILLED_BEFORE_ACK`).
+    known_causes: Dict[str, str] = field(default_factory=dict)
     #: Bodies that never ended, though no fault killed them.
     unended: List[str] = field(default_factory=list)
     lease_lost: int = 0
@@ -161,7 +187,8 @@ def check(events: Iterable[Event]) -> Verdict:
     verdict.keeps_data = any(event["kind"] == "run" and event.get("persistence") == "aof"
                              for event in history)
     check_final(verdict, history, sent, bodies, faults)
-    classify_repeats(verdict, sent, bodies, faults)
+    refusals = [event for event in history if event["kind"] in REFUSALS]
+    classify_repeats(verdict, sent, bodies, faults, refusals)
     for event in history:
         if event["kind"] == "settle":
             verdict.settled = True
@@ -180,12 +207,18 @@ def collect_bodies(history: Sequence[Event], faults: Sequence[Event]) -> List[Bo
             bodies[event["run"]] = Body(
                 task=event["task"], run=event["run"], pid=int(event["pid"]),
                 worker=str(event.get("worker", "")), start=int(event["t"]),
-                admitted_ms=None if admitted in (None, "") else int(admitted))
+                admitted_ms=None if admitted in (None, "") else int(admitted),
+                redelivered=_flag(event.get("redelivered")), copy=_flag(event.get("copy")))
         elif event["kind"] == "end" and event["run"] in bodies:
             bodies[event["run"]].end = int(event["t"])
     for body in bodies.values():
         body.killed = kill_time(body, faults)
     return sorted(bodies.values(), key=lambda body: body.start)
+
+
+def _flag(value: Any) -> Optional[bool]:
+    """A recorded true/false, or None when it was not recorded."""
+    return None if value in (None, "") else bool(value)
 
 
 def kill_time(body: Body, faults: Sequence[Event]) -> Optional[int]:
@@ -304,28 +337,39 @@ def classify_lost(sent: Event, bodies: Sequence[Body], faults: Sequence[Event]) 
 
 
 def classify_repeats(verdict: Verdict, sent: Mapping[str, Event], bodies: Sequence[Body],
-                     faults: Sequence[Event]) -> None:
+                     faults: Sequence[Event], refusals: Sequence[Event] = ()) -> None:
     """Each body beyond a task's first, by why it ran again (see :func:`why_again`)."""
     by_task: Dict[str, List[Body]] = defaultdict(list)
     for body in bodies:
         by_task[body.task].append(body)
+    refused: Dict[str, List[Event]] = defaultdict(list)
+    for event in refusals:
+        refused[str(event.get("task"))].append(event)
     for task, runs in by_task.items():
         for index in range(1, len(runs)):
-            why = why_again(sent.get(task, {}), runs[:index], runs[index], faults)
-            {"explained": verdict.repeated_explained, "known": verdict.repeated_known,
-             "unexplained": verdict.repeated_unexplained}[why].append(runs[index].run)
+            why = why_again(sent.get(task, {}), runs[:index], runs[index], faults,
+                            refused[task])
+            run = runs[index].run
+            if why in (AFTER_EMPTY_RESTART, KILLED_BEFORE_ACK):
+                verdict.repeated_known.append(run)
+                verdict.known_causes[run] = why
+            else:
+                {"explained": verdict.repeated_explained,
+                 "unexplained": verdict.repeated_unexplained}[why].append(run)
 
 
 def why_again(sent: Event, earlier: Sequence[Body], again: Body,
-              faults: Sequence[Event]) -> str:
+              faults: Sequence[Event], refusals: Sequence[Event] = ()) -> str:
     """Why ``again`` ran after the ``earlier`` bodies of its task:
 
     ``explained``    the task acks late and a fault killed an earlier body's process, or
                      its whole worker, after that body started and before this one did:
                      Celery redelivers it (``reject_on_worker_lost``), as without the package
-    ``known``        the lock store came back without its data after the task was sent and
-                     before this body started: docs/reliability.md says waiting runs may run
-                     again then (issue "one copy of every run")
+    :data:`AFTER_EMPTY_RESTART`  known: the lock store came back without its data after
+                     the task was sent and before this body started: docs/reliability.md
+                     says waiting runs may run again then (issue "one copy of every run")
+    :data:`KILLED_BEFORE_ACK`  known, how runs wait (issue "one copy of every run"): see
+                     :func:`killed_before_ack`
     ``unexplained``  anything else: a defect
     """
     if sent.get("acks_late"):
@@ -339,5 +383,35 @@ def why_again(sent: Event, earlier: Sequence[Body], again: Body,
                     return "explained"
     since = int(sent.get("t", 0))
     if any(since < loss < again.start for loss in data_losses(faults)):
-        return "known"
+        return AFTER_EMPTY_RESTART
+    if killed_before_ack(sent, again, faults, refusals):
+        return KILLED_BEFORE_ACK
     return "unexplained"
+
+
+def killed_before_ack(sent: Event, again: Body, faults: Sequence[Event],
+                      refusals: Sequence[Event]) -> bool:
+    """Whether ``again`` is the message its task was sent as, delivered a second time
+    because the worker that refused it was killed whole before acknowledging it (default
+    acks): a refused run is sent back to wait as a copy, published before the original
+    is acknowledged, so both run. The history proves it only with all of these:
+
+    * the task acks early (Celery's default: a message acknowledged is never redelivered);
+    * ``again`` started from the message the task was sent as (no copy of the package's),
+      redelivered by the broker (it was never acknowledged);
+    * the task's first refusal record, which is that message's (copies exist only once it
+      was refused), was written by a process that a whole-worker kill killed at most
+      :data:`ACK_WINDOW` later (the acknowledgement follows the record at once), before
+      ``again`` started.
+    """
+    if sent.get("acks_late") or again.redelivered is not True or again.copy is not False:
+        return False
+    if not refusals:
+        return False
+    first = min(refusals, key=lambda event: int(event["t"]))
+    refused_at, pid = int(first["t"]), first.get("pid")
+    return any(
+        fault.get("worker") and pid in set(fault.get("pids") or ())
+        and refused_at <= int(fault["t"]) <= refused_at + ACK_WINDOW
+        and int(fault["t"]) < again.start
+        for fault in faults)

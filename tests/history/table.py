@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import List, Mapping
 
-from .checker import KNOWN_CAUSE, Verdict
+from .checker import AFTER_EMPTY_RESTART, KILLED_BEFORE_ACK, KNOWN_CAUSE, Verdict
 
 
 def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
@@ -25,7 +25,10 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
         ("unexpected failures", str(len(verdict.failed))),
         ("repeated bodies, explained", f"{len(verdict.repeated_explained)} "
                                        "(a killed body, acks_late)"),
-        ("repeated bodies, known", f"{len(verdict.repeated_known)} ({KNOWN_CAUSE})"),
+        ("repeated bodies, known", f"{len(verdict.repeated_known)} ({KNOWN_CAUSE}: "
+                                   f"{_known(verdict, AFTER_EMPTY_RESTART)} after "
+                                   f"{AFTER_EMPTY_RESTART}, "
+                                   f"{_known(verdict, KILLED_BEFORE_ACK)} {KILLED_BEFORE_ACK})"),
         ("repeated bodies, unexplained", str(len(verdict.repeated_unexplained))),
         ("lease_lost signals", str(verdict.lease_lost)),
         ("slots held once settled", str(sum(verdict.held.values()))),
@@ -39,6 +42,10 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
     lines.append("  verdict: " + ("PASS" if not defects else f"{len(defects)} DEFECT(S)"))
     lines += [f"    - {defect}" for defect in defects]
     return "\n".join(lines)
+
+
+def _known(verdict: Verdict, cause: str) -> int:
+    return sum(why == cause for why in verdict.known_causes.values())
 
 
 def _peak_lines(verdict: Verdict) -> List[str]:
