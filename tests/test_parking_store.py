@@ -23,6 +23,7 @@ from celery_redislock.engine.admission import (
 )
 from celery_redislock.engine.parking import (
     due,
+    leave,
     moved_nothing,
     park_admit,
     parked_keys,
@@ -380,3 +381,38 @@ def test_a_copy_of_a_lost_incarnation_with_no_reservation_asks_as_a_newcomer(
     assert isinstance(lost, Lease)  # the anonymous entry was its own
     assert counts(client, key) == {"a": 0}
     client.close()
+
+
+def test_a_moved_copy_that_leaves_hands_its_reservation_over(redis_client):
+    limiters = [limit()]
+    key = limiters[0].key
+    holder = ask(redis_client, limiters, "t0")
+    revoked = ask(redis_client, limiters, "t1")
+    waiter = ask(redis_client, limiters, "t2")
+    holder.release()
+    assert moves(holder) == [ParkedMove(key)]
+    assert leave(redis_client, revoked.park, run_id("t1", 0)) == [ParkedMove(key)]
+    assert counts(redis_client, key) == {"w": 1}
+    assert isinstance(ask(redis_client, limiters, "t2", parked=waiter.park), Lease)
+
+
+def test_a_line_whose_copies_are_gone_is_counted_empty_again(redis_client):
+    """References wait, nothing is reserved, the parking queue stays empty (the broker
+    lost the copies): after a minute the poll clears the count, and newcomers pass."""
+    limiters = [limit()]
+    key = limiters[0].key
+    holder = ask(redis_client, limiters, "t0")
+    ask(redis_client, limiters, "t1")
+    holder.release()
+    assert moved_nothing(redis_client, key)
+    names = key.replace("}:s:", "}:pn:", 1)
+    assert due(redis_client, {key: 0}) == [ParkedMove(key)]
+    assert moved_nothing(redis_client, key)
+    assert due(redis_client, {key: 0}) == [ParkedMove(key)]
+    moved_nothing(redis_client, key)
+    seen_empty = int(redis_client.hget(names, "e"))
+    redis_client.hset(names, "e", seen_empty - 61_000)  # a minute ago
+    assert due(redis_client, {key: 0}) == []
+    assert counts(redis_client, key) == {"w": 0}
+    assert parked_keys(redis_client) == []  # and it left the poll's index
+    assert isinstance(ask(redis_client, limiters, "t9"), Lease)

@@ -71,11 +71,19 @@ from .admission import (
     saw_incarnation,
     seen_incarnation,
 )
-from .scripts import ADMIT_PARKED, DUE, MOVED_NOTHING, STARTED, LuaScript, is_cluster
+from .scripts import (
+    ADMIT_PARKED,
+    DUE,
+    LEAVE_PARKED,
+    MOVED_NOTHING,
+    STARTED,
+    LuaScript,
+    is_cluster,
+)
 
 __all__ = [
     "KEEP_SERVED_MS", "RESERVE_MS", "ParkAdmitCall", "ParkRef", "ParkedMove", "due",
-    "moved_nothing", "park_admit", "parked_index", "parked_keys", "prepare_park_admit",
+    "leave", "moved_nothing", "park_admit", "parked_index", "parked_keys", "prepare_park_admit",
     "run_id", "started",
 ]
 
@@ -298,3 +306,19 @@ def started(lease: Lease) -> int:
     if not keys:
         return 0
     return int(STARTED.run(lease._client, keys, [lease.token]))
+
+
+def leave(client: Any, park: ParkRef, run: str, *, moved: bool = True,
+          reserve_ms: int = RESERVE_MS) -> List[ParkedMove]:
+    """A parked run leaves its line without running (its moved copy was revoked or had
+    expired, or it gave up): its reference is dropped if it still waits under
+    ``park.park_id``, and a copy that was ``moved`` out of parking gives back the
+    reservation it was moved for. The moves owed (that slot handed over again).
+
+        >>> import redis
+        >>> leave(redis.Redis.from_url(redis_url), ParkRef("doc:{x}:s:nobody", "1:1"), "t:0")
+        []
+    """
+    reply = LEAVE_PARKED.run(client, [park.key],
+                             [run, park.park_id, "1" if moved else "0", reserve_ms])
+    return [move for move in handoffs_of(reply[1:]) if isinstance(move, ParkedMove)]

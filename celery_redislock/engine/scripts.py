@@ -121,6 +121,7 @@ ADMIT_PARKED = LuaScript.load("admit_parked.lua", after=LINE)
 DUE = LuaScript.load("due.lua", after=LINE)
 MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=["parking.lua"])
 STARTED = LuaScript.load("started.lua", after=["parking.lua"])
+LEAVE_PARKED = LuaScript.load("leave_parked.lua", after=LINE)
 
 
 def is_cluster(client: Any) -> bool:

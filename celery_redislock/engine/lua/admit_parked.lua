@@ -84,11 +84,15 @@ for i = 1, N do
   local slots, paused = semaphore_limit(key, tonumber(ARGV[8 + i]), now)
   if paused then return reply(3, i, paused, 0, 0, 0) end
   redis.call('ZREMRANGEBYSCORE', key, '0', now_text)
-  prune_served(key, now)
   local l = {key = key, slots = slots, configured = ARGV[8 + i]}
   l.stats = redis.call('ZMSCORE', key, '#fence', '#hold', '#ttl')
-  l.counts = parked_line(key) or {0, 0}
-  l.ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), run))
+  l.counts = parked_line(key)
+  if l.counts then  -- else the key never had a parked line: no reference to read
+    prune_served(key, now)
+    l.ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), run))
+  else
+    l.counts = {0, 0}
+  end
   l.used = redis.call('ZCOUNT', key, '(' .. now_text, '+inf')
   l.free = slots - l.used
   limiters[i] = l
@@ -134,7 +138,7 @@ local function park(i)
   local moved = home >= 1 and home ~= i and limiters[home]
   if moved and moved.ref and moved.ref.state == 'w' and moved.ref.park_id == park_id then
     redis.call('HDEL', parked_key(moved.key, 'pr'), run)  -- it waits at i now
-    redis.call('HINCRBY', parked_key(moved.key, 'pn'), 'w', -1)
+    count_down_waiting(moved.key, moved.counts)
   end
   return refuse(7, i, id)
 end
@@ -191,7 +195,7 @@ for i = 1, N do
   if ref and (ref.state == 'w' or ref.state == 'c') then
     -- Claimed by this holder until its body starts (default acks) or ends (acks late).
     local claims = parked_key(l.key, 'pc')
-    if ref.state == 'w' then redis.call('HINCRBY', parked_key(l.key, 'pn'), 'w', -1) end
+    if ref.state == 'w' then count_down_waiting(l.key, l.counts) end
     if ref.state == 'c' then redis.call('HDEL', claims, ref.holder) end
     write_ref(l.key, run, 'c', ref.since, ref.park_id, token)
     redis.call('HSET', claims, token, run)

@@ -13,11 +13,15 @@
 --             admission would
 -- ARGV[3+i]   how many messages semaphore i's parking queue holds (-1: unknown)
 --
+-- A line whose references wait while its parking queue stays empty and nothing is
+-- reserved for a minute is counted empty again (see below).
+--
 -- Returns {born, move...}: the incarnation ('born', 0 if none) and the moves owed,
 -- '!move <count> <key>' entries (see parking.lua). A key whose line is empty (no
 -- reference waiting, no anonymous entry, no live reservation) and whose parking queue
 -- is empty leaves the index.
 
+local STALE_MS = 60000
 local N = #KEYS - 1
 local reserve = tonumber(ARGV[1])
 local seen = tonumber(ARGV[2]) or 0
@@ -40,6 +44,22 @@ for i = 1, N do
   local counts = parked_line(key) or {0, 0}
   local reserved = live_reservations(key, now)
   prune_served(key, now)
+  if length == 0 and counts[1] > 0 and reserved == 0 then
+    -- References wait, none is reserved, and the parking queue is empty: their copies
+    -- are in flight (parked, not yet published), or gone (a broker that lost them, a
+    -- moved copy that Celery ended at receipt, revoked or expired). Seen so for
+    -- STALE_MS, the count is cleared (the references stay: a copy that still comes is
+    -- known, and the count only decides hand-overs and who goes first).
+    if not counts[4] then
+      redis.call('HSET', parked_key(key, 'pn'), 'e', now)
+    elseif now - counts[4] > STALE_MS then
+      redis.call('HSET', parked_key(key, 'pn'), 'w', 0)
+      redis.call('HDEL', parked_key(key, 'pn'), 'e')
+      counts[1] = 0
+    end
+  elseif counts[4] then
+    redis.call('HDEL', parked_key(key, 'pn'), 'e')
+  end
   if counts[1] + counts[2] == 0 and reserved == 0 then
     if length > 0 then
       local names = parked_key(key, 'pn')

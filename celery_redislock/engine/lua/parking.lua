@@ -58,12 +58,23 @@ local function write_ref(key, run, state, since, park_id, holder)
   keep_parked(refs)
 end
 
--- The counts of the parked line of `key`: {waiting, anonymous, configured slots}, or
--- nil when it has none.
+-- The counts of the parked line of `key`: {waiting, anonymous, configured slots, since
+-- when its parking queue was seen empty while references waited (see due.lua)}, or nil
+-- when it has none.
 local function parked_line(key)
-  local counts = redis.call('HMGET', parked_key(key, 'pn'), 'w', 'a', 's')
+  local counts = redis.call('HMGET', parked_key(key, 'pn'), 'w', 'a', 's', 'e')
   if not (counts[1] or counts[2]) then return nil end
-  return {tonumber(counts[1] or '0') or 0, tonumber(counts[2] or '0') or 0, tonumber(counts[3])}
+  return {tonumber(counts[1] or '0') or 0, tonumber(counts[2] or '0') or 0, tonumber(counts[3]),
+          tonumber(counts[4])}
+end
+
+-- One reference of `key` less waiting (`counts` as parked_line read them): the count
+-- never goes below 0 (the poll may have set it to 0, see due.lua).
+local function count_down_waiting(key, counts)
+  if counts[1] > 0 then
+    redis.call('HINCRBY', parked_key(key, 'pn'), 'w', -1)
+    counts[1] = counts[1] - 1
+  end
 end
 
 -- Forget a few served references whose time ran out.
