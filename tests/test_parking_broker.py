@@ -225,6 +225,20 @@ def test_redis_exchange_routing_and_global_prefix(server: RedisServer) -> None:
     client.close()
 
 
+def test_redis_queue_names_json_escapes_are_moved_too(redis_app: Celery,
+                                                     server: RedisServer) -> None:
+    """move.lua reads the target without decoding the message, and decodes it when the
+    queue's name has characters JSON escapes (here non-ASCII, at a priority step)."""
+    queue = "wörk-\"quoted\""
+    send(redis_app, "escaped", queue=queue, priority=7)
+    copy = ParkedCopy.of(receive(redis_app, queue), "redislock:{t}:s:escaped", WAIT)
+    with redis_app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        broker.park(copy, "p")
+        assert broker.move(copy.queue, "m").target == queue + "\x06\x166"
+    assert task_value(receive(redis_app, queue)) == "escaped"
+
+
 def test_redis_unroutable_head_is_set_aside(redis_app: Celery, server: RedisServer) -> None:
     queue = parking_queue("redislock:{t}:s:junk")
     client = server.client(db=5)

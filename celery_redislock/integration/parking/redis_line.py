@@ -8,10 +8,12 @@ payloads, so the moved message is exactly what kombu would have delivered:
 
 * park (``lua/park.lua``): ``LPUSH`` the copy, ``HSET`` the registry hash
   ``redislock.parking`` (queue -> semaphore key), once per job id;
-* move (``lua/move.lua``): ``RPOP`` the oldest, read its target list from its
-  ``redislock_park`` header (written when parked: the queue found from the original's
-  exchange and routing key as kombu routes, and the list of its priority as kombu's
-  ``_put`` names it), ``RPUSH`` it there (the end ``BRPOP`` takes next), once per job id.
+* move (``lua/move.lua``): ``RPOP`` the oldest, read its target from the payload's
+  first field ``redislock_to`` (``"<priority step> <queue>"``, written when parked: the
+  queue found from the original's exchange and routing key as kombu routes, or given;
+  read with a pattern, not by decoding the message), ``RPUSH`` it on the queue's list
+  for that step as kombu's ``_put`` names it (the end ``BRPOP`` takes next), once per
+  job id. kombu ignores the extra field when it delivers the message.
   Moved, the message has the original's ``delivery_info`` (exchange, routing key), a new
   delivery tag, and is never in kombu's unacked hash while it moves;
 * lengths: ``LLEN``; registry: ``HGETALL``.
@@ -34,6 +36,9 @@ from kombu.utils.json import dumps
 from .broker import Outcome
 from .naming import DONE_PREFIX, REGISTRY, ROUTE_HEADER, UNROUTABLE
 from .parked_copy import ParkedCopy
+
+#: The payload's first field: ``"<priority step> <queue>"``, where move.lua sends it.
+TARGET_FIELD = "redislock_to"
 
 #: How long a job's marker lives (s): longer than any retry of the job.
 MARKER_LIFE = 600
@@ -68,7 +73,7 @@ class RedisParking:
     def move(self, queue: str, job_id: str) -> Outcome:
         reply = self._move(keys=[self.prefix + queue, self.prefix + DONE_PREFIX + job_id,
                                  self.prefix + UNROUTABLE],
-                           args=[ROUTE_HEADER, self.prefix, MARKER_LIFE])
+                           args=[self.prefix, self.channel.sep, MARKER_LIFE])
         text = reply.decode() if isinstance(reply, bytes) else str(reply)
         again = text.startswith("again ")
         what, _, target = text.removeprefix("again ").partition(" ")
@@ -93,18 +98,19 @@ class RedisParking:
         with the route header naming its target list."""
         body, encoding = self.channel.encode_body(copy.body, self.channel.body_encoding)
         route = copy.route
-        payload: Dict[str, Any] = {
-            "body": body, "content-encoding": copy.content_encoding,
-            "content-type": copy.content_type, "headers": dict(copy.headers),
-            "properties": {**copy.properties, "body_encoding": encoding,
-                           "delivery_tag": str(uuid.uuid4()),
-                           "delivery_info": {"exchange": route.exchange,
-                                             "routing_key": route.routing_key}}}
         queue = route.queue or self.queue_of(route.exchange, route.routing_key)
-        step = self.channel._get_message_priority(payload, reverse=False)
-        target = self.channel._q_for_pri(queue, step)
-        payload["headers"][ROUTE_HEADER] = route.header(queue=queue, list=target)
-        return payload
+        properties = {**copy.properties, "body_encoding": encoding,
+                      "delivery_tag": str(uuid.uuid4()),
+                      "delivery_info": {"exchange": route.exchange,
+                                        "routing_key": route.routing_key}}
+        step = self.channel.priority(self.channel._get_message_priority(
+            {"properties": properties}, reverse=False))
+        return {  # the target first: move.lua reads it without decoding the message
+            TARGET_FIELD: f"{step} {queue}",
+            "body": body, "content-encoding": copy.content_encoding,
+            "content-type": copy.content_type,
+            "headers": {**copy.headers, ROUTE_HEADER: route.header(queue=queue)},
+            "properties": properties}
 
     def queue_of(self, exchange: str, routing_key: str) -> str:
         """The queue kombu routes ``exchange``/``routing_key`` to (the first, sorted, when
