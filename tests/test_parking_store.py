@@ -413,6 +413,47 @@ def test_a_line_whose_copies_are_gone_is_counted_empty_again(redis_client):
     seen_empty = int(redis_client.hget(names, "e"))
     redis_client.hset(names, "e", seen_empty - 61_000)  # a minute ago
     assert due(redis_client, {key: 0}) == []
-    assert counts(redis_client, key) == {"w": 0}
+    assert counts(redis_client, key)["w"] == 0
     assert parked_keys(redis_client) == []  # and it left the poll's index
     assert isinstance(ask(redis_client, limiters, "t9"), Lease)
+
+
+def test_a_paused_semaphore_can_park_the_run(redis_client):
+    limiters = [limit()]
+    key = limiters[0].key
+    control = key.replace("}:s:", "}:cs:", 1)
+    redis_client.hset(control, "paused_until", "forever")
+    parked = ask(redis_client, limiters, "t0", park_paused=True)
+    assert isinstance(parked, Busy) and parked.park is not None
+    assert parked.retry_hint == 0
+    assert due(redis_client, {key: 1}) == []
+    redis_client.hdel(control, "paused_until")
+    assert due(redis_client, {key: 1}) == [ParkedMove(key)]
+    assert isinstance(ask(redis_client, limiters, "t0", parked=parked.park), Lease)
+
+
+def test_the_first_poll_after_a_loss_counts_what_no_reference_waits_for(own_redis_server):
+    """The store restarts empty and a newcomer parks before any poll: the poll still
+    counts the parking queue's other messages (the queue's length less the references)
+    as anonymous entries, and hands over one slot per message."""
+    client = own_redis_server.client()
+    declare_fresh(client)
+    limiters = [limit(slots=3)]
+    key = limiters[0].key
+    holders = [ask(client, limiters, f"h{i}", lease=0.3) for i in range(3)]
+    before = [ask(client, limiters, f"t{i}", lease=0.3) for i in range(2)]
+    assert all(isinstance(outcome, Busy) for outcome in before)
+    assert all(isinstance(outcome, Lease) for outcome in holders)
+    own_redis_server.restart()
+    _reconnect(client)
+    newcomer = ask(client, limiters, "t9", lease=0.3)
+    assert isinstance(newcomer, Busy)  # in the grace
+    time.sleep(0.35)
+    owed = due(client, {key: 3})  # two copies of before the loss, and the newcomer's
+    assert owed == [ParkedMove(key)] * 3
+    assert counts(client, key) == {"w": 1, "a": 2}
+    assert isinstance(ask(client, limiters, "t0", parked=before[0].park, lease=0.3), Lease)
+    assert isinstance(ask(client, limiters, "t1", parked=before[1].park, lease=0.3), Lease)
+    assert isinstance(ask(client, limiters, "t9", parked=newcomer.park, lease=0.3), Lease)
+    assert counts(client, key) == {"w": 0, "a": 0}
+    client.close()

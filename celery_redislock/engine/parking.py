@@ -184,11 +184,16 @@ def prepare_park_admit(
     owner: str = "",
     keep_served_ms: int = KEEP_SERVED_MS,
     reserve_ms: int = RESERVE_MS,
+    park_paused: bool = False,
 ) -> Optional[ParkAdmitCall]:
     """:func:`park_admit` as one script call for the caller to send, or None when the
     run cannot wait on the parked line (see :func:`parks`): the caller keeps today's
     path. ``run`` is :func:`run_id`; ``parked`` the :class:`ParkRef` in the header of a
-    copy moved out of parking (None for a copy never parked)."""
+    copy moved out of parking (None for a copy never parked; a ref whose key is no
+    longer among ``limiters`` is ignored: the copy asks as a newcomer). With
+    ``park_paused`` a semaphore an operator paused parks the run (Busy with ``park``,
+    ``retry_hint`` the pause's remaining time, or 0 for none) instead of answering
+    Paused; the poll hands its slots over once the pause ends."""
     if not parks(client, limiters):
         return None
     keys = [limiter.key for limiter in limiters]
@@ -200,7 +205,7 @@ def prepare_park_admit(
     args = [token, milliseconds(lease), description, run, home,
             parked.park_id if parked is not None and home else "", keep_served_ms,
             reserve_ms, *(limiter.slots for limiter in limiters), seen_incarnation(client),
-            grace_bound_ms(client, lease)]
+            grace_bound_ms(client, lease), "1" if park_paused else "0"]
     return ParkAdmitCall(client, list(limiters), token, lease, description, reserve_ms,
                          [*keys, parked_index(prefix)], args)
 
@@ -216,6 +221,7 @@ def park_admit(
     owner: str = "",
     keep_served_ms: int = KEEP_SERVED_MS,
     reserve_ms: int = RESERVE_MS,
+    park_paused: bool = False,
 ) -> Outcome:
     """Admit ``run`` past every semaphore, or park it (one script; see the module).
 
@@ -231,7 +237,8 @@ def park_admit(
     """
     call = prepare_park_admit(client, limiters, lease=lease, run=run, parked=parked,
                               description=description, owner=owner,
-                              keep_served_ms=keep_served_ms, reserve_ms=reserve_ms)
+                              keep_served_ms=keep_served_ms, reserve_ms=reserve_ms,
+                              park_paused=park_paused)
     if call is None:
         raise ValueError("park_admit: semaphores of cost 1 only, not on Redis Cluster")
     return call.outcome(call.script.run(client, call.keys, call.args))

@@ -15,6 +15,9 @@
 -- ARGV[8+i]    the configured slots of semaphore i
 -- ARGV[9+N]    the latest incarnation the caller saw (admit.lua; -1: Redis Cluster)
 -- ARGV[10+N]   the longest lease (ms) the caller's process knows of (store.lua)
+-- ARGV[11+N]   '1': a paused semaphore parks the run (status 7, its pause's end as the
+--              wait, -1 for none) rather than refusing it (status 3); the poll hands
+--              its slots over once the pause ends
 --
 -- Each semaphore decides in turn (the first that refuses parks the run):
 --   * the home of a moved copy: a reference that does not name this park id (or is
@@ -41,6 +44,7 @@ local home, park_id = tonumber(ARGV[5]) or 0, ARGV[6]
 local keep, reserve = tonumber(ARGV[7]), tonumber(ARGV[8])
 local seen = tonumber(ARGV[9 + N] or '0') or 0
 local bound = math.max(lease, tonumber(ARGV[10 + N] or '0') or 0)
+local park_paused = ARGV[11 + N] == '1'
 local now, now_us = server_now()
 local now_text = string.format('%d', now)
 local handed = {}
@@ -82,9 +86,9 @@ local limiters = {}
 for i = 1, N do
   local key = KEYS[i]
   local slots, paused = semaphore_limit(key, tonumber(ARGV[8 + i]), now)
-  if paused then return reply(3, i, paused, 0, 0, 0) end
+  if paused and not park_paused then return reply(3, i, paused, 0, 0, 0) end
   redis.call('ZREMRANGEBYSCORE', key, '0', now_text)
-  local l = {key = key, slots = slots, configured = ARGV[8 + i]}
+  local l = {key = key, slots = slots, configured = ARGV[8 + i], paused = paused}
   l.stats = redis.call('ZMSCORE', key, '#fence', '#hold', '#ttl')
   l.counts = parked_line(key)
   if l.counts then  -- else the key never had a parked line: no reference to read
@@ -119,6 +123,7 @@ local function refuse(status, i, id)
                            'LIMIT', 0, 1)
   local until_first_end = first[2] and tonumber(first[2]) - now or 0
   if grace then until_first_end = math.max(until_first_end, grace - now) end
+  if l.paused then until_first_end = l.paused < 0 and -1 or l.paused - now end
   local hold = l.stats[2] and -tonumber(l.stats[2]) - 1 or -1
   return reply(7, i, l.used, until_first_end, hold >= 0 and hold or -1, id)
 end
@@ -164,7 +169,7 @@ for i = 1, N do
     elseif claimed_live(l) then
       return refuse(7, i, ref.park_id)
     end
-    if not grace and live_reservations(l.key, now) > 0 then
+    if not (grace or l.paused) and live_reservations(l.key, now) > 0 then
       l.take, decided = 'reserved', true
     end
   end
@@ -172,7 +177,7 @@ for i = 1, N do
     if ref and ref.state == 's' then return refuse(4, i) end
     if claimed_live(l) then return refuse(7, i, ref.park_id) end
     local others = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
-    if grace or l.free < 1 or others > 0 then return park(i) end
+    if grace or l.paused or l.free < 1 or others > 0 then return park(i) end
     l.take = 'free'
   end
 end
@@ -182,7 +187,7 @@ local fence, contended, last = now_us, 0, 0
 for i = 1, N do
   local l = limiters[i]
   if l.stats[1] then fence = math.max(fence, 1 - tonumber(l.stats[1])) end
-  if l.stats[2] or l.counts[1] + l.counts[2] > 0 then contended = 1 end
+  if l.stats[2] or l.ref or l.counts[1] + l.counts[2] > 0 then contended = 1 end
   if l.take == 'free' and l.free <= 1 then last = 1 end
 end
 local fence_text = string.format('%d', fence)

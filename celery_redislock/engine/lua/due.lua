@@ -13,7 +13,9 @@
 --             admission would
 -- ARGV[3+i]   how many messages semaphore i's parking queue holds (-1: unknown)
 --
--- A line whose references wait while its parking queue stays empty and nothing is
+-- The first poll in an incarnation counts each parking queue: the messages no reference
+-- waits for are anonymous entries (after a loss of the store's data, all of them). A
+-- line whose references wait while its parking queue stays empty and nothing is
 -- reserved for a minute is counted empty again (see below).
 --
 -- Returns {born, move...}: the incarnation ('born', 0 if none) and the moves owed,
@@ -38,12 +40,24 @@ if marker and seen >= 0 then
   end
 end
 
+local born = string.format('%d', out[1])
+
 for i = 1, N do
   local key = KEYS[i]
   local length = tonumber(ARGV[3 + i]) or -1
-  local counts = parked_line(key) or {0, 0}
+  local counts = parked_line(key)
   local reserved = live_reservations(key, now)
   prune_served(key, now)
+  if length >= 0 and (counts or length > 0) and (counts or {})[5] ~= born then
+    -- First count in this incarnation (the store lost its data, or never counted): the
+    -- parking queue's messages that no reference waits for are anonymous entries.
+    counts = counts or {0, 0}
+    counts[2] = math.max(0, length - counts[1])
+    local names = parked_key(key, 'pn')
+    redis.call('HSET', names, 'a', counts[2], 'i', born)
+    keep_parked(names)
+  end
+  counts = counts or {0, 0}
   if length == 0 and counts[1] > 0 and reserved == 0 then
     -- References wait, none is reserved, and the parking queue is empty: their copies
     -- are in flight (parked, not yet published), or gone (a broker that lost them, a
@@ -59,6 +73,9 @@ for i = 1, N do
     end
   elseif counts[4] then
     redis.call('HDEL', parked_key(key, 'pn'), 'e')
+  end
+  if counts[2] > 0 then
+    redis.call('ZADD', key, 'NX', -0.5, '#hold')  -- contended: releases hand over
   end
   if counts[1] + counts[2] == 0 and reserved == 0 then
     if length > 0 then

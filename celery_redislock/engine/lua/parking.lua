@@ -9,7 +9,9 @@
 --            (parked messages counted from the broker after the store lost its data),
 --            'n' the last park number, 'k' how long a served reference is kept (ms),
 --            's' the configured number of slots (for a hand-over once K's '#slots' is
---            gone), 'v' the last reservation number
+--            gone), 'v' the last reservation number, 'e' since when the poll saw the
+--            parking queue empty while references waited, 'i' the incarnation in which
+--            the poll last counted the parking queue (due.lua)
 --   '}:pr:'  hash, run ('<task id>:<attempt>') -> its reference 'state since park_id
 --            holder': state 'w' waiting (its copy parked as park_id), 'c' claimed by the
 --            holder token (a moved copy took a slot; its body has not started, or acks
@@ -59,13 +61,13 @@ local function write_ref(key, run, state, since, park_id, holder)
 end
 
 -- The counts of the parked line of `key`: {waiting, anonymous, configured slots, since
--- when its parking queue was seen empty while references waited (see due.lua)}, or nil
--- when it has none.
+-- when its parking queue was seen empty while references waited, the incarnation its
+-- parking queue was last counted in (see due.lua)}, or nil when it has none.
 local function parked_line(key)
-  local counts = redis.call('HMGET', parked_key(key, 'pn'), 'w', 'a', 's', 'e')
+  local counts = redis.call('HMGET', parked_key(key, 'pn'), 'w', 'a', 's', 'e', 'i')
   if not (counts[1] or counts[2]) then return nil end
   return {tonumber(counts[1] or '0') or 0, tonumber(counts[2] or '0') or 0, tonumber(counts[3]),
-          tonumber(counts[4])}
+          tonumber(counts[4]), counts[5]}
 end
 
 -- One reference of `key` less waiting (`counts` as parked_line read them): the count
