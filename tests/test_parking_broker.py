@@ -26,7 +26,9 @@ from celery_redislock.integration.parking import (
     Mover,
     ParkedCopy,
     broker_for,
+    parked_lengths,
     parking_queue,
+    recount,
 )
 from celery_redislock.integration.parking.naming import is_parking_queue
 from celery_redislock.integration.waiting_run import WAIT_HEADER
@@ -125,6 +127,7 @@ def test_redis_park_then_move_puts_the_same_message_first(redis_app: Celery,
         assert broker.lengths([copy.queue, parking_queue("other")]) == {
             copy.queue: 1, parking_queue("other"): 0}
         assert broker.registry() == {copy.queue: key}
+        assert parked_lengths(broker, [key]) == recount(broker) == {key: 1}
         outcome = broker.move(copy.queue, "job-move")
     assert (outcome.done, outcome.what, outcome.target) == (True, "moved", "work")
     moved = receive(redis_app, "work")
@@ -518,3 +521,119 @@ def test_a_moved_run_retries_to_its_original_queue(broker_kind: str, server: Red
                         channel.queue_delete(name)
                 channel.exchange_delete(f"{queue}-exchange")
         record.close()
+
+
+# ---- the hop to the event loop, and the mover's retries (a broker that fails) --------
+
+def test_loop_hop_runs_other_threads_calls_on_the_loop_in_order() -> None:
+    from kombu.asynchronous import Hub
+
+    from celery_redislock.integration.parking import LoopHop
+
+    hub = Hub()
+    hop = LoopHop(hub)
+    seen: List[Any] = []
+    loop_thread = threading.current_thread()
+    on_done = hop.on_loop(lambda n: seen.append((n, threading.current_thread())))
+    senders = [threading.Thread(target=lambda base=base: [on_done(base + i)
+                                                          for i in range(500)])
+               for base in (0, 1000)]
+    for sender in senders:
+        sender.start()
+    deadline = time.monotonic() + 10
+    while len(seen) < 1000 and time.monotonic() < deadline:
+        hub.run_once()
+    for sender in senders:
+        sender.join()
+    hop.close()
+    assert len(seen) == 1000 and {thread for _, thread in seen} == {loop_thread}
+    for base in (0, 1000):
+        assert [n for n, _ in seen if base <= n < base + 1000] == list(range(base, base + 500))
+
+
+class FlakyConnection:
+    connection_errors = (ConnectionError,)
+
+    def ensure_connection(self, **_: Any) -> None:
+        pass
+
+    def collect(self) -> None:
+        pass
+
+
+class FlakyBroker:
+    """Fails each job's first try, after (``sent``) or before its publish."""
+
+    def __init__(self, sent: bool) -> None:
+        self.sent_on_failure = sent
+        self.tries: List[str] = []
+
+    def _try(self, what: str) -> None:
+        self.tries.append(what)
+        if self.tries.count(what) == 1:
+            self.sent = self.sent_on_failure
+            raise ConnectionError("connection lost")
+        self.sent = True
+
+    def park(self, copy: ParkedCopy, job_id: str) -> Any:
+        self._try("park " + job_id)
+        from celery_redislock.integration.parking import Outcome
+        return Outcome(True, "parked")
+
+    def move(self, queue: str, job_id: str) -> Any:
+        self._try("move " + job_id)
+        from celery_redislock.integration.parking import Outcome
+        return Outcome(True, "moved")
+
+
+@pytest.mark.parametrize("sent", [False, True])
+def test_mover_retries_and_reports_doubt(sent: bool) -> None:
+    """A connection lost before the publish: the job is retried, without doubt. Lost
+    after it (RabbitMQ): a park is retried and reported in doubt (two copies may
+    exist); a move is not retried (its message may be at its target already) and is
+    reported moved, in doubt."""
+    broker = FlakyBroker(sent)
+    done: List[Done] = []
+    mover = Mover(FlakyConnection, retry_delay=0.01, broker=lambda _: broker).start()
+    copy = ParkedCopy(key="k", queue=parking_queue("k"), body=b"{}",
+                      content_type="application/json", content_encoding="utf-8", headers={})
+    assert mover.park(copy, done.append) and mover.move(copy.queue, done.append)
+    wait_until(lambda: len(done) == 2, what="both jobs")
+    assert mover.stop()
+    park, move = done
+    assert park.attempts == 2 and park.outcome is not None
+    assert (park.outcome.what, park.outcome.doubt) == ("parked", sent)
+    assert move.outcome is not None and move.outcome.done
+    assert (move.attempts, move.outcome.doubt) == ((1, True) if sent else (2, False))
+
+
+def test_rabbitmq_registry_keeps_one_entry_per_queue(rabbit_app: Celery) -> None:
+    """Each connection registers a parking queue the first time it parks there; the
+    registry read answers each queue once, drops the duplicates and the entries of
+    queues deleted since, and gives back the rest for the next read."""
+    queue = rabbit_app.conf.task_default_queue
+    with rabbit_app.connection_for_write() as connection:
+        rabbit_app.conf.task_queues[0](connection.default_channel).declare()
+    send(rabbit_app, "registered")
+    key = f"redislock:{{t}}:s:{queue}"
+    copy = ParkedCopy.of(receive(rabbit_app, queue), key, WAIT)
+    gone = ParkedCopy.of(receive_after_send(rabbit_app, queue), key + ":gone", WAIT)
+    rabbit_app.parking_queues += [copy.queue, gone.queue]  # type: ignore[attr-defined]
+    for _ in range(2):  # two connections: two entries of copy.queue
+        with rabbit_app.connection_for_write() as connection:
+            broker = broker_for(connection)
+            broker.park(copy, "p")
+            broker.park(gone, "g")
+    with rabbit_app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        assert broker.lengths([copy.queue]) == {copy.queue: 2}
+        connection.default_channel.queue_delete(gone.queue)
+        first = broker.registry()
+        assert first.get(copy.queue) == key and gone.queue not in first
+        assert broker.registry().get(copy.queue) == key  # given back
+        assert recount(broker).get(key) == 2
+
+
+def receive_after_send(app: Celery, queue: str) -> kombu.Message:
+    send(app, "another")
+    return receive(app, queue)

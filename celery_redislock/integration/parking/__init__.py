@@ -25,17 +25,25 @@ The contract, for the main process's gate and the poll:
   step one Lua script on the broker's Redis, exactly once even when retried) or
   :class:`AmqpParking`
   (RabbitMQ: publish with confirms; move = get, publish, ack).
+* ``lengths``: ``parked_lengths(broker, keys) -> {semaphore key: n}`` (what the
+  store's ``due()`` takes) and ``recount(broker) -> {semaphore key: n}`` (every line the
+  broker's registry knows that holds messages: after the store lost its data).
 * :class:`Mover` (``mover``): one thread per worker process with its own broker
   connection, jobs done in order, ``park(copy, on_done)`` / ``move(queue, on_done)``
   return False at once when its bounded queue is full or it stopped; ``on_done(Done)``
-  is called on the mover's thread (the main process passes one that hops to the event
-  loop with ``hub.call_soon``).
+  is called on the mover's thread; the main process passes ``LoopHop(hub).on_loop(cb)``
+  (``hop``), which runs ``cb(done)`` on the event loop with any kombu version
+  (``hub.call_soon`` is thread-safe only since kombu 5.7). A Mover's thread does not
+  survive a fork: start it in the process that uses it (prefork: the main process, or
+  each pool process after the fork).
 
 Nothing here imports the engine's store; the engine never imports this package.
 """
 
 from .amqp_line import AmqpParking
 from .broker import Outcome, ParkingBroker
+from .hop import LoopHop
+from .lengths import parked_lengths, recount
 from .mover import Done, Mover
 from .naming import PARKING_PREFIX, REGISTRY, ROUTE_HEADER, is_parking_queue, parking_queue
 from .parked_copy import ParkedCopy, Route
@@ -43,18 +51,21 @@ from .redis_line import RedisParking
 from .transport import broker_for
 
 __all__ = [
-           "PARKING_PREFIX",
-           "REGISTRY",
-           "ROUTE_HEADER",
-           "AmqpParking",
-           "Done",
-           "Mover",
-           "Outcome",
-           "ParkedCopy",
-           "ParkingBroker",
-           "RedisParking",
-           "Route",
-           "broker_for",
-           "is_parking_queue",
-           "parking_queue",
+    "PARKING_PREFIX",
+    "REGISTRY",
+    "ROUTE_HEADER",
+    "AmqpParking",
+    "Done",
+    "LoopHop",
+    "Mover",
+    "Outcome",
+    "ParkedCopy",
+    "ParkingBroker",
+    "RedisParking",
+    "Route",
+    "broker_for",
+    "is_parking_queue",
+    "parked_lengths",
+    "parking_queue",
+    "recount",
 ]

@@ -15,8 +15,8 @@ Submission (:meth:`Mover.park`, :meth:`Mover.move`) is thread-safe and never wai
 returns False when the bounded queue of jobs is full or the mover stopped, and the
 caller keeps the run (the original unacknowledged, or the reservation given back). Each
 job ends with exactly one call of its ``on_done(Done)`` on the mover's thread (the
-worker's main process passes one that hands the result to its event loop with
-``hub.call_soon``; kombu's hub runs it at the loop's next turn).
+worker's main process passes ``LoopHop(hub).on_loop(callback)``, see :mod:`.hop`, which
+runs the callback at the event loop's next turn).
 
 A connection error retries the job on a new connection (every ``retry_delay`` seconds
 until :meth:`Mover.stop` gives up on it): on a Redis broker a retried job happens once
