@@ -637,3 +637,36 @@ def test_rabbitmq_registry_keeps_one_entry_per_queue(rabbit_app: Celery) -> None
 def receive_after_send(app: Celery, queue: str) -> kombu.Message:
     send(app, "another")
     return receive(app, queue)
+
+
+def test_rabbitmq_move_to_a_route_no_queue_takes_sets_it_aside(rabbit_app: Celery) -> None:
+    """A parked message whose exchange routes nowhere any more (its queue deleted) is
+    not dropped: it goes to the unroutable queue, and the move reports nothing moved."""
+    from celery_redislock.integration.parking.naming import UNROUTABLE
+    from celery_redislock.integration.parking.parked_copy import Route
+
+    queue = rabbit_app.conf.task_default_queue
+    with rabbit_app.connection_for_write() as connection:
+        rabbit_app.conf.task_queues[0](connection.default_channel).declare()
+    send(rabbit_app, "nowhere")
+    copy = ParkedCopy.of(receive(rabbit_app, queue), f"redislock:{{t}}:s:{queue}", WAIT)
+    copy = ParkedCopy(**{**copy.__dict__, "route": Route(queue, "no.such.key")})
+    rabbit_app.parking_queues.append(copy.queue)  # type: ignore[attr-defined]
+    with rabbit_app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        broker.park(copy, "p")
+        outcome = broker.move(copy.queue, "m")
+        assert (outcome.done, outcome.what) == (False, "unroutable")
+        assert broker.lengths([copy.queue]) == {copy.queue: 0}
+        channel = connection.channel()
+        found = None
+        for _ in range(1000):
+            message = channel.basic_get(UNROUTABLE, no_ack=False)
+            if message is None:
+                break
+            if message.headers.get("id") == copy.headers["id"]:
+                found = message
+                channel.basic_ack(message.delivery_tag)
+                break
+        channel.close()  # gives back any other test's message
+        assert found is not None

@@ -2,18 +2,19 @@
 publish, ack.
 
 A parking queue is a durable classic queue, lazy (its messages on disk, not in memory:
-a line of 100,000; RabbitMQ 3.12 and later do so for every classic queue and ignore the
-argument) and declared with ``x-expires`` (7 days by default: a queue nobody parked
+a line of 100,000; RabbitMQ 3.12 and later do so for every classic queue and ignore
+the argument), declared with ``x-expires`` (7 days by default: a queue nobody parked
 into nor moved from for that long is deleted by the broker, with what it holds), which
-no worker consumes. A parked copy is published to
-it through the default exchange with the original's body and properties (persistent),
-its route in the ``redislock_park`` header; a move gets the oldest message
-(``basic.get``, unacknowledged), publishes it to the original exchange and routing key
-(confirmed; the header removed, so the delivery is the original's), then acknowledges
-it. AMQP cannot put a message at the front of a queue: the moved run is taken after
-what its queue already holds. A connection lost between the publish and its confirm or
-the ack may leave two copies (``Outcome.doubt``): the lock store's reference makes the
-second stale.
+no worker consumes. A parked copy is published to it through the default exchange with
+the original's body and properties (persistent), its route in the ``redislock_park``
+header; a move gets the oldest message (``basic.get``, unacknowledged), publishes it
+to the original exchange and routing key (mandatory and confirmed; the header removed,
+so the delivery is the original's), then acknowledges it. A message no queue takes back
+(its queue deleted, its route unreadable) is set aside in the queue
+``redislock.parking.unroutable``, never dropped. AMQP cannot put a message at the front
+of a queue: the moved run is taken after what its queue already holds. A connection
+lost between the publish and its confirm or the ack may leave two copies
+(``Outcome.doubt``): the lock store's reference makes the second stale.
 
 The registry is a durable queue ``redislock.parking`` of small JSON messages
 ``{"queue", "key"}``, one published by each connection the first time it parks into a
@@ -24,14 +25,18 @@ Two readers at once may each see part of it.
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any, Dict, Iterable, Optional, Set
+import logging
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from amqp.exceptions import NotFound
 
 from .broker import Outcome
 from .naming import REGISTRY, ROUTE_HEADER, UNROUTABLE
 from .parked_copy import ParkedCopy, Route
+
+logger = logging.getLogger(__name__)
 
 #: A parking queue unused this long (ms) is deleted by RabbitMQ (``x-expires``).
 PARKING_EXPIRES_MS = 7 * 24 * 3600 * 1000
@@ -49,6 +54,8 @@ class AmqpParking:
         self._declared: Set[str] = set()
         self._registered: Set[str] = set()
         self._probe: Any = None
+        self._returned: List[Tuple[str, str]] = []
+        self.channel.events["basic_return"].add(self._on_return)
         #: The last park or move published its copy (the mover's retry reads it).
         self.sent = False
 
@@ -60,10 +67,17 @@ class AmqpParking:
                                        arguments=arguments)
             self._declared.add(queue)
 
-    def _publish(self, body: Any, exchange: str, routing_key: str, **properties: Any) -> None:
+    def _publish(self, body: Any, exchange: str, routing_key: str, **properties: Any) -> bool:
+        """Publish, mandatory and confirmed; False: no queue took it (the broker gave it
+        back, before its confirm)."""
+        self._returned.clear()
         message = self.channel.prepare_message(body, **properties)
         self.channel.basic_publish_confirm(message, exchange=exchange,
-                                           routing_key=routing_key)
+                                           routing_key=routing_key, mandatory=True)
+        return not self._returned
+
+    def _on_return(self, _exc: Any, exchange: str, routing_key: str, _message: Any) -> None:
+        self._returned.append((exchange, routing_key))
 
     def park(self, copy: ParkedCopy, job_id: str) -> Outcome:
         self.declare(copy.queue)
@@ -78,12 +92,16 @@ class AmqpParking:
         priority = properties.pop("priority", None)
         properties["delivery_mode"] = 2
         self.sent = True
-        self._publish(copy.body, "", copy.queue, priority=priority,
-                      content_type=copy.content_type,
-                      content_encoding=copy.content_encoding,
-                      headers={**copy.headers, ROUTE_HEADER: copy.route.header()},
-                      properties=properties)
-        return Outcome(True, "parked")
+        for _ in range(2):
+            if self._publish(copy.body, "", copy.queue, priority=priority,
+                             content_type=copy.content_type,
+                             content_encoding=copy.content_encoding,
+                             headers={**copy.headers, ROUTE_HEADER: copy.route.header()},
+                             properties=properties):
+                return Outcome(True, "parked")
+            self._declared.discard(copy.queue)  # deleted meanwhile (x-expires): again
+            self.declare(copy.queue)
+        raise RuntimeError(f"parking queue {copy.queue!r} took no message")
 
     def move(self, queue: str, job_id: str) -> Outcome:
         self.sent = False
@@ -96,19 +114,21 @@ class AmqpParking:
         properties = {name: value for name, value in message.properties.items()
                       if name not in ("application_headers", "content_type",
                                       "content_encoding", "priority")}
-        if route is None:
-            self.declare(UNROUTABLE)
-            exchange, routing_key = "", UNROUTABLE
-        else:
-            exchange, routing_key = route.exchange, route.routing_key
+        exchange, routing_key = (route.exchange, route.routing_key) if route else ("", "")
         self.sent = True
-        self._publish(message.body, exchange, routing_key,
-                      priority=message.properties.get("priority"),
-                      content_type=message.content_type,
-                      content_encoding=message.content_encoding,
-                      headers=headers, properties=properties)
+        publish = functools.partial(
+            self._publish, message.body, priority=message.properties.get("priority"),
+            content_type=message.content_type, content_encoding=message.content_encoding,
+            headers=headers, properties=properties)
+        moved = route is not None and publish(exchange, routing_key)
+        if not moved:  # no route, or no queue bound to it: set aside, not lost
+            logger.warning("redislock: a parked message of %s has no queue to go back to "
+                           "(exchange %r, routing key %r): moved to %s", queue, exchange,
+                           routing_key, UNROUTABLE)
+            self.declare(UNROUTABLE)
+            publish("", UNROUTABLE)
         self.channel.basic_ack(message.delivery_tag)
-        if route is None:
+        if not moved:
             return Outcome(False, "unroutable", UNROUTABLE)
         return Outcome(True, "moved", f"{exchange}/{routing_key}")
 
