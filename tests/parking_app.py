@@ -7,6 +7,7 @@ line that ``REDISLOCK_TEST_LINE`` names (``redislock_line``: ``"store"``, today'
 
 ``attempts:<id>:<retries>``  how many bodies ran for that attempt (``upstream``)
 ``forged``                   list: the tags of ``record`` bodies (a forged task's runs)
+``refused``                  hash: task id -> how many times it was refused (or parked)
 
 Test-only hooks, read at import:
 
@@ -28,6 +29,7 @@ from celery import Celery
 from celery_redislock import LimitedTask
 from celery_redislock.admin.control import pause_key_of
 from celery_redislock.integration import gate
+from celery_redislock.integration.signals import lock_contended
 
 from fault_app import fault_recorder
 from worker_app import BROKER_URL_ENV, AppUrls
@@ -94,6 +96,11 @@ def create_app(urls: AppUrls) -> Celery:
         record().client.rpush("forged", tag)
         return tag
 
+    def on_refused(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app and task_id:
+            record().client.hincrby("refused", task_id, 1)
+
+    lock_contended.connect(on_refused, weak=False)
     _kill_at_park(record)
     return app
 

@@ -54,7 +54,7 @@ TIMEOUT = 30.0
 
 #: The parking line is wired (False while its pieces land: its runs are expected to
 #: fail, not required to).
-BROKER_LINE_READY = False
+BROKER_LINE_READY = True
 
 
 def lines(store_fails: bool) -> List[Any]:
@@ -116,6 +116,14 @@ def test_peak_never_over_the_limit(start_cluster: Any, line: str) -> None:
     assert max(peaks(record, SLOTS_PREFIX + "peak")) == SLOT_COUNT
     assert run_counts(record, results) == [1] * len(results)
     assert slots_come_back(cluster, SLOTS_PREFIX + "peak")
+    assert_on_line(cluster, line)
+
+
+def assert_on_line(cluster: WorkerCluster, line: str) -> None:
+    """The runs that waited waited on ``line``."""
+    logs = cluster.logs()
+    assert (" parked: " in logs) == (line == "broker")
+    assert (" deferred: " in logs) == (line == "store")
 
 
 # --- (b), (c) the lock store restarted while runs wait -----------------------------------
@@ -209,14 +217,13 @@ def test_nothing_in_the_store_becomes_a_task(start_cluster: Any, line: str) -> N
                "a run to hold the slot and another to wait")
     wait_until(lambda: record.hlen("refused") >= 2, TIMEOUT, "both others to wait")
     bodies = _bodies_in(lock, ONE)
+    assert bodies == [], f"task messages kept in the lock store: {bodies}"
     _forge(lock, ONE_PREFIX + "forge", RECORD)
     results_of(cluster, results)
     marker = cluster.app.tasks[RECORD].delay("marker")
     assert marker.get(timeout=TIMEOUT) == "marker"
-    print(f"\n{line}: keys holding a task message {bodies}, "
-          f"recorded {record.lrange('forged', 0, -1)}")
+    print(f"\n{line}: recorded {record.lrange('forged', 0, -1)}")
     assert record.lrange("forged", 0, -1) == ["marker"], "the forged entry ran"
-    assert bodies == []
 
 
 # --- (f) a worker killed between the parked copy and the original's acknowledgement ----

@@ -15,6 +15,7 @@ from celery_redislock.engine.admission import (
     Booked,
     Busy,
     Lease,
+    ParkRef,
     Paused,
     RateLimited,
     Served,
@@ -24,6 +25,7 @@ from celery_redislock.integration.decide import (
     ROOM_POLL,
     End,
     Hold,
+    Park,
     Run,
     SendBack,
     Situation,
@@ -56,7 +58,17 @@ WRITTEN = [
       "follows": {"key": "s", "name": "n", "member": "m", "since": 4, "until": 9}},
      WaitingRun(since=5, attempts=1, carried=True,
                 follows={"key": "s", "name": "n", "member": "m", "since": 4, "until": 9})),
+    # version 2: a copy parked on the parking line (redislock_line = "broker")
+    ({"since": 5, "attempts": 1, "promises": {}, "v": 2, "park_id": "17:3", "line": "k"},
+     WaitingRun(since=5, attempts=1, park_id="17:3", line="k", carried=True)),
 ]
+
+
+def test_a_version_1_header_reads_as_a_run_never_parked():
+    run = WaitingRun.parse({"since": 5, "attempts": 2, "promises": {}, "ticket": "id.ab"})
+    assert not run.parked and run.park_id == "" and run.line == ""
+    assert WaitingRun.parse({"v": 2, "park_id": "17:3", "line": "k"}).parked
+    assert not WaitingRun.parse({"v": 2, "park_id": 7, "line": ["k"]}).parked
 
 
 @pytest.mark.parametrize("header, run", WRITTEN)
@@ -199,6 +211,10 @@ TABLE = [
     (rate(0.2), NO_HOLD, SendBack(rate(0.2))),
     (rate(0.2, other_copy=True), MAIN, SendBack(rate(0.2, other_copy=True))),
     (rate(0.2), EAGER, WaitHere(rate(0.2))),
+    # the parking line: a refusal that wrote the run's reference parks it
+    (busy(park=ParkRef("bk", "9:1")), MAIN, Park(ParkRef("bk", "9:1"), "b")),
+    (busy(park=ParkRef("bk", "9:1")), AGAIN, Park(ParkRef("bk", "9:1"), "b")),
+    (busy(park=ParkRef("bk", "9:1")), EAGER, WaitHere(busy(park=ParkRef("bk", "9:1")))),
 ]
 
 
@@ -211,6 +227,7 @@ OUTCOMES = st.one_of(
     st.just(LEASE), st.just(SERVED), st.just(PAUSED), st.just(BOOKED), st.none(),
     st.builds(WouldAdmit, server_time_ms=st.integers(0, 10)),
     st.builds(busy, express=st.booleans(), position=st.one_of(st.none(), st.integers(0, 5))),
+    st.builds(busy, park=st.builds(ParkRef, st.just("bk"), st.text(max_size=3))),
     st.builds(rate, st.floats(0, 5), other_copy=st.booleans()),
 )
 SITUATIONS = st.builds(Situation, eager=st.booleans(), may_hold=st.booleans(),
@@ -231,6 +248,9 @@ def test_decide_never_runs_a_refused_run_nor_drops_a_run(outcome, situation):
         assert situation.eager
     if isinstance(action, SendBack):
         assert not situation.eager and action.refusal is outcome
+        assert getattr(outcome, "park", None) is None
+    if isinstance(action, Park):
+        assert not situation.eager and action.ref is outcome.park
     if isinstance(action, Hold) and action.promise is not None:
         assert situation.may_hold and action.seconds <= situation.short_wait
     if getattr(action, "look_for_earlier", False):

@@ -94,8 +94,18 @@ class End:
     name: str
 
 
+@dataclass(frozen=True)
+class Park:
+    """The parking line (``redislock_line = "broker"``): the refusal by limit ``name``
+    wrote the run's reference (``ref``: the semaphore key and the park id); publish its
+    copy to that key's parking queue, then acknowledge the original, never before."""
+
+    ref: Any
+    name: str
+
+
 #: What a run does after an admission.
-Action = Union[Run, Hold, SendBack, WaitHere, End]
+Action = Union[Run, Hold, SendBack, WaitHere, End, Park]
 
 
 def decide(outcome: Any, situation: Situation = Situation()) -> Action:
@@ -111,6 +121,10 @@ def decide(outcome: Any, situation: Situation = Situation()) -> Action:
         <class 'celery_redislock.integration.decide.SendBack'>
         >>> decide(None)
         SendBack(refusal=None, look_for_earlier=False)
+        >>> from celery_redislock.engine.admission import Busy, ParkRef
+        >>> decide(Busy(name="crawl", holders=1, slots=1, retry_hint=None,
+        ...             average_hold=None, server_time_ms=0, park=ParkRef("k", "7:1")))
+        Park(ref=ParkRef(key='k', park_id='7:1'), name='crawl')
     """
     if isinstance(outcome, WouldAdmit):
         return Hold(ROOM_POLL, probed=True)
@@ -119,6 +133,8 @@ def decide(outcome: Any, situation: Situation = Situation()) -> Action:
     ended = _ended(outcome)
     if ended is not None:
         return ended
+    if isinstance(outcome, Busy) and outcome.park is not None and not situation.eager:
+        return Park(outcome.park, outcome.name)
     look = situation.redelivered and not situation.eager and outcome is not None
     if _holds_for_start(outcome, situation):
         return Hold(outcome.wait, promise=(outcome.key, outcome.promise),

@@ -42,6 +42,7 @@ from ..engine.admission import (
 from ..engine.channel import limit_waits, settle_all
 from ..engine.holder import parse_holder, unit_of
 from ..engine.keeper import lease_keeper
+from ..engine.parking import ParkAdmitCall
 from ..engine.refusal import (
     TRANSIENT,
     describe_error,
@@ -51,8 +52,8 @@ from ..engine.refusal import (
 )
 from ..engine.scripts import is_cluster
 from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable, LockWaitTimeout
-from . import handoff, signals
-from .decide import Action, End, Hold, Run, SendBack, Situation, WaitHere, decide
+from . import broker_line, handoff, signals
+from .decide import Action, End, Hold, Park, Run, SendBack, Situation, WaitHere, decide
 from .recovery import longest_lease, this_start
 from .waiting import (
     SHORT_WAIT,
@@ -180,6 +181,8 @@ class _Attempt:
     #: Eager runs have no queue to go back to, nor a broker to hand slots over through.
     eager: bool
     reserve_ms: int
+    #: It waits on the parking line (``redislock_line = "broker"``; see :mod:`.broker_line`).
+    parking: bool = False
 
     @classmethod
     def of(cls, task: Any, setup: _Setup, args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -321,8 +324,9 @@ class Later:
     booked: Optional[Booked] = None
 
 
-#: The answer of :func:`admit_before_pool`: the lease to adopt, a hold, or None.
-BeforePool = Union[None, Dict[str, Any], Later]
+#: The answer of :func:`admit_before_pool`: the lease to adopt, a hold, a run to park
+#: (:class:`Parked`, defined below), or None.
+BeforePool = Union[None, Dict[str, Any], Later, "Parked"]
 
 
 def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool = True,
@@ -354,11 +358,12 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool
 
 def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool = True,
                     promises: Optional[Mapping[str, int]] = None,
-                    may_wait: bool = True) -> Union[BeforePool, Asking]:
+                    may_wait: bool = True, loop: bool = False) -> Union[BeforePool, Asking]:
     """:func:`admit_before_pool` up to the admission: the answer when it needs none (the
     package is disabled, the main process asks no store for a while after a failure),
     else the :class:`Asking` that asks the store (blocking, or sent by the caller, which
-    hands it the reply: the worker's event loop, see :mod:`.hub_store`)."""
+    hands it the reply: the worker's event loop, see :mod:`.hub_store`). ``loop``: the
+    worker has an event loop (a refused run may then wait on the parking line)."""
     if not limits.rules:
         return None
     setup = _Setup.of(task, limits)
@@ -367,6 +372,8 @@ def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool =
     args, kwargs = tuple(request.args or ()), dict(request.kwargs or {})
     attempt = _Attempt.of(task, setup, args, kwargs, request)
     attempt.promises.update(promises or {})
+    attempt.parking = broker_line.parks(setup.settings, setup.client, attempt.limiters,
+                                        loop=loop, task_name=task.name)
     if time.monotonic() < _main_process_skips_until[0]:
         return _without_store(attempt, args, kwargs, None)
     attempt.description = _describe_unadopted(task.name, request.hostname, request.id,
@@ -412,24 +419,39 @@ class Asking:
         """Ask the lock store, waiting at most :data:`MAIN_PROCESS_TIMEOUT`."""
         limit_waits(self.client, MAIN_PROCESS_TIMEOUT)
         try:
-            outcome = self.attempt.admit(probe=self.probe, book_ms=self.book_ms)
+            outcome = self._admit()
         except RedisError as exc:
             return self.failed(exc)
         except LockWaitTimeout:
             return None
         return self.answered(outcome)
 
-    def call(self) -> Optional[AdmitCall]:
+    def _admit(self) -> Outcome:
+        """The admission, blocking (the hand-offs it brings published)."""
+        call = self.call() if self.attempt.parking else None
+        if call is None:
+            return self.attempt.admit(probe=self.probe, book_ms=self.book_ms)
+        return self.attempt.published(call.outcome(
+            call.script.run(self.client, call.keys, call.args)))
+
+    def call(self) -> Optional[Union[AdmitCall, ParkAdmitCall]]:
         """The one script call of the admission, for a caller that sends it itself; None
         when it takes more than one (Redis Cluster): :meth:`blocking` then."""
         attempt = self.attempt
+        if attempt.parking:
+            request = attempt.request
+            return broker_line.prepare(
+                self.client, attempt.limiters, lease=attempt.setup.limits.lease,
+                task_id=request.id, attempt=request.retries or 0, waited=attempt.waited,
+                description=attempt.description, owner=attempt.owner,
+                keep_served_ms=broker_line.keep_served_ms(attempt.task))
         return prepare_admit(
             self.client, attempt.limiters, lease=attempt.setup.limits.lease,
             description=attempt.description, promises=attempt.promises,
             owner=attempt.owner, ticket=attempt.ticket, reserve_ms=attempt.reserve_ms,
             probe=self.probe, book_ms=self.book_ms)
 
-    def replied(self, call: AdmitCall, reply: Any) -> BeforePool:
+    def replied(self, call: Union[AdmitCall, ParkAdmitCall], reply: Any) -> BeforePool:
         """The answer for the lock store's ``reply`` to ``call`` (a failure of the
         connection as a ``RedisError``)."""
         if isinstance(reply, RedisError):
@@ -465,6 +487,8 @@ def _ask_before_pool(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str
     """The answer of :func:`admit_before_pool` for the lock store's ``outcome``."""
     action = decide(outcome, Situation(may_hold=may_wait, short_wait=short_wait,
                                        redelivered=redelivered))
+    if isinstance(action, Park):
+        return _parked(attempt, action, outcome_time(outcome))
     if not isinstance(action, Hold):
         return _carry_out(attempt, args, kwargs, outcome, action).handover()
     if action.look_for_earlier:
@@ -473,6 +497,30 @@ def _ask_before_pool(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str
         attempt.promises[action.promise[0]] = action.promise[1]
     return Later(action.seconds, attempt.promises, probed=action.probed,
                  booked=action.booked)
+
+
+@dataclass(frozen=True)
+class Parked:
+    """What :func:`admit_before_pool` answers for a run refused on the parking line: its
+    reference ``ref`` was written; the caller publishes its copy, with the wait ``wait``,
+    to ``ref``'s parking queue, then acknowledges the original (see ``gate``)."""
+
+    ref: broker_line.ParkRef
+    wait: WaitingRun
+    name: str
+
+
+def _parked(attempt: _Attempt, park: Park, server_ms: int) -> Parked:
+    """The run is to wait in the parking line of ``park.ref`` (said as a refusal is)."""
+    task, request = attempt.task, attempt.request
+    wait = broker_line.parked_wait(attempt.waited, park.ref, server_ms or None)
+    signals.lock_contended.send(sender=task, task_id=request.id, key=park.name,
+                                countdown=0.0, reason=f"parked behind {park.name!r}")
+    logger.log(logging.INFO if wait.attempts == 1 else logging.DEBUG,
+               "celery-redislock: task %s[%s] parked: the slots of %r are taken; it waits in "
+               "their parking queue (attempt %d)", task.name, request.id, park.name,
+               wait.attempts)
+    return Parked(park.ref, wait, park.name)
 
 
 def _without_store(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -578,13 +626,16 @@ def _carry_out(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any]
                      action.name)
         raise Ignore()
     assert not isinstance(action, Hold)
+    if isinstance(action, Park):  # only the main process parks: here it waits as today
+        action = SendBack(outcome)
     if not isinstance(action, WaitHere) and action.look_for_earlier:
         _follow_an_earlier_run(attempt, args, kwargs, outcome)
     if isinstance(action, Run):
         return action.lease
     if isinstance(action, SendBack):
         requeue(task, request, args, kwargs, limits.retry, action.refusal,
-                attempt.setup.client, attempt.reserve_ms if _joins_lines(attempt) else 0,
+                attempt.setup.client,
+                attempt.reserve_ms if _joins_lines(attempt) and not attempt.parking else 0,
                 [limiter.key for limiter in attempt.limiters if isinstance(limiter, SlotLimit)])
     return _wait_in_place(task, limits, attempt.setup.client, attempt.limiters,
                           attempt.description, attempt.owner, action.refusal)
@@ -606,6 +657,7 @@ def _run_holding(task: Any, request: Any, lease: Lease, body: Callable[[], Resul
     (re-publishing with ``publish`` the messages of waiters handed its slots), or left
     for the worker's main process to give back (no ``publish``: :data:`MAIN_RELEASES`).
     ``since``: when the run first asked (server ms), for the ``lock_acquired`` signal."""
+    _served_at_start(task, request, lease)
     _forget_wait(request)
     holds_slots = lease.holds_slots
     if holds_slots:
@@ -633,6 +685,19 @@ def _run_holding(task: Any, request: Any, lease: Lease, body: Callable[[], Resul
                     sender=task, task_id=request.id, lease=lease,
                     held=time.monotonic() - lease_started,
                 )
+
+
+def _served_at_start(task: Any, request: Any, lease: Lease) -> None:
+    """A copy moved out of a parking queue starts its body, its message acknowledged
+    (default acks): its reference becomes served, so that a copy given back later ends
+    unrun. (Under ``acks_late`` its release does it.)"""
+    if getattr(task, "acks_late", False) or not WaitingRun.of(request).parked:
+        return
+    try:
+        broker_line.started(lease)
+    except RedisError as exc:  # the release marks it served
+        logger.warning("celery-redislock: task %s[%s]: could not mark its parked run served "
+                       "(%s)", task.name, request.id, describe_error(exc))
 
 
 def _holding(attempt: _Attempt, lease: Lease, body: Callable[[], Result]) -> Result:

@@ -77,8 +77,7 @@ from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
 from ..engine.admission import Booked, Lease
 from ..engine.refusal import describe_error
-from ..engine.scripts import ADMIT
-from . import handoff
+from . import broker_line, handoff
 from .decide import ROOM_POLL
 from .execution import (
     ADMITTED,
@@ -88,6 +87,7 @@ from .execution import (
     Asking,
     BeforePool,
     Later,
+    Parked,
     ask_before_pool,
     give_back_unstarted,
     release_for_pool,
@@ -235,11 +235,19 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     if limits is None or request.revoked():
         return handle(request)
     room = _pool_has_room(consumer)
-    if not room and hold.may_wait_unprobed():
+    loop = getattr(consumer, "hub", None) is not None
+    if not room and (hold.may_wait_unprobed() or _parks(task, loop)):
         return _wait_for_room(consumer, request, handle, hold)
     return _settle(consumer, request, handle, hold, limits, lambda: ask_before_pool(
         task, limits, request._context, room=room, promises=hold.promises,
-        may_wait=hold.waits < SHORT_WAITS))
+        may_wait=hold.waits < SHORT_WAITS, loop=loop))
+
+
+def _parks(task: Any, loop: bool) -> bool:
+    """Whether ``task``'s refused runs may wait on the parking line here: they are not
+    probed (a probe takes nothing; the parking line's admission parks the run it
+    refuses), they wait for a free pool process, then ask."""
+    return loop and task_settings(task).line == "broker"
 
 
 def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
@@ -257,7 +265,7 @@ def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Ho
                 answer = answer.blocking()
             else:
                 asking, admit_call = answer, call
-                store.run_script(ADMIT, call.keys, call.args, lambda reply: _settle(
+                store.run_script(call.script, call.keys, call.args, lambda reply: _settle(
                     consumer, request, handle, hold, limits,
                     lambda: asking.replied(admit_call, reply)))
                 return None
@@ -289,6 +297,8 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
                    limits: TaskLimits, answer: BeforePool) -> Any:
     """Hold ``request`` here for a while, or hand it to the pool with what its limits
     (``limits``) gave it (``answer``)."""
+    if isinstance(answer, Parked):
+        return _park(consumer, request, answer)
     if isinstance(answer, Later):
         hold.promises, hold.probed = dict(answer.promises), answer.probed
         if answer.probed:
@@ -308,6 +318,38 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
         request.request_dict[PROMISED] = hold.promises
     _act_at_end(consumer, request, release)
     return handle(request)
+
+
+def _park(consumer: Any, request: Any, parked: Parked) -> None:
+    """Publish ``request``'s parked copy on the mover's thread; the original is
+    acknowledged on the event loop once the copy is in its parking queue, never before
+    (a worker that dies between the two: the broker gives the original back, and its
+    reference tells it apart). Not published: the original goes back to its queue."""
+    forget_copy(request)
+    hub = consumer.hub
+
+    def published(done: Any) -> None:  # on the mover's thread
+        hub.call_soon(_after_park, request, parked, done)
+
+    if not broker_line.park(request.task.app, request.message, parked.ref, parked.wait,
+                            published):
+        _not_parked(request, parked, "the mover is full or stopped")
+
+
+def _after_park(request: Any, parked: Parked, done: Any) -> None:
+    """On the event loop, after the mover's publish of ``request``'s parked copy."""
+    if done.ok:
+        end_unrun(request)
+    else:
+        _not_parked(request, parked, repr(done.error or done.outcome))
+
+
+def _not_parked(request: Any, parked: Parked, why: str) -> None:
+    """The parked copy was not published: the original goes back to its queue (one
+    broker operation), to ask again; its reference names it anew then."""
+    logger.warning("celery-redislock: task %s[%s] could not be parked behind %r (%s); it "
+                   "goes back to its queue", request.task.name, request.id, parked.name, why)
+    request.reject(requeue=True)
 
 
 def _due_booking(consumer: Any, request: Any, hold: _Hold) -> Optional[Dict[str, Any]]:

@@ -48,7 +48,7 @@ from kombu.serialization import dumps, loads, prepare_accept_content
 from ..config.settings import read_settings, redis_client
 from ..engine.keys import companion_key
 from ..engine.scripts import ENQUEUE, LEAVE_LINE, WAKE
-from . import signals
+from . import broker_line, signals
 from .waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
@@ -216,10 +216,19 @@ def publish(app: Any, messages: Iterable[Any]) -> int:
     :func:`unpack_message`) is never decoded nor run: it is logged as an error naming
     where it was read, counted (signal ``lock_store_error``, kind ``rejected_entry``)
     and taken out of its line. A real run's waiting copy is still in the broker, so no
-    task is lost by it.
+    task is lost by it. The moves owed to parking lines among them (the parking line)
+    go to this process's mover (see :func:`.broker_line.owe`); on that line a message
+    kept in the lock store is never sent: it is dropped as one that failed its check.
     """
-    messages = list(messages)
+    messages, moves = broker_line.split(messages)
+    if moves:
+        broker_line.owe(app, moves)
     if not messages:
+        return 0
+    if read_settings(app).line == "broker":
+        for message in messages:  # the parking line keeps no messages in the lock store
+            _reject(app, message, RejectedEntry(
+                "a worker on redislock_line = 'broker' runs nothing kept in the lock store"))
         return 0
     trust = Trust.of(app)
     sent = 0

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 import redis
 from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
-from ..engine.admission import Lease
+from ..engine.admission import Lease, handoffs_of
 from ..engine.resp import ErrorReply, Parser, Pipeline, Then, pack
 from ..engine.scripts import WAKE, LuaScript, is_cluster
 
@@ -281,7 +281,7 @@ def _woken(lease: Lease, publish: Callable[[List[Any]], Any], messages: Any) -> 
     if not isinstance(messages, list):
         return _release_failed(lease, messages)
     if messages:
-        publish(messages)
+        publish(handoffs_of(messages))
     return None
 
 

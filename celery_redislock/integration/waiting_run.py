@@ -32,7 +32,10 @@ class WaitingRun:
     * ``copy``: the identity of this copy of its message ("" for none);
     * ``express``: this copy is the one sent when the line handed it a slot;
     * ``follows``: the earlier run of its task id it follows (the semaphore ``key`` and
-      ``name``, the holder ``member``, ``since`` and ``until``), or None.
+      ``name``, the holder ``member``, ``since`` and ``until``), or None;
+    * ``park_id`` and ``line`` (the parking line, ``redislock_line = "broker"``): this
+      copy's park id and the semaphore key whose parking queue held it ("" for none: a
+      header without them, version 1, is read as a run never parked).
 
     Read from a request, written back as a header:
 
@@ -55,6 +58,8 @@ class WaitingRun:
     copy: str = ""
     express: bool = False
     follows: Optional[Mapping[str, Any]] = None
+    park_id: str = ""
+    line: str = ""
     #: The message had a wait header with something in it (even unreadable).
     carried: bool = False
 
@@ -86,7 +91,8 @@ class WaitingRun:
                    promises=_promises(state.get("promises")),
                    ticket=_text(state.get("ticket")),
                    copy=_copy_id(state.get("copy")), express=bool(state.get("express")),
-                   follows=_follows(state.get("follows")), carried=True)
+                   follows=_follows(state.get("follows")), park_id=_text(state.get("park_id")),
+                   line=_text(state.get("line")), carried=True)
 
     def header(self) -> Dict[str, Any]:
         """The ``redislock_wait`` header's value for this wait (only plain values)."""
@@ -100,7 +106,18 @@ class WaitingRun:
             wait["express"] = True
         if self.follows:
             wait["follows"] = dict(self.follows)
+        if self.park_id:
+            wait.update(v=2, park_id=self.park_id, line=self.line)
         return wait
+
+    @property
+    def parked(self) -> bool:
+        """Whether this copy was moved out of a parking queue (it names its park id).
+
+            >>> WaitingRun.parse({"v": 2, "park_id": "7:1", "line": "k"}).parked
+            True
+        """
+        return bool(self.park_id and self.line)
 
     def on(self, headers: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
         """``headers`` (a message's), with this wait as their wait header.

@@ -1,0 +1,225 @@
+"""The parking line's wiring (``redislock_line = "broker"``): the one place that uses the
+lock store's references (:mod:`~celery_redislock.engine.parking`) and the broker's
+parking queues (:mod:`.parking`) for the gate.
+
+* :func:`parks` says whether a run waits on this line: the setting, a worker with an
+  event loop (the gate's main process), semaphores only of cost 1, not Redis Cluster;
+  anything else keeps today's line, said once in the log;
+* :func:`prepare` is the admission's one script (a moved copy asks with its
+  :class:`ParkRef`);
+* :func:`park` publishes a refused run's copy on this process's :class:`Mover`, then
+  calls back (the gate acknowledges the original then, on its event loop);
+* :func:`owe` moves one parked message per :class:`ParkedMove` a release or the poll
+  reported; a move that found its parking queue empty gives the reservation back
+  (``moved_nothing``). A pool process moves on its own mover (a thread with its own
+  broker connection, made on its first move), not through the main process;
+* :class:`Poll`: each worker's main process asks the lock store every :data:`POLL`
+  seconds for slots freed without a release (``due``) and moves what it owes.
+
+    >>> split([ParkedMove("k"), "message"])
+    (['message'], [ParkedMove(key='k')])
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+
+from ..config.settings import Settings, read_settings, redis_client
+from ..engine import parking as store
+from ..engine.admission import ParkedMove, ParkRef
+from .parking import Done, Mover, ParkedCopy, broker_for, parking_queue
+from .waiting_run import WaitingRun
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["POLL", "ParkRef", "ParkedMove", "Poll", "owe", "park", "parks", "prepare",
+           "split", "started"]
+
+#: How often (s) each worker's main process asks the lock store for moves owed.
+POLL = 0.2
+
+_said: Set[str] = set()
+
+
+def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: bool,
+          task_name: str) -> bool:
+    """Whether a run of ``task_name`` under ``limiters`` waits on the parking line; a task
+    that would, but cannot (a rate limit, a cost, Redis Cluster, no event loop), keeps
+    today's line, logged once per task."""
+    if settings.line != "broker":
+        return False
+    if loop and store.parks(client, limiters):
+        return True
+    if task_name not in _said:
+        _said.add(task_name)
+        logger.warning("celery-redislock: task %s keeps the \"store\" line (redislock_line "
+                       "= \"broker\" parks runs of semaphores of cost 1 only, on workers "
+                       "with an event loop: prefork and solo)", task_name)
+    return False
+
+
+def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,
+            attempt: int, waited: WaitingRun, description: str, owner: str,
+            keep_served_ms: int) -> Optional[store.ParkAdmitCall]:
+    """The admission's one script for this run (None: keep today's line)."""
+    parked = ParkRef(waited.line, waited.park_id) if waited.parked else None
+    return store.prepare_park_admit(
+        client, limiters, lease=lease, run=store.run_id(task_id, attempt), parked=parked,
+        description=description, owner=owner, keep_served_ms=keep_served_ms)
+
+
+def parked_wait(waited: WaitingRun, ref: ParkRef, since: Optional[int]) -> WaitingRun:
+    """The wait a parked copy carries (version 2 of the header: its park id and line)."""
+    return WaitingRun(since=waited.since or since, attempts=waited.attempts + 1,
+                      park_id=ref.park_id, line=ref.key, carried=True)
+
+
+def keep_served_ms(task: Any) -> int:
+    """How long a served reference is kept (ms): as long as the broker may give back a
+    copy of the run: its visibility timeout (kombu's default for Redis: one hour), with
+    a margin for the transport's restore cycle."""
+    options = task.app.conf.broker_transport_options or {}
+    timeout = options.get("visibility_timeout")
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+        return int(max(2 * timeout, timeout + 60) * 1000)
+    return store.KEEP_SERVED_MS
+
+
+def started(lease: Any) -> None:
+    """Under default acks, the body of a moved copy starts: its reference is served."""
+    store.started(lease)
+
+
+# --- the mover of this process -----------------------------------------------------------
+
+_movers: Dict[int, Mover] = {}
+_movers_lock = threading.Lock()
+
+
+def mover(app: Any) -> Mover:
+    """This process's mover (made and started on first use; a forked child makes its own)."""
+    pid = os.getpid()
+    with _movers_lock:
+        found = _movers.get(pid)
+        if found is None:
+            found = _movers[pid] = Mover.for_app(app).start()
+        return found
+
+
+def park(app: Any, message: Any, ref: ParkRef, wait: WaitingRun,
+         on_done: Callable[[Done], None]) -> bool:
+    """Publish the parked copy of kombu ``message`` (its wait replaced by ``wait``) to
+    ``ref.key``'s parking queue; ``on_done`` is called on the mover's thread. False: the
+    mover did not take it (the caller keeps the original)."""
+    copy = ParkedCopy.of(message, ref.key, wait.header())
+    return mover(app).park(copy, on_done)
+
+
+def split(handoffs: Iterable[Any]) -> Tuple[List[Any], List[ParkedMove]]:
+    """Messages to re-publish (today's line), and the moves owed (the parking line)."""
+    messages: List[Any] = []
+    moves: List[ParkedMove] = []
+    for handoff in handoffs:
+        (moves if isinstance(handoff, ParkedMove) else messages).append(handoff)
+    return messages, moves
+
+
+def owe(app: Any, moves: Iterable[ParkedMove]) -> None:
+    """Move one parked message per move owed, on this process's mover (never waits)."""
+    for move in moves:
+        if not mover(app).move(parking_queue(move.key),
+                               functools.partial(_moved, app, move.key)):
+            logger.warning("celery-redislock: the mover is full or stopped; the reservation "
+                           "of %s lapses and the poll hands it over again", move.key)
+
+
+def _moved(app: Any, key: str, done: Done) -> None:
+    """After a move (on the mover's thread): an empty parking queue gives the slot back."""
+    outcome = done.outcome
+    if outcome is not None and not outcome.done:
+        try:
+            store.moved_nothing(redis_client(app, read_settings(app)), key)
+        except Exception as exc:  # the reservation lapses instead
+            logger.warning("celery-redislock: could not give back a reservation of %s: %r",
+                           key, exc)
+    elif done.error is not None:
+        logger.warning("celery-redislock: a move out of the parking queue of %s failed "
+                       "(%r); its reservation lapses and the poll hands it over again", key,
+                       done.error)
+
+
+# --- the poll ----------------------------------------------------------------------------
+
+class Poll:
+    """A thread of the worker's main process: every :data:`POLL` s, the moves owed for
+    slots freed without a release (``due``), over the keys the lock store's index and
+    the broker's registry of parking queues know."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.settings = read_settings(app)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="redislock-poll", daemon=True)
+
+    def start(self) -> Poll:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        connection = None
+        while not self._stop.wait(POLL):
+            try:
+                if connection is None:
+                    connection = self.app.connection_for_write()
+                self.once(broker_for(connection))
+            except Exception as exc:
+                logger.debug("celery-redislock: the parking line's poll failed: %r", exc)
+                if connection is not None:
+                    connection.collect()
+                connection = None
+        if connection is not None:
+            connection.collect()
+
+    def once(self, broker: Any) -> List[ParkedMove]:
+        """One poll: the moves owed now, handed to the mover."""
+        client = redis_client(self.app, self.settings)
+        keys = set(store.parked_keys(client, self.settings.prefix))
+        queues = {parking_queue(key): key for key in keys}
+        queues.update(broker.registry())
+        lengths = broker.lengths(list(queues))
+        moves = store.due(client, {key: lengths.get(queue, 0)
+                                   for queue, key in queues.items()},
+                          prefix=self.settings.prefix)
+        owe(self.app, moves)
+        return moves
+
+
+_polls: Dict[int, Poll] = {}
+
+
+@worker_ready.connect
+def _start_poll(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None or read_settings(app).line != "broker":
+        return
+    _polls[os.getpid()] = Poll(app).start()
+
+
+@worker_shutdown.connect
+@worker_process_shutdown.connect
+def _stop(**_: Any) -> None:
+    poll = _polls.pop(os.getpid(), None)
+    if poll is not None:
+        poll.stop()
+    found = _movers.pop(os.getpid(), None)
+    if found is not None:
+        found.stop(timeout=5.0)
