@@ -422,6 +422,7 @@ def test_rabbitmq_park_then_move_returns_the_same_message(rabbit_app: Celery) ->
     with rabbit_app.connection_for_write() as connection:
         connection.default_channel.queue_delete(copy.queue)
         assert copy.queue not in broker_for(connection).registry()
+        assert broker_for(connection) is broker_for(connection)
 
 
 def test_rabbitmq_mover_parks_and_moves_in_order(rabbit_app: Celery) -> None:
@@ -628,9 +629,11 @@ def test_rabbitmq_registry_keeps_one_entry_per_queue(rabbit_app: Celery) -> None
         broker = broker_for(connection)
         assert broker.lengths([copy.queue]) == {copy.queue: 2}
         connection.default_channel.queue_delete(gone.queue)
-        first = broker.registry()
+        first = broker.registry(max_age=0)
         assert first.get(copy.queue) == key and gone.queue not in first
-        assert broker.registry().get(copy.queue) == key  # given back
+        assert broker.registry(max_age=0).get(copy.queue) == key  # given back
+    with rabbit_app.connection_for_write() as connection:  # a connection that parked none
+        assert broker_for(connection).registry().get(copy.queue) == key
         assert recount(broker).get(key) == 2
 
 

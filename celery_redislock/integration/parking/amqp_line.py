@@ -20,7 +20,7 @@ The registry is a durable queue ``redislock.parking`` of small JSON messages
 ``{"queue", "key"}``, one published by each connection the first time it parks into a
 queue (before the copy); :meth:`AmqpParking.registry` reads it whole, acknowledges the
 duplicates and the entries of queues that no longer exist, and gives the others back.
-Two readers at once may each see part of it.
+Two readers at once may each see part of it; a read is reused for 30 s (``max_age``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from amqp.exceptions import NotFound
@@ -37,6 +38,9 @@ from .naming import REGISTRY, ROUTE_HEADER, UNROUTABLE
 from .parked_copy import ParkedCopy, Route
 
 logger = logging.getLogger(__name__)
+
+#: How long (s) a registry read is reused (see :meth:`AmqpParking.registry`).
+REGISTRY_MAX_AGE = 30.0
 
 #: A parking queue unused this long (ms) is deleted by RabbitMQ (``x-expires``).
 PARKING_EXPIRES_MS = 7 * 24 * 3600 * 1000
@@ -50,14 +54,24 @@ class AmqpParking:
         self.arguments: Dict[str, Any] = {"x-queue-mode": "lazy"}
         if expires_ms:
             self.arguments["x-expires"] = expires_ms
-        self.channel = connection.channel()
+        self._channel: Any = None
         self._declared: Set[str] = set()
-        self._registered: Set[str] = set()
+        self._registered: Dict[str, str] = {}
+        self._registry: Dict[str, str] = {}
+        self._registry_read = -float("inf")
         self._probe: Any = None
         self._returned: List[Tuple[str, str]] = []
-        self.channel.events["basic_return"].add(self._on_return)
         #: The last park or move published its copy (the mover's retry reads it).
         self.sent = False
+
+    @property
+    def channel(self) -> Any:
+        """This instance's channel, opened again if the broker closed it (an error)."""
+        if self._channel is None or not self._channel.is_open:
+            self._channel = self.connection.channel()
+            self._channel.events["basic_return"].add(self._on_return)
+            self._declared.clear()
+        return self._channel
 
     def declare(self, queue: str) -> None:
         """Declare parking queue ``queue`` (once per connection)."""
@@ -86,7 +100,7 @@ class AmqpParking:
             self._publish(json.dumps({"queue": copy.queue, "key": copy.key}), "", REGISTRY,
                           content_type="application/json", content_encoding="utf-8",
                           properties={"delivery_mode": 2})
-            self._registered.add(copy.queue)
+            self._registered[copy.queue] = copy.key
         self.sent = False
         properties = dict(copy.properties)
         priority = properties.pop("priority", None)
@@ -135,7 +149,15 @@ class AmqpParking:
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         return {queue: self._count(queue) or 0 for queue in queues}
 
-    def registry(self) -> Dict[str, str]:
+    def registry(self, max_age: float = REGISTRY_MAX_AGE) -> Dict[str, str]:
+        """The registry as read at most ``max_age`` seconds ago (reading it is one
+        ``basic.get`` per entry), with the queues this connection registered since."""
+        if time.monotonic() - self._registry_read > max_age:
+            self._registry = self._read_registry()
+            self._registry_read = time.monotonic()
+        return {**self._registry, **self._registered}
+
+    def _read_registry(self) -> Dict[str, str]:
         self.declare(REGISTRY)
         known: Dict[str, str] = {}
         drop = []

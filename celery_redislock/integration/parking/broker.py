@@ -49,5 +49,7 @@ class ParkingBroker(Protocol):
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         """How many messages each parking queue holds (0 for one that does not exist)."""
 
-    def registry(self) -> Dict[str, str]:
-        """Every parking queue the broker knows of, with its semaphore key."""
+    def registry(self, max_age: float = ...) -> Dict[str, str]:
+        """Every parking queue the broker knows of, with its semaphore key (RabbitMQ:
+        as read at most ``max_age`` seconds ago, 30 by default, and the queues this
+        connection parked into; ``max_age=0`` reads it now)."""

@@ -31,6 +31,6 @@ def recount(broker: ParkingBroker) -> Dict[str, int]:
     """``{semaphore key: messages parked}`` for every parking queue the broker's
     registry knows that holds any (after the lock store lost its data: its index of
     parked keys is gone, the broker's registry is not)."""
-    known = broker.registry()
+    known = broker.registry(max_age=0)
     lengths = broker.lengths(list(known))
     return {known[queue]: n for queue, n in lengths.items() if n > 0}

@@ -88,7 +88,7 @@ class RedisParking:
                 pipe.llen(self.prefix + name)
             return {name: int(n) for name, n in zip(names, pipe.execute())}
 
-    def registry(self) -> Dict[str, str]:
+    def registry(self, max_age: float = 0.0) -> Dict[str, str]:  # always read now
         found = self.client.hgetall(self.prefix + REGISTRY)
         return {_text(name): _text(key) for name, key in found.items()}
 

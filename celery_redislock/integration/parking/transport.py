@@ -19,7 +19,21 @@ from .redis_line import RedisParking
 
 def broker_for(connection: Any) -> ParkingBroker:
     """The parking operations for kombu ``connection``'s transport: a Redis broker
-    (``redis``, ``rediss``) or an AMQP one (RabbitMQ through ``pyamqp``/``amqp``)."""
+    (``redis``, ``rediss``, ``sentinel``) or an AMQP one (RabbitMQ through
+    ``pyamqp``/``amqp``); the same object for the same connection (no new channel per
+    call). Not thread-safe: one thread per connection."""
+    found: Any = getattr(connection, _ATTRIBUTE, None)
+    if found is None:
+        found = _make(connection)
+        setattr(connection, _ATTRIBUTE, found)
+    return found  # type: ignore[no-any-return]
+
+
+#: Where a connection keeps its parking operations (one channel each, not one per call).
+_ATTRIBUTE = "_redislock_parking"
+
+
+def _make(connection: Any) -> ParkingBroker:
     driver = connection.transport.driver_type
     if driver == "redis":
         return RedisParking(connection)
