@@ -634,7 +634,7 @@ def test_rabbitmq_registry_keeps_one_entry_per_queue(rabbit_app: Celery) -> None
         assert broker.registry(max_age=0).get(copy.queue) == key  # given back
     with rabbit_app.connection_for_write() as connection:  # a connection that parked none
         assert broker_for(connection).registry().get(copy.queue) == key
-        assert recount(broker).get(key) == 2
+        assert recount(broker_for(connection)).get(key) == 2
 
 
 def receive_after_send(app: Celery, queue: str) -> kombu.Message:
