@@ -39,6 +39,9 @@ from .parked_copy import ParkedCopy, Route
 
 logger = logging.getLogger(__name__)
 
+#: How long (s) a publish waits for its confirm (then it fails: tried again, in doubt).
+CONFIRM_TIMEOUT = 30.0
+
 #: How long (s) a registry read is reused (see :meth:`AmqpParking.registry`).
 REGISTRY_MAX_AGE = 30.0
 
@@ -87,7 +90,8 @@ class AmqpParking:
         self._returned.clear()
         message = self.channel.prepare_message(body, **properties)
         self.channel.basic_publish_confirm(message, exchange=exchange,
-                                           routing_key=routing_key, mandatory=True)
+                                           routing_key=routing_key, mandatory=True,
+                                           confirm_timeout=CONFIRM_TIMEOUT)
         return not self._returned
 
     def _on_return(self, _exc: Any, exchange: str, routing_key: str, _message: Any) -> None:

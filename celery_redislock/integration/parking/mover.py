@@ -84,6 +84,9 @@ class _Job:
 
 _STOP = object()
 
+#: How long (s) the mover's AMQP connection waits for a read, a write or a confirm.
+SOCKET_TIMEOUT = 30.0
+
 
 class Mover:
     """Parks and moves on a thread of its own; ``connect()`` returns a new kombu
@@ -105,10 +108,13 @@ class Mover:
 
     @classmethod
     def for_app(cls, app: Any, **options: Any) -> Mover:
-        """A mover on ``app``'s broker (``app.connection_for_write()``, with publisher
-        confirms on an AMQP broker)."""
-        return cls(lambda: app.connection_for_write(
-            transport_options={"confirm_publish": True}), **options)
+        """A mover on ``app``'s broker (``app.connection_for_write()``; on an AMQP broker
+        with publisher confirms, and reads and writes that give up after
+        :data:`SOCKET_TIMEOUT` s, so that a half-open connection fails the job instead of
+        hanging the thread: the job is then tried again on a new connection)."""
+        return cls(lambda: app.connection_for_write(transport_options={
+            "confirm_publish": True, "read_timeout": SOCKET_TIMEOUT,
+            "write_timeout": SOCKET_TIMEOUT}), **options)
 
     def start(self) -> Mover:
         self._thread.start()
