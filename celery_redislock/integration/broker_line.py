@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import threading
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
@@ -33,7 +34,16 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 from ..config.settings import Settings, read_settings, redis_client
 from ..engine import parking as store
 from ..engine.admission import ParkedMove, ParkRef
-from .parking import Done, Mover, ParkedCopy, broker_for, parking_queue
+from .parking import (
+    Done,
+    LoopHop,
+    Mover,
+    ParkedCopy,
+    broker_for,
+    parked_lengths,
+    parking_queue,
+    recount,
+)
 from .waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
@@ -109,6 +119,18 @@ def mover(app: Any) -> Mover:
         found = _movers.get(pid)
         if found is None:
             found = _movers[pid] = Mover.for_app(app).start()
+        return found
+
+
+_hops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def hop(hub: Any) -> LoopHop:
+    """The way from the mover's thread to ``hub``'s event loop (one per hub)."""
+    with _movers_lock:
+        found = _hops.get(hub)
+        if found is None:
+            found = _hops[hub] = LoopHop(hub)
         return found
 
 
@@ -191,14 +213,11 @@ class Poll:
 
     def once(self, broker: Any) -> List[ParkedMove]:
         """One poll: the moves owed now, handed to the mover."""
-        client = redis_client(self.app, self.settings)
-        keys = set(store.parked_keys(client, self.settings.prefix))
-        queues = {parking_queue(key): key for key in keys}
-        queues.update(broker.registry())
-        lengths = broker.lengths(list(queues))
-        moves = store.due(client, {key: lengths.get(queue, 0)
-                                   for queue, key in queues.items()},
-                          prefix=self.settings.prefix)
+        client, prefix = redis_client(self.app, self.settings), self.settings.prefix
+        lengths = {key: n for key, n in recount(broker).items() if key.startswith(prefix)}
+        indexed = set(store.parked_keys(client, prefix)) - set(lengths)
+        lengths.update(parked_lengths(broker, indexed))
+        moves = store.due(client, lengths, prefix=prefix) if lengths else []
         owe(self.app, moves)
         return moves
 

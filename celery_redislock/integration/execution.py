@@ -527,15 +527,24 @@ def _without_store(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, 
                    exc: Optional[RedisError]) -> BeforePool:
     """The worker's main process could not ask the lock store (``exc``; None: it asks
     no more for a while, after a failure): the run is sent back to wait (``Ignore``), as
-    its pool process would send it back, fail-closed; with ``redislock_fail_open`` and an
-    outage, it goes to the pool (None), which runs it without a slot if it cannot ask
-    either."""
+    its pool process would send it back, fail-closed (on the parking line it is held
+    here, :data:`STORE_HOLD`); with ``redislock_fail_open`` and an outage, it goes to
+    the pool (None), which runs it without a slot if it cannot ask either."""
     task, request = attempt.task, attempt.request
     if attempt.setup.settings.fail_open and (exc is None or is_transient(exc)):
         return None
     if exc is not None:
         report_store_error(task, request.id, _names(attempt.limiters), exc)
+    if attempt.parking:  # one copy: held here, never re-published (its header kept)
+        return Later(STORE_HOLD, attempt.promises)
     requeue(task, request, args, kwargs, attempt.setup.limits.retry, None)
+
+
+#: The parking line: how long (s) the worker's main process holds a run the lock store
+#: did not answer for before it asks again (the run stays one message, unacknowledged
+#: here, instead of a copy sent back with a countdown: a copy published and the original
+#: acknowledged is a window no reference tells apart).
+STORE_HOLD = 0.5
 
 
 def _adopt(attempt: _Attempt, handed: Mapping[str, Any]) -> Optional[Lease]:

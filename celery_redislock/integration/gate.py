@@ -326,11 +326,8 @@ def _park(consumer: Any, request: Any, parked: Parked) -> None:
     (a worker that dies between the two: the broker gives the original back, and its
     reference tells it apart). Not published: the original goes back to its queue."""
     forget_copy(request)
-    hub = consumer.hub
-
-    def published(done: Any) -> None:  # on the mover's thread
-        hub.call_soon(_after_park, request, parked, done)
-
+    published = broker_line.hop(consumer.hub).on_loop(  # from the mover's thread
+        functools.partial(_after_park, request, parked))
     if not broker_line.park(request.task.app, request.message, parked.ref, parked.wait,
                             published):
         _not_parked(request, parked, "the mover is full or stopped")

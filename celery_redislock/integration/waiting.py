@@ -365,9 +365,10 @@ def _give_up(task: Any, request: Any, plan: GiveUp, refusal: Refusal, client: An
 
 def _sent_back(run: WaitingRun, since: Optional[int], promises: Dict[str, int],
                ticket: Optional[str], refusal: Refusal) -> WaitingRun:
-    """The wait of the copy sent back (refused once more)."""
+    """The wait of the copy sent back (refused once more; a copy moved out of a parking
+    queue keeps its park id, to take its reservation when it comes back)."""
     wait = WaitingRun(since=since, attempts=run.attempts + 1, promises=promises,
-                      carried=True)
+                      park_id=run.park_id, line=run.line, carried=True)
     if not ticket:
         return wait
     # The lock store went away during the admission, which may have gone through before
