@@ -13,6 +13,8 @@ import kombu
 import redis
 from celery import Celery
 
+from celery_redislock.integration.parking import moved_copy
+
 QUEUE = os.environ.get("PARKING_QUEUE", "parking-reports")
 EXCHANGE = kombu.Exchange(QUEUE + "-exchange", type="direct")
 ROUTING_KEY = "report.daily"
@@ -33,13 +35,14 @@ def create_app(broker: str, queue: str = QUEUE) -> Celery:
 
 def retry_once(self: Any, record_url: str) -> None:
     request = self.request
+    headers = request.headers if isinstance(request.headers, dict) else {}
     client = redis.Redis.from_url(record_url)
     client.rpush("runs", json.dumps({
         "retries": request.retries, "id": request.id,
         "exchange": request.delivery_info.get("exchange"),
         "routing_key": request.delivery_info.get("routing_key"),
-        "wait": (request.headers or {}).get("redislock_wait")
-        if isinstance(request.headers, dict) else None}))
+        "wait": headers.get("redislock_wait"),
+        "moved_copy": moved_copy(headers, request.retries)}))
     client.close()
     if request.retries == 0:
         raise self.retry(countdown=0)

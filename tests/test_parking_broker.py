@@ -26,6 +26,7 @@ from celery_redislock.integration.parking import (
     Mover,
     ParkedCopy,
     broker_for,
+    moved_copy,
     parked_lengths,
     parking_queue,
     recount,
@@ -133,6 +134,7 @@ def test_redis_park_then_move_puts_the_same_message_first(redis_app: Celery,
     moved = receive(redis_app, "work")
     assert moved.headers["id"] == parked_id and task_value(moved) == "parked"
     assert moved.headers[WAIT_HEADER] == WAIT
+    assert moved_copy(moved.headers) and not moved_copy(original.headers)
     assert moved.headers["task"] == original.headers["task"]
     assert {k: v for k, v in moved.headers.items() if k not in (WAIT_HEADER, ROUTE_HEADER)} \
         == {k: v for k, v in original.headers.items() if k != WAIT_HEADER}
@@ -408,8 +410,9 @@ def test_rabbitmq_park_then_move_returns_the_same_message(rabbit_app: Celery) ->
     assert task_value(receive(rabbit_app, queue)) == "queued"  # AMQP: behind the queue
     moved = receive(rabbit_app, queue)
     assert moved.headers["id"] == parked_id and task_value(moved) == "parked"
-    assert moved.headers[WAIT_HEADER] == WAIT and ROUTE_HEADER not in moved.headers
-    assert {k: v for k, v in moved.headers.items() if k != WAIT_HEADER} \
+    assert moved.headers[WAIT_HEADER] == WAIT and moved_copy(moved.headers)
+    assert not moved_copy(original.headers)
+    assert {k: v for k, v in moved.headers.items() if k not in (WAIT_HEADER, ROUTE_HEADER)} \
         == {k: v for k, v in original.headers.items() if k != WAIT_HEADER}
     for name in ("priority", "correlation_id", "reply_to", "delivery_mode"):
         assert moved.properties.get(name) == original.properties.get(name), name
@@ -456,7 +459,8 @@ def test_a_moved_run_retries_to_its_original_queue(broker_kind: str, server: Red
                                                    tmp_path: Path) -> None:
     """A run parked, then moved back, is taken by a real ``celery worker``; its
     ``self.retry()`` goes through the original exchange and routing key to the original
-    queue, where the worker runs it again (``retries`` 1)."""
+    queue, where the worker runs it again (``retries`` 1); the retry carries the parked
+    copy's headers, and :func:`moved_copy` tells it from the moved copy."""
     import parking_broker_app
 
     record = server.client(db=8)
@@ -503,7 +507,10 @@ def test_a_moved_run_retries_to_its_original_queue(broker_kind: str, server: Red
         for run in runs:
             assert (run["exchange"], run["routing_key"]) == (
                 f"{queue}-exchange", parking_broker_app.ROUTING_KEY), run
-        assert runs[0]["wait"] == WAIT
+        # Celery copies the moved copy's headers into its retry: only the attempt tells
+        # the retry (a new attempt, never parked) from the moved copy
+        assert [run["wait"] for run in runs] == [WAIT, WAIT]
+        assert [run["moved_copy"] for run in runs] == [True, False]
         with app.connection_for_write() as connection:
             assert broker_for(connection).lengths([copy.queue]) == {copy.queue: 0}
     finally:

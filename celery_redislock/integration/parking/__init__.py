@@ -15,7 +15,10 @@ The contract, for the main process's gate and the poll:
   headers with ``redislock_wait`` replaced by ``wait``, the properties Celery reads
   (priority...), and its :class:`Route` (the exchange and routing key it was delivered
   with). The moved copy keeps that route as its ``delivery_info``, so ``self.retry()``
-  and routing behave as for the original.
+  and routing behave as for the original. ``moved_copy(headers, attempt)``: whether a
+  message is a copy moved back, or a later attempt that inherited the parked copy's
+  headers through ``self.retry()`` (Celery copies custom headers into a retry: the
+  retry carries the old ``redislock_wait`` with its park id, which must not count).
 * :class:`ParkingBroker` (``broker``): the operations on one broker connection,
   blocking (use them from a thread, never from the event loop):
   ``park(copy, job_id) -> Outcome``, ``move(parking_queue, job_id) -> Outcome``
@@ -46,7 +49,7 @@ from .hop import LoopHop
 from .lengths import parked_lengths, recount
 from .mover import Done, Mover
 from .naming import PARKING_PREFIX, REGISTRY, ROUTE_HEADER, is_parking_queue, parking_queue
-from .parked_copy import ParkedCopy, Route
+from .parked_copy import ParkedCopy, Route, moved_copy
 from .redis_line import RedisParking
 from .transport import broker_for
 
@@ -65,6 +68,7 @@ __all__ = [
     "Route",
     "broker_for",
     "is_parking_queue",
+    "moved_copy",
     "parked_lengths",
     "parking_queue",
     "recount",

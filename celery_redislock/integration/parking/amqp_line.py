@@ -8,8 +8,8 @@ into nor moved from for that long is deleted by the broker, with what it holds),
 no worker consumes. A parked copy is published to it through the default exchange with
 the original's body and properties (persistent), its route in the ``redislock_park``
 header; a move gets the oldest message (``basic.get``, unacknowledged), publishes it
-to the original exchange and routing key (mandatory and confirmed; the header removed,
-so the delivery is the original's), then acknowledges it. A message no queue takes back
+to the original exchange and routing key (mandatory and confirmed: the delivery is the
+original's), then acknowledges it. A message no queue takes back
 (its queue deleted, its route unreadable) is set aside in the queue
 ``redislock.parking.unroutable``, never dropped. AMQP cannot put a message at the front
 of a queue: the moved run is taken after what its queue already holds. A connection
@@ -114,7 +114,7 @@ class AmqpParking:
             if self._publish(copy.body, "", copy.queue, priority=priority,
                              content_type=copy.content_type,
                              content_encoding=copy.content_encoding,
-                             headers={**copy.headers, ROUTE_HEADER: copy.route.header()},
+                             headers={**copy.headers, ROUTE_HEADER: copy.route_header()},
                              properties=properties):
                 return Outcome(True, "parked")
             self._declared.discard(copy.queue)  # deleted meanwhile (x-expires): again
@@ -128,7 +128,7 @@ class AmqpParking:
         if message is None:
             return Outcome(False, "empty")
         headers = dict(message.headers or {})
-        route = Route.parse(headers.pop(ROUTE_HEADER, None))
+        route = Route.parse(headers.get(ROUTE_HEADER))
         properties = {name: value for name, value in message.properties.items()
                       if name not in ("application_headers", "content_type",
                                       "content_encoding", "priority")}

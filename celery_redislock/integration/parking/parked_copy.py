@@ -85,6 +85,7 @@ class ParkedCopy:
     headers: Mapping[str, Any]    # with the caller's wait header, without ROUTE_HEADER
     properties: Mapping[str, Any] = field(default_factory=dict)
     route: Route = Route("", "")
+    attempt: Optional[int] = None  # the run's attempt (Celery's ``retries``) when parked
 
     @property
     def priority(self) -> Optional[int]:
@@ -92,11 +93,12 @@ class ParkedCopy:
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @classmethod
-    def of(cls, message: Any, key: str, wait: Mapping[str, Any],
-           queue: str = "") -> ParkedCopy:
+    def of(cls, message: Any, key: str, wait: Mapping[str, Any], queue: str = "",
+           attempt: Optional[int] = None) -> ParkedCopy:
         """The parked copy of kombu ``message`` in ``key``'s line, its ``redislock_wait``
         header replaced by ``wait``; ``queue``: the queue the message was consumed from,
-        if the caller knows it (else found from its route by the broker side)."""
+        if the caller knows it (else found from its route by the broker side);
+        ``attempt``: the run's ``retries`` (default: Celery's ``retries`` header)."""
         delivery_info = getattr(message, "delivery_info", None) or {}
         properties = getattr(message, "properties", None) or {}
         headers = dict(getattr(message, "headers", None) or {})
@@ -110,7 +112,42 @@ class ParkedCopy:
                 if properties.get(name) is not None}
         route = Route(str(delivery_info.get("exchange") or ""),
                       str(delivery_info.get("routing_key") or ""), queue)
+        if attempt is None:
+            attempt = _attempt(headers.get("retries"))
         return cls(key=key, queue=parking_queue(key), body=bytes(body),
                    content_type=message.content_type or "application/octet-stream",
                    content_encoding=message.content_encoding or "binary",
-                   headers=headers, properties=kept, route=route)
+                   headers=headers, properties=kept, route=route, attempt=attempt)
+
+    def route_header(self, **extra: Any) -> Dict[str, Any]:
+        """The ``redislock_park`` header of this copy: its route and attempt."""
+        return self.route.header(attempt=self.attempt, **extra)
+
+
+def moved_copy(headers: Any, attempt: Optional[int] = None) -> bool:
+    """Whether a message with ``headers`` is a parked copy moved back, as it was parked:
+    not a later attempt of its task that inherited them through ``self.retry()``.
+
+    Celery copies a run's custom headers into its retry: the retry of a moved run
+    carries the parked copy's ``redislock_wait`` (its park id) and ``redislock_park``,
+    but its attempt (``retries``) is one more than the one parked. ``attempt``: the
+    run's ``retries`` (default: the ``retries`` header of Celery's protocol 2).
+
+        >>> parked = {"retries": 0, "redislock_park": {"exchange": "", "routing_key": "q",
+        ...                                            "attempt": 0}}
+        >>> moved_copy(parked), moved_copy({**parked, "retries": 1}), moved_copy({})
+        (True, False, False)
+    """
+    if not isinstance(headers, Mapping):
+        return False
+    route = headers.get(ROUTE_HEADER)
+    if not isinstance(route, Mapping) or Route.parse(route) is None:
+        return False
+    if attempt is None:
+        attempt = _attempt(headers.get("retries"))
+    parked = _attempt(route.get("attempt"))
+    return parked is not None and parked == attempt
+
+
+def _attempt(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

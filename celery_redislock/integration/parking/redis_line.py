@@ -109,7 +109,7 @@ class RedisParking:
             TARGET_FIELD: f"{step} {queue}",
             "body": body, "content-encoding": copy.content_encoding,
             "content-type": copy.content_type,
-            "headers": {**copy.headers, ROUTE_HEADER: route.header(queue=queue)},
+            "headers": {**copy.headers, ROUTE_HEADER: copy.route_header(queue=queue)},
             "properties": properties}
 
     def queue_of(self, exchange: str, routing_key: str) -> str:
