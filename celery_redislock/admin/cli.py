@@ -47,11 +47,14 @@ from ..engine.keys import (
     companion_key,
     semaphore_key,
 )
+from ..engine.parked_view import COUNTS as PARKED_COUNTS
 from ..engine.refusal import eviction_warning
 from ..engine.scan import batches, limit_semaphore_keys, split_key
 from ..errors import RedisLockError
+from ..integration.parked_queues import ParkingQueues, parking_queue
 from ..integration.task import SingletonTask
 from . import control
+from .parked_text import parked_cell, parked_lines, reservation_for
 from .rules import (
     Rules,
     configured_rate,
@@ -71,8 +74,18 @@ JSON schema of `status --json`: a list with one object per key:
  "slots_override": int or null, "waiting": int, "paused": bool,
  "paused_until": float or null, "pause_left_seconds": float or null,
  "contended": bool, "oldest_age_seconds": float or null,
- "rate_limiter": bool, "rate": str or null, "rate_override": str or null}.
+ "rate_limiter": bool, "rate": str or null, "rate_override": str or null,
+ "parked": PARKED (only for a key with a parked line, redislock_line = "broker")}
+PARKED = {"waiting": int, "references": int, "anonymous": int, "reserved": int,
+ "claimed": int, "served": int, "last_parked_age_seconds": float or null,
+ "oldest_age_seconds": null, "queue": str, "queue_length": int or null}.
 "used" = the slots of live "holders" + "reserved" (slots kept for waiters);
+"waiting" counts both lines: today's and the parked line's "waiting" (its
+"references" waiting + "anonymous" entries, counted from the broker after the
+lock store lost its data); "claimed": moved runs admitted, not yet started;
+"served": references kept so that a copy given back ends unrun; the parked
+line's oldest waiter's age is not kept (null); "queue_length" is the parking
+queue's length in the broker, null when the broker could not be asked;
 "holders" counts runs, a weighted run (lock_cost) using several slots; "limit" is the
 count admission applies now: "slots_override" if set, else "configured_limit"
 (null when unknown); "paused_until" is Unix seconds on the Redis server's clock,
@@ -123,11 +136,13 @@ class LockStore:
             print(state.name, state.used, state.limit)
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, broker: bool = True) -> None:
         self.app = app
         self.settings = read_settings(app)
         self.prefix = self.settings.prefix
         self.client = redis_client(app, self.settings)
+        #: Asks the broker the parking queues' lengths; None: never (``broker=False``).
+        self.queues: Optional[ParkingQueues] = ParkingQueues(app) if broker else None
 
     def now_ms(self) -> int:
         """The Redis server's time, in ms."""
@@ -139,7 +154,7 @@ class LockStore:
         limiter or a control hash under the app's prefix, sorted."""
         return limit_semaphore_keys(self.client, self.prefix,
                                     marks=(SEMAPHORE, LINE, SEMAPHORE_CONTROL, RATE,
-                                           RATE_CONTROL))
+                                           RATE_CONTROL, PARKED_COUNTS))
 
     @functools.cached_property
     def rules(self) -> Rules:
@@ -154,7 +169,22 @@ class LockStore:
         for batch in batches(keys, 200):
             found.extend(read_states(self.client, batch, now, prefix=self.prefix,
                                      waiters=waiters))
-        return [self.configured(state) for state in found]
+        return self.with_parked_messages([self.configured(state) for state in found])
+
+    def with_parked_messages(self, states: List[LimitState]) -> List[LimitState]:
+        """``states`` with their parking queues' lengths, for those with a parked line,
+        when the broker can be asked (see :attr:`queues`); else as they are."""
+        parked = [state.key for state in states if state.parked is not None]
+        if not parked or self.queues is None:
+            return states
+        lengths = self.queues.lengths(parked) or {}
+        return [replace(state, parked_messages=lengths[state.key])
+                if state.key in lengths else state for state in states]
+
+    @property
+    def broker_error(self) -> Optional[str]:
+        """Why the last ask of the parking queues' lengths failed, or None."""
+        return None if self.queues is None else self.queues.error
 
     def configured(self, state: LimitState) -> LimitState:
         """``state`` with the configured slot count the app's tasks give it, when Redis
@@ -177,7 +207,7 @@ class LockStore:
                 or control.tasks_making(self.app, name):
             return key
         pipe = self.client.pipeline(transaction=False)
-        for mark in ("s", LINE, SEMAPHORE_CONTROL, RATE, RATE_CONTROL):
+        for mark in ("s", LINE, SEMAPHORE_CONTROL, RATE, RATE_CONTROL, PARKED_COUNTS):
             pipe.exists(companion_key(key, mark))
         if not any(pipe.execute()):
             raise click.ClickException(
@@ -266,7 +296,7 @@ def status_row(state: LimitState, rules: Optional[Rules] = None) -> Dict[str, An
     """The ``status --json`` row of one key; ``rules`` give its configured rate."""
     now = state.server_time_ms
     live = state.live_holders
-    return {
+    row = {
         "key": state.key,
         "name": state.name,
         "holders": len(live),
@@ -275,7 +305,7 @@ def status_row(state: LimitState, rules: Optional[Rules] = None) -> Dict[str, An
         "limit": state.limit,
         "configured_limit": state.configured_slots,
         "slots_override": state.slots_override,
-        "waiting": state.waiting,
+        "waiting": state.all_waiting,
         "paused": state.paused,
         "paused_until": None if state.paused_until_ms is None else state.paused_until_ms / 1000,
         "pause_left_seconds": (None if state.pause_left is None
@@ -287,6 +317,22 @@ def status_row(state: LimitState, rules: Optional[Rules] = None) -> Dict[str, An
         "rate_override": (None if state.rate_override is None
                           else override_text(state.rate_override)),
     }
+    if state.parked is not None:
+        row["parked"] = parked_json(state)
+    return row
+
+
+def parked_json(state: LimitState) -> Dict[str, Any]:
+    """The ``parked`` object of a key with a parked line (see :data:`STATUS_SCHEMA`)."""
+    line = state.parked
+    assert line is not None
+    age = line.last_parked_age
+    return {"waiting": line.waiting, "references": line.references_waiting,
+            "anonymous": line.anonymous, "reserved": line.reserved,
+            "claimed": line.claimed, "served": line.served,
+            "last_parked_age_seconds": None if age is None else round(age, 3),
+            "oldest_age_seconds": line.oldest_age, "queue": parking_queue(state.key),
+            "queue_length": state.parked_messages}
 
 
 @redislock.command(help="List every key, sorted by name: slots used/limit, waiting runs, "
@@ -303,6 +349,7 @@ def status(ctx: click.Context, as_json: bool, wide: bool) -> None:
     warning = eviction_warning(store.client)
     if warning:
         click.echo(f"WARNING: {warning}", err=True)
+    _broker_note(store, [state for state, _ in entries])
     if as_json:
         click.echo(json.dumps([row for _, row in entries], indent=2))
         return
@@ -319,6 +366,8 @@ def status_lines(entries: Sequence[Tuple[LimitState, Dict[str, Any]]], rules: Ru
     header = (["NAME", "USED", "CONFIGURED", "OVERRIDE", "WAITING", "PAUSED", "CONTENDED",
                "OLDEST", "RATE"] if wide else
               ["NAME", "USED", "WAITING", "PAUSED", "OVERRIDE", "OLDEST", "RATE"])
+    if any(state.parked is not None for state, _ in entries):
+        header += ["PARKED", "SERVED"] if wide else ["PARKED"]
     rows = []
     for state, row in entries:
         oldest = row["oldest_age_seconds"]
@@ -330,9 +379,18 @@ def status_lines(entries: Sequence[Tuple[LimitState, Dict[str, Any]]], rules: Ru
             "CONTENDED": "yes" if row["contended"] else "no",
             "OLDEST": "-" if oldest is None else f"{oldest:.1f}s",
             "RATE": rate_column(state, rules),
+            "PARKED": parked_cell(state),
+            "SERVED": "-" if state.parked is None else str(state.parked.served),
         }
         rows.append([cells[column] for column in header])
     return text_table(header, rows, width=None if wide else terminal_width(), shrink=[0])
+
+
+def _broker_note(store: LockStore, states: Sequence[LimitState]) -> None:
+    """One line on stderr when keys have a parked line and the broker was not asked."""
+    if store.broker_error and any(state.parked is not None for state in states):
+        click.echo(f"note: parking queues' lengths unknown (broker: {store.broker_error}); "
+                   "the lock store's counts are shown", err=True)
 
 
 @redislock.command()
@@ -361,12 +419,16 @@ def inspect(ctx: click.Context, name: str, as_json: bool, wide: bool) -> None:
     "waiting": int,
     "waiters": [{"position": int, "ticket": str, "task": str|null,
       "task_id": str|null, "worker": str|null, "age_seconds": float,
-      "reserved": bool}]}.
+      "reserved": bool}],
+    "parked": {...} (as in `status --json`, for a key with a parked line)}.
+    "waiting" counts both lines; "waiters" lists today's line only (the parked line
+    keeps counts, not a list: its runs wait in the broker's parking queue).
     """
     store = _store(ctx)
     key = store.key_of(name)
     now = store.now_ms()
     state = store.states([key], now, waiters=None)[0]
+    _broker_note(store, [state])
     if as_json:
         click.echo(json.dumps(inspect_json(state, store.rules), indent=2))
         return
@@ -380,7 +442,7 @@ def inspect_lines(state: LimitState, rules: Optional[Rules] = None, *,
     now = state.server_time_ms
     width = None if wide else terminal_width()
     lines = [f"{state.name}: {len(state.live_holders)} live holder(s), "
-             f"{used_text(state)} slots used, {state.waiting} waiting",
+             f"{used_text(state)} slots used, {state.all_waiting} waiting",
              f"key: {state.key}",
              "slots: " + ", ".join(_limit_words(state)),
              f"rate: {rate_column(state, rules)}"]
@@ -388,8 +450,9 @@ def inspect_lines(state: LimitState, rules: Optional[Rules] = None, *,
         lines.extend(_holder_lines(state.holders, now, width))
     for reservation in state.reservations:
         slots = f"{reservation.cost} slots" if reservation.cost > 1 else "a slot"
-        lines.append(f"{slots} reserved for waiter {reservation.ticket}: "
+        lines.append(f"{slots} reserved for {reservation_for(reservation.ticket)}: "
                      f"{(reservation.until_ms - now) / 1000:.1f}s left")
+    lines.extend(parked_lines(state))
     if state.waiters:
         lines.append("waiting line:")
         lines.extend(text_table(["POS", "TASK", "TASK ID", "WORKER", "AGE", "RESERVED"], [
@@ -447,8 +510,9 @@ def inspect_json(state: LimitState, rules: Optional[Rules] = None) -> Dict[str, 
         "holders": [_holder_json(holder, now) for holder in state.holders],
         "reservations": [{"ticket": r.ticket, "left_seconds": round((r.until_ms - now) / 1000, 3),
                           "cost": r.cost} for r in state.reservations],
-        "waiting": state.waiting,
+        "waiting": state.all_waiting,
         "waiters": [_waiter_json(waiter, now) for waiter in state.waiters],
+        **({} if state.parked is None else {"parked": parked_json(state)}),
     }
 
 

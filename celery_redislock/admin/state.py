@@ -26,6 +26,7 @@ from ..engine.keys import (
     WAITERS,
     companion_key,
 )
+from ..engine.parked_view import READS_PER_KEY, ParkedLine, add_reads, line_of
 from ..engine.scan import split_key
 
 #: A member of a semaphore that is a reservation for a waiter: ``"~<ticket>"``.
@@ -98,6 +99,17 @@ class LimitState:
     rate_override: Optional[str] = None
     #: The interval (µs) the rate limiter's state was last counted in ('iv'), if any.
     rate_interval_us: Optional[float] = None
+    #: Its parked line (``redislock_line = "broker"``): counts only; None without one.
+    parked: Optional[ParkedLine] = None
+    #: How many messages its parking queue holds in the broker; None when the broker
+    #: was not asked (no connection, or no parked line).
+    parked_messages: Optional[int] = None
+
+    @property
+    def all_waiting(self) -> int:
+        """Runs waiting in either line: today's (``waiting``) and the parked line's
+        references and anonymous entries."""
+        return self.waiting + (self.parked.waiting if self.parked is not None else 0)
 
     @property
     def live_holders(self) -> List[Holder]:
@@ -132,7 +144,7 @@ class LimitState:
     @property
     def active(self) -> bool:
         """True if anything is going on: holders, waiters, an override or a pause."""
-        return bool(self.used or self.waiting or self.slots_override is not None
+        return bool(self.used or self.all_waiting or self.slots_override is not None
                     or self.paused or self.rate_override is not None)
 
 
@@ -240,21 +252,28 @@ def read_states(client: Any, keys: Sequence[str], now_ms: int, *, prefix: str = 
         pipe.hmget(companion_key(key, RATE_CONTROL), ["paused_until", "rate"])
         pipe.zcard(companion_key(key, LINE))
         pipe.hmget(companion_key(key, RATE), ["iv", "tat", "line"])
+        add_reads(pipe, key, now_ms)
         if waiters != 0:
             pipe.zrange(companion_key(key, LINE), 0, -1 if waiters is None else waiters - 1,
                         withscores=True)
     replies = pipe.execute()
-    step = 5 if waiters == 0 else 6
+    own = 5 + READS_PER_KEY
+    step = own if waiters == 0 else own + 1
     states: List[LimitState] = []
     lines: Dict[str, List[Tuple[str, int]]] = {}
     for index, key in enumerate(keys):
-        entries, control, rate_control, waiting, rate = replies[step * index: step * index + 5]
+        replied = replies[step * index: step * index + step]
+        entries, control, rate_control, waiting, rate = replied[:5]
         if waiters != 0:
-            lines[key] = [(text(t), int(s)) for t, s in replies[step * index + 5]]
+            lines[key] = [(text(t), int(s)) for t, s in replied[own]]
         state = _state(key, prefix, now_ms, entries, control, rate_control,
                        int(waiting))
         if any(value is not None for value in rate):
             state = replace(state, rate_limiter=True, rate_interval_us=_float(rate[0]))
+        parked = line_of(key, replied[5:own], now_ms)
+        if parked is not None:
+            state = replace(state, parked=parked,
+                            contended=state.contended or parked.waiting > 0)
         states.append(state)
     if not lines or not any(lines.values()):
         return states

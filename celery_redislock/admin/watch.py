@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any, Callable, List, Optional, Sequence
 
+from .parked_text import parked_cell, parked_summary, reservation_for
 from .rules import Rules, rate_column, used_text
 from .state import LimitState, pause_short, pause_text
 from .table import ELLIPSIS, terminal_width, text_table
@@ -45,7 +46,7 @@ def render(states: Sequence[LimitState], *, rows: int = 5,
     table = text_table(header, [[
         state.name,
         used_text(state),
-        str(state.waiting),
+        str(state.all_waiting),
         pause_text(state) if width is None else pause_short(state),
         "-" if state.slots_override is None else str(state.slots_override),
         rate_column(state, rules),
@@ -70,8 +71,11 @@ def _details(state: LimitState, rows: int) -> List[str]:
     if len(live) > rows:
         lines.append(f"    ... {len(live) - rows} more holder(s)")
     for reservation in state.reservations[:rows]:
-        lines.append(f"    kept    for waiter {reservation.ticket}, "
+        lines.append(f"    kept    for {reservation_for(reservation.ticket)}, "
                      f"{(reservation.until_ms - now) / 1000:.1f}s")
+    if state.parked is not None:
+        lines.append(f"    parked  {parked_summary(state.parked)}; in the broker: "
+                     f"{parked_cell(state)}")
     for waiter in state.waiters[:rows]:
         lines.append(f"    waits   #{waiter.position} {waiter.task or '-'} "
                      f"{waiter.task_id or waiter.ticket}, {waiter.age(now):.1f}s")

@@ -48,6 +48,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from celery import bootsteps
 from celery.signals import worker_process_init
 
+from ..config.settings import read_settings
 from ..errors import LockConfigurationError
 from ..integration.recovery import process_alive
 from . import (
@@ -59,6 +60,7 @@ from . import (
     limit_label_setting,
     max_limit_labels_setting,
 )
+from .parked import ParkedLinesCollector
 
 try:
     import prometheus_client
@@ -248,6 +250,8 @@ class Exporter:
         logged, not fatal."""
         registry = CollectorRegistry()
         SweepingCollector(registry, path=self.path)
+        if read_settings(self.app).line == "broker":
+            registry.register(ParkedLinesCollector(self.app))
         error: Optional[OSError] = None
         for port in self.ports:
             try:

@@ -98,7 +98,7 @@ class Dashboard:
         states = sorted((s for s in store.states(store.limit_keys(), now_ms, waiters=self.rows)
                          if s.active), key=lambda s: s.name)
         at = now_ms / 1000
-        self.history.add({s.key: (s.used, s.waiting) for s in states}, at)
+        self.history.add({s.key: (s.used, s.all_waiting) for s in states}, at)
         keys = []
         for state in states:
             row = key_json(state, store.rules, self.history.of(state.key))

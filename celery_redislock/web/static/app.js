@@ -163,9 +163,12 @@
   }
 
   function waitersTable(row) {
-    if (!row.waiters.length) return el("p", {class: "muted"}, "Nobody waits.");
+    const parked = row.parked ? row.parked.waiting : 0;
+    if (!row.waiters.length) {
+      return el("p", {class: "muted"}, parked ? "Nobody waits in the lock store's line." : "Nobody waits.");
+    }
     const shown = row.waiters.slice(0, WAITERS_SHOWN);
-    const more = row.waiting - shown.length;
+    const more = row.waiting - parked - shown.length;
     return el("div", {},
       el("table", {class: "inner waiters"},
         el("thead", {}, el("tr", {}, ["#", "Task", "Task id", "Worker", "Waiting for", "Slot reserved"]
@@ -178,6 +181,20 @@
           el("td", {class: "num"}, seconds(w.age_seconds)),
           el("td", {}, w.reserved ? "yes" : "no"))))),
       more > 0 ? el("p", {class: "muted"}, `… and ${more} more waiting`) : null);
+  }
+
+  // The parked line (redislock_line = "broker"): counts only, its runs wait in the
+  // broker's parking queue; null when the key has none.
+  function parkedLine(p) {
+    if (!p) return null;
+    const queue = p.queue_length === null ? "length unknown (broker not asked)" :
+      `${p.queue_length} message(s) in the broker`;
+    return el("div", {class: "parked"},
+      el("h3", {}, `Parked line (${p.waiting})`),
+      el("p", {class: "muted"}, `${p.references} reference(s) waiting, ${p.anonymous} anonymous, ` +
+        `${p.reserved} reserved, ${p.claimed} claimed, ${p.served} served kept` +
+        (p.last_parked_age_seconds === null ? "" : `; last parked ${seconds(p.last_parked_age_seconds)} ago`)),
+      el("p", {class: "muted mono"}, `Parking queue ${p.queue}: ${queue}`));
   }
 
   function keyActions(row) {
@@ -206,7 +223,8 @@
       el("div", {class: "muted mono"}, row.key),
       el("div", {class: "muted"}, "Slots: " + limits.join(", ")),
       el("h3", {}, `Holders (${row.holder_count})`), holdersTable(row, actions),
-      el("h3", {}, `Waiting line (${row.waiting})`), waitersTable(row),
+      el("h3", {}, `Waiting line (${row.waiting - (row.parked ? row.parked.waiting : 0)})`),
+      waitersTable(row), parkedLine(row.parked),
       actions ? keyActions(row) : null));
   }
 
