@@ -98,6 +98,7 @@ class AmqpParking:
         self._returned.append((exchange, routing_key))
 
     def park(self, copy: ParkedCopy, job_id: str) -> Outcome:
+        self.sent = False
         self.declare(copy.queue)
         if copy.queue not in self._registered:
             self.declare(REGISTRY)
@@ -105,7 +106,6 @@ class AmqpParking:
                           content_type="application/json", content_encoding="utf-8",
                           properties={"delivery_mode": 2})
             self._registered[copy.queue] = copy.key
-        self.sent = False
         properties = dict(copy.properties)
         priority = properties.pop("priority", None)
         properties["delivery_mode"] = 2
