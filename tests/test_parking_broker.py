@@ -149,6 +149,10 @@ def test_redis_park_then_move_puts_the_same_message_first(redis_app: Celery,
         "queued-1", "queued-2"]
     client = server.client(db=5)
     assert client.llen(copy.queue) == 0 and client.hlen("unacked") == 0
+    assert client.hlen(REGISTRY) == 1
+    with redis_app.connection_for_write() as connection:
+        assert broker_for(connection).registry() == {}  # empty: forgotten
+    assert client.hlen(REGISTRY) == 0
     client.close()
 
 

@@ -16,7 +16,9 @@ payloads, so the moved message is exactly what kombu would have delivered:
   job id. kombu ignores the extra field when it delivers the message.
   Moved, the message has the original's ``delivery_info`` (exchange, routing key), a new
   delivery tag, and is never in kombu's unacked hash while it moves;
-* lengths: ``LLEN``; registry: ``HGETALL``.
+* lengths: ``LLEN``; registry (``lua/registry.lua``): the hash's queues that hold
+  messages, the others removed from it (a queue parked into again is registered again
+  in the same step), so that it holds the lines waiting now, not every key ever parked.
 
 A job's marker (``redislock.parking.done.<job id>``, 10 minutes) makes a park or move
 retried after a lost connection (by the mover, or by redis-py's own retry) happen once:
@@ -61,6 +63,7 @@ class RedisParking:
         self.client = redis.Redis(connection_pool=self.channel.pool)
         self._park = self.client.register_script(_script("park.lua"))
         self._move = self.client.register_script(_script("move.lua"))
+        self._registry = self.client.register_script(_script("registry.lua"))
         self._routes: Dict[Tuple[str, str], Tuple[float, List[str]]] = {}
 
     def park(self, copy: ParkedCopy, job_id: str) -> Outcome:
@@ -89,8 +92,8 @@ class RedisParking:
             return {name: int(n) for name, n in zip(names, pipe.execute())}
 
     def registry(self, max_age: float = 0.0) -> Dict[str, str]:  # always read now
-        found = self.client.hgetall(self.prefix + REGISTRY)
-        return {_text(name): _text(key) for name, key in found.items()}
+        found = self._registry(keys=[self.prefix + REGISTRY], args=[self.prefix])
+        return {_text(found[i]): _text(found[i + 1]) for i in range(0, len(found), 2)}
 
     def payload(self, copy: ParkedCopy) -> Dict[str, Any]:
         """kombu's JSON payload of ``copy``, as its Redis transport would have pushed
