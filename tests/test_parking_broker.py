@@ -684,3 +684,11 @@ def test_rabbitmq_move_to_a_route_no_queue_takes_sets_it_aside(rabbit_app: Celer
                 break
         channel.close()  # gives back any other test's message
         assert found is not None
+
+
+def test_mover_full_queue_still_takes_the_stop() -> None:
+    mover = Mover(FlakyConnection, max_jobs=1)  # not started: nothing is taken out
+    assert mover.move(parking_queue("k"), lambda done: None)
+    assert not mover.move(parking_queue("k"), lambda done: None)
+    assert mover.stop(timeout=0.1)  # does not wait for room
+    assert not mover.move(parking_queue("k"), lambda done: None)

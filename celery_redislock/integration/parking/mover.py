@@ -97,7 +97,8 @@ class Mover:
                  broker: Callable[[Any], ParkingBroker] = broker_for) -> None:
         self._connect = connect
         self._broker_of = broker
-        self._jobs: queues.Queue[Any] = queues.Queue(max_jobs)
+        self._max_jobs = max_jobs
+        self._jobs: queues.Queue[Any] = queues.Queue(max_jobs + 1)  # + the stop
         self._retry_delay = retry_delay
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
@@ -135,12 +136,9 @@ class Mover:
 
     def _submit(self, job: Any) -> bool:
         with self._lock:
-            if self._closed:
+            if self._closed or self._jobs.qsize() >= self._max_jobs:
                 return False
-            try:
-                self._jobs.put_nowait(job)
-            except queues.Full:
-                return False
+            self._jobs.put_nowait(job)
             return True
 
     def stop(self, timeout: float = 10.0) -> bool:
@@ -150,7 +148,7 @@ class Mover:
         with self._lock:
             if not self._closed:
                 self._closed = True
-                self._jobs.put(_STOP)  # room is kept for it: see _submit's lock
+                self._jobs.put_nowait(_STOP)  # room is kept for it (see _submit)
         if not self._thread.is_alive():
             return True
         self._thread.join(timeout)
