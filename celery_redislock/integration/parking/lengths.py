@@ -27,10 +27,12 @@ def parked_lengths(broker: ParkingBroker, keys: Iterable[str]) -> Dict[str, int]
     return {queues[queue]: n for queue, n in broker.lengths(list(queues)).items()}
 
 
-def recount(broker: ParkingBroker) -> Dict[str, int]:
+def recount(broker: ParkingBroker, max_age: float = 30.0) -> Dict[str, int]:
     """``{semaphore key: messages parked}`` for every parking queue the broker's
     registry knows that holds any (after the lock store lost its data: its index of
-    parked keys is gone, the broker's registry is not)."""
-    known = broker.registry(max_age=0)
+    parked keys is gone, the broker's registry is not). On RabbitMQ the registry is read
+    again at most every ``max_age`` seconds (a ``basic.get`` per entry), the lengths
+    each call (a passive ``queue.declare`` per queue); on Redis both in two calls."""
+    known = broker.registry(max_age=max_age)
     lengths = broker.lengths(list(known))
     return {known[queue]: n for queue, n in lengths.items() if n > 0}
