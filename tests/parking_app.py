@@ -15,7 +15,8 @@ Test-only hooks, read at import:
   acknowledge a run it ended without running (a refused run whose waiting or parked
   copy was published), it SIGKILLs its whole process group instead, once for the
   cluster (``killed`` in the record store);
-* ``REDISLOCK_TEST_VISIBILITY``: the broker's visibility timeout (s, default 60).
+* ``REDISLOCK_TEST_VISIBILITY``: the broker's visibility timeout (s, default 60);
+* ``REDISLOCK_TEST_GATE``: ``redislock_gate`` (default ``"blocking"``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from worker_app import BROKER_URL_ENV, AppUrls
 LINE_ENV = "REDISLOCK_TEST_LINE"
 KILL_ENV = "REDISLOCK_TEST_KILL_AT_PARK"
 VISIBILITY_ENV = "REDISLOCK_TEST_VISIBILITY"
+GATE_ENV = "REDISLOCK_TEST_GATE"
 
 SLOTS = "parking_app.slots"
 ONE = "parking_app.one"
@@ -63,6 +65,7 @@ def create_app(urls: AppUrls) -> Celery:
     line = os.environ.get(LINE_ENV, "store")
     if line != "store":
         app.conf.redislock_line = line
+    app.conf.redislock_gate = os.environ.get(GATE_ENV, "blocking")
 
     def record() -> Any:
         return fault_recorder(urls.record)

@@ -28,6 +28,7 @@ from celery_redislock.errors import LockConfigurationError
 from cluster_checks import lock_store, peaks, record_store, slots_come_back, wait_until
 from parking_app import (
     API_PREFIX,
+    GATE_ENV,
     KILL_ENV,
     LINE_ENV,
     ONE,
@@ -124,6 +125,51 @@ def assert_on_line(cluster: WorkerCluster, line: str) -> None:
     logs = cluster.logs()
     assert (" parked: " in logs) == (line == "broker")
     assert (" deferred: " in logs) == (line == "store")
+
+
+def test_the_async_gate_parks_too(start_cluster: Any) -> None:
+    """The same on the event loop's connection (``redislock_gate = "async"``)."""
+    cluster = start_cluster("broker", environment={GATE_ENV: "async"})
+    record = record_store(cluster)
+    results = [cluster.app.tasks[SLOTS].delay(0.2, key="async") for _ in range(18)]
+    results_of(cluster, results)
+    assert max(peaks(record, SLOTS_PREFIX + "async")) == SLOT_COUNT
+    assert run_counts(record, results) == [1] * len(results)
+    assert_on_line(cluster, "broker")
+
+
+def test_a_waiting_copy_of_today_is_parked(start_cluster: Any) -> None:
+    """A copy sent back by a worker on today's line (a version 1 wait header, with its
+    ticket) that reaches a worker on the parking line is parked there and runs once."""
+    cluster = start_cluster("broker", workers=1, concurrency=2)
+    record = record_store(cluster)
+    task = cluster.app.tasks[ONE]
+    holder = task.delay(1.0, key="v1")
+    wait_until(lambda: record.hexists("started", holder.id), TIMEOUT, "the holder to start")
+    old = task.apply_async((0.1,), {"key": "v1"}, headers={"redislock_wait": {
+        "since": 1, "attempts": 3, "promises": {}, "ticket": "x.0001", "copy": "c1"}})
+    results_of(cluster, [holder, old])
+    assert f"{old.id}] parked: " in cluster.logs()
+    assert run_counts(record, [holder, old]) == [1, 1]
+    assert peaks(record, ONE_PREFIX + "v1") == [1, 1]
+
+
+def test_a_revoked_parked_run_hands_its_slot_on(start_cluster: Any) -> None:
+    """A parked run revoked is found so when moved: it leaves the line and the slot it
+    was moved for goes to the next at once, not after its reservation's 10 s."""
+    cluster = start_cluster("broker", workers=1, concurrency=2)
+    record = record_store(cluster)
+    task = cluster.app.tasks[ONE]
+    holder = task.delay(1.0, key="rev")
+    wait_until(lambda: record.hexists("started", holder.id), TIMEOUT, "the holder to start")
+    revoked, after = task.delay(0.1, key="rev"), task.delay(0.1, key="rev")
+    wait_until(lambda: record.hlen("refused") >= 2, TIMEOUT, "both to park")
+    cluster.app.control.revoke(revoked.id)
+    results_of(cluster, [holder, after])
+    gap = (int(record.hget("started", after.id)) - int(record.hget("ended", holder.id))) / 1e6
+    print(f"\nthe next run started {gap:.3f} s after the holder ended")
+    assert not record.exists(f"runs:{revoked.id}")
+    assert gap < 3.0
 
 
 # --- (b), (c) the lock store restarted while runs wait -----------------------------------

@@ -48,8 +48,8 @@ from .waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["POLL", "ParkRef", "ParkedMove", "Poll", "owe", "park", "parks", "prepare",
-           "split", "started"]
+__all__ = ["POLL", "ParkRef", "ParkedMove", "Poll", "hop", "leave_soon", "owe", "park",
+           "parks", "prepare", "split", "started"]
 
 #: How often (s) each worker's main process asks the lock store for moves owed.
 POLL = 0.2
@@ -174,6 +174,26 @@ def _moved(app: Any, key: str, done: Done) -> None:
         logger.warning("celery-redislock: a move out of the parking queue of %s failed "
                        "(%r); its reservation lapses and the poll hands it over again", key,
                        done.error)
+
+
+def leave_soon(app: Any, request: Any) -> None:
+    """A copy moved out of a parking queue will not run (revoked, expired): its
+    reference leaves the line and the reservation it was moved for is handed over again
+    at once (on a short-lived thread: the caller is the event loop)."""
+    waited = WaitingRun.of(request)
+    if not waited.parked:
+        return
+    run = store.run_id(request.id, getattr(request, "retries", 0) or 0)
+    threading.Thread(target=_leave, args=(app, ParkRef(waited.line, waited.park_id), run),
+                     name="redislock-leave", daemon=True).start()
+
+
+def _leave(app: Any, ref: ParkRef, run: str) -> None:
+    try:
+        owe(app, store.leave(redis_client(app, read_settings(app)), ref, run, moved=True))
+    except Exception as exc:  # its reservation lapses, and the poll hands it over again
+        logger.warning("celery-redislock: run %s could not leave the line of %s: %r", run,
+                       ref.key, exc)
 
 
 # --- the poll ----------------------------------------------------------------------------

@@ -516,7 +516,7 @@ def _parked(attempt: _Attempt, park: Park, server_ms: int) -> Parked:
     wait = broker_line.parked_wait(attempt.waited, park.ref, server_ms or None)
     signals.lock_contended.send(sender=task, task_id=request.id, key=park.name,
                                 countdown=0.0, reason=f"parked behind {park.name!r}")
-    logger.log(logging.INFO if wait.attempts == 1 else logging.DEBUG,
+    logger.log(logging.DEBUG if attempt.waited.parked else logging.INFO,
                "celery-redislock: task %s[%s] parked: the slots of %r are taken; it waits in "
                "their parking queue (attempt %d)", task.name, request.id, park.name,
                wait.attempts)

@@ -54,7 +54,7 @@ from ..engine.workers import (
     registry_prefix,
 )
 from ..errors import LockConfigurationError
-from . import handoff
+from . import broker_line, handoff
 from .startup import CheckAtStart, start_problems
 
 logger = logging.getLogger(__name__)
@@ -455,6 +455,8 @@ def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool =
         _free_for_dead_run(sender, request.id, request.args, request.kwargs, "terminated")
     else:
         _leave_lines(sender, request.id, request.args, request.kwargs)
+        if limits_of(sender) is not None and read_settings(sender._get_app()).line == "broker":
+            broker_line.leave_soon(sender._get_app(), getattr(request, "_context", request))
 
 
 def _leave_lines(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
