@@ -11,13 +11,18 @@ script (``INFO commandstats``) is given too, and a move with ``--deep`` messages
 parked, to show the cost does not grow with the line. RabbitMQ is skipped when it does
 not answer at ``--amqp``.
 
-    python -m benchmarks.bench_park_broker --runs 2000
+    python -m benchmarks.bench_park_broker --runs 2000 --queues 1000
+
+``--queues N`` also measures RabbitMQ's memory per parking queue (``rabbitmqctl
+status``; a shared broker's other work adds noise).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -172,6 +177,55 @@ def bench_amqp(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     return row
 
 
+def rabbit_memory() -> Optional[Dict[str, float]]:
+    """RabbitMQ's memory by category (bytes), from ``rabbitmqctl status``; None without it."""
+    try:
+        out = subprocess.run(["rabbitmqctl", "status", "--formatter", "json"],
+                             capture_output=True, timeout=60, check=True).stdout
+        memory = json.loads(out)["memory"]
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        return None
+    found = {name: float(value) for name, value in memory.items()
+             if isinstance(value, (int, float))}
+    total = memory.get("total")
+    if isinstance(total, dict):
+        found["total"] = float(total.get("erlang") or total.get("allocated") or 0)
+    return found
+
+
+def bench_amqp_queues(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    """RabbitMQ's cost per parking queue: ``--queues`` lines of one parked run each
+    (the first park into a queue declares it and registers it), then deleted."""
+    before = rabbit_memory()
+    if before is None:
+        print("RabbitMQ's memory not measured: no rabbitmqctl", file=sys.stderr)
+        return None
+    queue = f"bench-park-{uuid.uuid4().hex[:8]}"
+    app = make_app(args.amqp, queue)
+    message = original(app, queue, args.payload)
+    copies = [ParkedCopy.of(message, f"redislock:{{b}}:s:{queue}:{index}", {"v": 2})
+              for index in range(args.queues)]
+    try:
+        with app.connection_for_write() as connection:
+            broker = broker_for(connection)
+            started = time.perf_counter()
+            for copy in copies:
+                broker.park(copy, uuid.uuid4().hex)
+            first_park = (time.perf_counter() - started) / args.queues * 1e6
+            time.sleep(2)  # let the queue processes settle
+            after = rabbit_memory() or {}
+    finally:
+        with app.connection_for_write() as connection:
+            channel = connection.default_channel
+            for name in [queue, *(copy.queue for copy in copies)]:
+                channel.queue_delete(name)
+            broker_for(connection).registry(max_age=0)  # drops the deleted queues' entries
+    per_queue = {name: (after.get(name, 0) - before.get(name, 0)) / args.queues
+                 for name in ("total", "queue_procs", "mnesia", "other_ets", "msg_index",
+                              "binary")}
+    return {"queues": args.queues, "first_park_us": first_park, "bytes_per_queue": per_queue}
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=2000)
@@ -179,6 +233,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--deep", type=int, default=100_000,
                         help="messages parked before the Redis server's deep moves")
     parser.add_argument("--amqp", default=AMQP_URL)
+    parser.add_argument("--queues", type=int, default=0,
+                        help="RabbitMQ: also measure the memory of this many parking queues")
     return parser.parse_args(argv)
 
 
@@ -200,7 +256,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                                 "park µs (mover)", "move µs (mover)",
                                 f"server µs park / move / move with {args.deep:,} parked"),
                                table) + "\n")
-    data = {"benchmark": "park_broker", "load": load, "rows": rows, "markdown": markdown}
+    queues = bench_amqp_queues(args) if args.queues else None
+    if queues:
+        cost = queues["bytes_per_queue"]
+        markdown += (f"\nRabbitMQ, {queues['queues']:,} parking queues of one run each: "
+                     f"the first park into a queue {queues['first_park_us']:.0f} µs; "
+                     f"{cost['total'] / 1e3:.1f} KB of memory per queue (queue processes "
+                     f"{cost['queue_procs'] / 1e3:.1f} KB, tables "
+                     f"{(cost['mnesia'] + cost['other_ets']) / 1e3:.1f} KB).\n")
+    data = {"benchmark": "park_broker", "load": load, "rows": rows, "queues": queues,
+            "markdown": markdown}
     write_json("park_broker.json", data)
     print(markdown)
     return data
