@@ -16,7 +16,9 @@ Test-only hooks, read at import:
   copy was published), it SIGKILLs its whole process group instead, once for the
   cluster (``killed`` in the record store);
 * ``REDISLOCK_TEST_VISIBILITY``: the broker's visibility timeout (s, default 60);
-* ``REDISLOCK_TEST_GATE``: ``redislock_gate`` (default ``"blocking"``).
+* ``REDISLOCK_TEST_GATE``: ``redislock_gate`` (default ``"blocking"``);
+* ``REDISLOCK_TEST_PARKING_ON_RABBITMQ``: the broker is the shared RabbitMQ (see
+  :mod:`rabbit_app`), with a queue of the cluster's own (no direct queues).
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ from celery_redislock.integration import gate
 from celery_redislock.integration.signals import lock_contended
 
 from fault_app import fault_recorder
+from rabbit_app import AMQP_URL, queue_name
 from worker_app import BROKER_URL_ENV, AppUrls
 
 LINE_ENV = "REDISLOCK_TEST_LINE"
 KILL_ENV = "REDISLOCK_TEST_KILL_AT_PARK"
 VISIBILITY_ENV = "REDISLOCK_TEST_VISIBILITY"
 GATE_ENV = "REDISLOCK_TEST_GATE"
+RABBIT_ENV = "REDISLOCK_TEST_PARKING_ON_RABBITMQ"
 
 SLOTS = "parking_app.slots"
 ONE = "parking_app.one"
@@ -56,12 +60,15 @@ RETRY = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
 
 def create_app(urls: AppUrls) -> Celery:
     """A Celery app on ``urls`` with this module's tasks, on the environment's line."""
-    app = Celery("parking_app", broker=urls.broker, backend=urls.backend,
-                 set_as_current=False)
+    rabbit = bool(os.environ.get(RABBIT_ENV))
+    app = Celery("parking_app", broker=AMQP_URL if rabbit else urls.broker,
+                 backend=urls.backend, set_as_current=False)
     visibility = float(os.environ.get(VISIBILITY_ENV, "60"))
     app.conf.update(redislock_url=urls.lock, broker_connection_retry_on_startup=True,
-                    worker_prefetch_multiplier=1, worker_direct=True,
+                    worker_prefetch_multiplier=1, worker_direct=not rabbit,
                     broker_transport_options={"visibility_timeout": visibility})
+    if rabbit:
+        app.conf.task_default_queue = queue_name(urls).replace("test", "parking")
     line = os.environ.get(LINE_ENV, "store")
     if line != "store":
         app.conf.redislock_line = line

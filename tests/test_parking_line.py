@@ -13,6 +13,7 @@ times each run (or attempt) ran.
 from __future__ import annotations
 
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterator, List
 
 import pytest
@@ -24,6 +25,7 @@ from kombu.serialization import dumps
 from celery_redislock.config.settings import read_settings
 from celery_redislock.engine.keys import companion_key, semaphore_key
 from celery_redislock.errors import LockConfigurationError
+from celery_redislock.integration.parking import parking_queue
 
 from cluster_checks import lock_store, peaks, record_store, slots_come_back, wait_until
 from parking_app import (
@@ -33,6 +35,7 @@ from parking_app import (
     LINE_ENV,
     ONE,
     ONE_PREFIX,
+    RABBIT_ENV,
     RECORD,
     SLOT_COUNT,
     SLOTS,
@@ -136,6 +139,40 @@ def test_the_async_gate_parks_too(start_cluster: Any) -> None:
     assert max(peaks(record, SLOTS_PREFIX + "async")) == SLOT_COUNT
     assert run_counts(record, results) == [1] * len(results)
     assert_on_line(cluster, "broker")
+
+
+def test_solo_workers_park_too(start_cluster: Any) -> None:
+    """Workers of the solo pool (the body runs in the main process, between turns of
+    its event loop)."""
+    cluster = start_cluster("broker", workers=3, concurrency=1, pool="solo")
+    record = record_store(cluster)
+    results = [cluster.app.tasks[SLOTS].delay(0.2, key="solo") for _ in range(12)]
+    results_of(cluster, results)
+    assert max(peaks(record, SLOTS_PREFIX + "solo")) == SLOT_COUNT
+    assert run_counts(record, results) == [1] * len(results)
+    assert_on_line(cluster, "broker")
+
+
+def test_rabbitmq_as_the_broker(start_cluster: Any) -> None:
+    """The same with RabbitMQ as the broker (a move: get, publish, acknowledge)."""
+    from test_rabbitmq import rabbitmq_answers
+    if not rabbitmq_answers():
+        pytest.skip("no RabbitMQ answers")
+    cluster = start_cluster("broker", environment={RABBIT_ENV: "1"})
+    record = record_store(cluster)
+    key = f"rabbit-{uuid.uuid4().hex[:8]}"
+    try:
+        results = [cluster.app.tasks[SLOTS].delay(0.2, key=key) for _ in range(18)]
+        results_of(cluster, results)
+        assert max(peaks(record, SLOTS_PREFIX + key)) == SLOT_COUNT
+        assert run_counts(record, results) == [1] * len(results)
+        assert_on_line(cluster, "broker")
+    finally:
+        with cluster.app.connection_for_write() as connection:
+            channel = connection.default_channel
+            channel.queue_delete(cluster.app.conf.task_default_queue)
+            channel.queue_delete(parking_queue(semaphore_key(SLOTS_PREFIX + key,
+                                                             "redislock:")))
 
 
 def test_a_waiting_copy_of_today_is_parked(start_cluster: Any) -> None:
