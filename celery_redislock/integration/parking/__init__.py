@@ -22,12 +22,13 @@ The contract, for the main process's gate and the poll:
 * :class:`ParkingBroker` (``broker``): the operations on one broker connection,
   blocking (use them from a thread, never from the event loop):
   ``park(copy, job_id) -> Outcome``, ``move(parking_queue, job_id) -> Outcome``
-  (``moved`` False: the parking queue was empty, the caller gives the reservation
-  back), ``lengths(queues) -> {queue: n}``, ``registry() -> {queue: semaphore key}``.
-  ``broker_for(connection)`` (``transport``) picks :class:`RedisParking` (every
-  step one Lua script on the broker's Redis, exactly once even when retried) or
-  :class:`AmqpParking`
-  (RabbitMQ: publish with confirms; move = get, publish, ack).
+  (``done`` False: the parking queue was empty, or its head had nowhere to go and was
+  set aside: the caller gives the reservation back), ``lengths(queues) -> {queue: n}``,
+  ``registry(max_age) -> {queue: semaphore key}``. ``broker_for(connection)``
+  (``transport``; one per connection) picks :class:`RedisParking` (every step one Lua
+  script on the broker's Redis, exactly once even when retried; moved to the front of
+  the queue's list for its priority) or :class:`AmqpParking` (RabbitMQ: mandatory
+  publishes with confirms; move = get, publish, ack; moved to the back).
 * ``lengths``: ``parked_lengths(broker, keys) -> {semaphore key: n}`` (what the
   store's ``due()`` takes) and ``recount(broker) -> {semaphore key: n}`` (every line the
   broker's registry knows that holds messages: after the store lost its data).
