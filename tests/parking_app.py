@@ -48,10 +48,15 @@ SLOTS = "parking_app.slots"
 ONE = "parking_app.one"
 UPSTREAM = "parking_app.upstream"
 RECORD = "parking_app.record"
+LATE = "parking_app.late"
+TENANTS = "parking_app.tenants"
 
 SLOTS_PREFIX = "slots:"
 ONE_PREFIX = "one:"
 API_PREFIX = "api:"
+LATE_PREFIX = "late:"
+#: ``tenants``: one at a time per tenant, two at a time over all tenants.
+TENANT_LIMITS = [{"slots": 1, "key": "tenant:{tenant}"}, {"slots": 2, "key": "tenants"}]
 SLOT_COUNT = 2
 LEASE = 4.0
 #: Waiting copies on today's line come back quickly (the hand-off is the fast path).
@@ -66,7 +71,8 @@ def create_app(urls: AppUrls) -> Celery:
     visibility = float(os.environ.get(VISIBILITY_ENV, "60"))
     app.conf.update(redislock_url=urls.lock, broker_connection_retry_on_startup=True,
                     worker_prefetch_multiplier=1, worker_direct=not rabbit,
-                    broker_transport_options={"visibility_timeout": visibility})
+                    broker_transport_options={"visibility_timeout": visibility},
+                    redislock_limits={TENANTS: TENANT_LIMITS})
     if rabbit:
         app.conf.task_default_queue = queue_name(urls).replace("test", "parking")
     line = os.environ.get(LINE_ENV, "store")
@@ -88,6 +94,18 @@ def create_app(urls: AppUrls) -> Celery:
     def one(self: Any, seconds: float, key: str = "a") -> str:
         """One at a time per key."""
         return str(record().work(self, [ONE_PREFIX + key], seconds))
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=LATE, lock_slots=1,
+              lock_key=LATE_PREFIX + "{key}", lock_lease=LEASE, acks_late=True, **RETRY)
+    def late(self: Any, seconds: float, key: str = "a") -> str:
+        """One at a time per key, acknowledged after the body."""
+        return str(record().work(self, [LATE_PREFIX + key], seconds))
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=TENANTS, lock_lease=LEASE,
+              **RETRY)
+    def tenants(self: Any, seconds: float, tenant: str) -> str:
+        """Two limits (``redislock_limits``): a slot per tenant, two over all."""
+        return str(record().work(self, [f"tenant:{tenant}", "tenants"], seconds))
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=UPSTREAM, lock_slots=1,
               lock_key=API_PREFIX + "{key}", lock_lease=LEASE, max_retries=3, **RETRY)

@@ -32,6 +32,8 @@ from parking_app import (
     API_PREFIX,
     GATE_ENV,
     KILL_ENV,
+    LATE,
+    LATE_PREFIX,
     LINE_ENV,
     ONE,
     ONE_PREFIX,
@@ -40,6 +42,7 @@ from parking_app import (
     SLOT_COUNT,
     SLOTS,
     SLOTS_PREFIX,
+    TENANTS,
     UPSTREAM,
     VISIBILITY_ENV,
     create_app,
@@ -139,6 +142,48 @@ def test_the_async_gate_parks_too(start_cluster: Any) -> None:
     assert max(peaks(record, SLOTS_PREFIX + "async")) == SLOT_COUNT
     assert run_counts(record, results) == [1] * len(results)
     assert_on_line(cluster, "broker")
+
+
+def test_acks_late_runs_park_too(start_cluster: Any) -> None:
+    """Runs acknowledged after their body (their references served by the release)."""
+    cluster = start_cluster("broker")
+    record = record_store(cluster)
+    results = [cluster.app.tasks[LATE].delay(0.1, key="late") for _ in range(8)]
+    results_of(cluster, results)
+    assert max(peaks(record, LATE_PREFIX + "late")) == 1
+    assert run_counts(record, results) == [1] * len(results)
+    assert_on_line(cluster, "broker")
+
+
+def test_two_limits_at_once(start_cluster: Any) -> None:
+    """A slot per tenant and two over all: a run parks at the first limit that refuses
+    it; moved, it asks the others."""
+    cluster = start_cluster("broker")
+    record = record_store(cluster)
+    task = cluster.app.tasks[TENANTS]
+    results = [task.delay(0.15, tenant=f"t{n % 3}") for n in range(15)]
+    results_of(cluster, results)
+    print(f"\npeaks over all {peaks(record, 'tenants')}")
+    assert max(peaks(record, "tenants")) == 2
+    assert all(max(peaks(record, f"tenant:t{n}")) == 1 for n in range(3))
+    assert run_counts(record, results) == [1] * len(results)
+    assert_on_line(cluster, "broker")
+
+
+@pytest.mark.parametrize("line", ["store", "broker"])
+def test_hand_off_latency(start_cluster: Any, line: str) -> None:
+    """From a body's end to the next waiting run's start, one slot, 12 runs queued."""
+    cluster = start_cluster(line)
+    record = record_store(cluster)
+    results = [cluster.app.tasks[ONE].delay(0.05, key="latency") for _ in range(12)]
+    results_of(cluster, results)
+    spans = sorted((int(record.hget("started", r.id)), int(record.hget("ended", r.id)))
+                   for r in results)
+    gaps = sorted((spans[n + 1][0] - spans[n][1]) / 1000 for n in range(len(spans) - 1))
+    print(f"\n{line}: hand-off p50 {gaps[len(gaps) // 2]:.1f} ms, "
+          f"max {gaps[-1]:.1f} ms ({len(gaps)} hand-offs)")
+    assert max(peaks(record, ONE_PREFIX + "latency")) == 1
+    assert gaps[len(gaps) // 2] < 250
 
 
 def test_solo_workers_park_too(start_cluster: Any) -> None:
