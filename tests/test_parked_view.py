@@ -321,3 +321,68 @@ def test_prometheus_gauges_without_a_lock_store(redis_server: Any, closed_port: 
 def test_a_parked_line_object_reads_in_words() -> None:
     line = ParkedLine("k", 10_000, references_waiting=2, anonymous=1, last_parked_ms=7_500)
     assert (line.waiting, line.last_parked_age, line.oldest_age) == (3, 2.5, None)
+
+
+def test_the_page_shows_the_parked_line(parked: Dict[str, Any]) -> None:
+    """In a real headless chromium: the key's row counts the parked runs, its details
+    show the parked line and its parking queue."""
+    from celery_redislock.web.app import create_app
+
+    from support import wait_until
+    from web_support import Served, browser, chromium, click
+
+    executables = chromium()
+    if executables is None:
+        pytest.skip("no chromium and chromedriver on PATH")
+    served = Served(create_app(Dashboard(LockStore(parked["app"]), min_interval=0,
+                                         history=5))).start()
+    driver = browser(executables)
+
+    def shown(css: str) -> List[str]:
+        try:
+            return list(driver.execute_script(
+                "return Array.from(document.querySelectorAll(arguments[0]), "
+                "n => n.textContent)", css))
+        except Exception:  # a redraw between the query and the read
+            return []
+
+    try:
+        driver.get(served.base)
+        row = f'tr.key-row[data-key="{parked["key"]}"]'
+        click(driver, "css selector", row)
+        wait_until(lambda: "Parked line (3)" in shown("tr.detail h3"), timeout=15,
+                   interval=0.1, what="the parked line in the key's details")
+        assert "Waiting line (0)" in shown("tr.detail h3")
+        words = " ".join(shown("tr.detail .parked p"))
+        assert "3 reference(s) waiting, 0 anonymous, 0 reserved, 0 claimed" in words
+        assert f"Parking queue {parking_queue(parked['key'])}: 3 message(s)" in words
+        assert "Nobody waits in the lock store's line." in shown("tr.detail p")
+    finally:
+        driver.quit()
+        served.stop()
+
+
+@pytest.mark.parametrize("line", ["broker", "store"])
+def test_the_exporter_serves_the_gauges_on_a_broker_line_only(
+        parked: Dict[str, Any], tmp_path: Path, line: str) -> None:
+    import urllib.request
+
+    from celery_redislock.metrics.prometheus import Exporter
+
+    app = parked["app"]
+    app.conf.redislock_line = line
+    exporter = Exporter(app, (0,), "127.0.0.1")
+    exporter.path = str(tmp_path)
+    exporter.start()
+    try:
+        port = exporter.server.server_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            page = reply.read().decode()
+    finally:
+        exporter.stop()
+    if line == "store":
+        assert "parked" not in page
+        return
+    assert 'celery_redislock_parked_waiting{limit="fetch:{site}"} 3.0' in page
+    assert 'celery_redislock_parked_queue_messages{limit="fetch:{site}"} 3.0' in page
+    assert "celery_redislock_parked_up 1.0" in page
