@@ -231,6 +231,19 @@ def test_redis_exchange_routing_and_global_prefix(server: RedisServer) -> None:
     moved = receive(app, "reports")
     assert moved.delivery_info["routing_key"] == "report.daily"
     assert task_value(moved) == "routed"
+    done: List[Done] = []  # the mover's own connection keeps the transport's options
+    mover = Mover.for_app(app).start()
+    assert mover.park(copy, done.append) and mover.move(copy.queue, done.append)
+    wait_until(lambda: len(done) == 2, what="a park and a move")
+    assert mover.stop()
+    assert [d.outcome.target for d in done if d.outcome] == ["", "reports"]
+    assert task_value(receive(app, "reports")) == "routed"
+    assert client.keys("pfx:redislock.parking.done.*")  # the jobs' markers, prefixed
+    assert [key for key in client.keys("*") if not key.startswith(b"pfx:")] == []
+    assert client.hlen("pfx:" + REGISTRY) == 1  # its queue emptied: forgotten when read
+    with app.connection_for_write() as connection:
+        assert broker_for(connection).registry() == {}
+    assert client.exists("pfx:" + REGISTRY) == 0
     client.close()
 
 
