@@ -55,10 +55,12 @@ SLOTS_PREFIX = "slots:"
 ONE_PREFIX = "one:"
 API_PREFIX = "api:"
 LATE_PREFIX = "late:"
-#: ``tenants``: one at a time per tenant, two at a time over all tenants.
-TENANT_LIMITS = [{"slots": 1, "key": "tenant:{tenant}"}, {"slots": 2, "key": "tenants"}]
 SLOT_COUNT = 2
+#: Every limit's lease (the grace after a loss of the lock store's data is the longest).
 LEASE = 4.0
+#: ``tenants``: one at a time per tenant, two at a time over all tenants.
+TENANT_LIMITS = [{"slots": 1, "key": "tenant:{tenant}", "lease": LEASE},
+                 {"slots": 2, "key": "tenants", "lease": LEASE}]
 #: Waiting copies on today's line come back quickly (the hand-off is the fast path).
 RETRY = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.3}
 

@@ -420,3 +420,25 @@ def create_app_conf(**conf: Any) -> Any:
     app = Celery("line", set_as_current=False)
     app.conf.update(redislock_url="redis://127.0.0.1:1/0", **conf)
     return app
+
+
+def test_runs_the_line_does_not_take_keep_todays_said_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A cost above 1, or no event loop: today's line, one warning per task."""
+    from celery_redislock.engine.admission import SlotLimit
+    from celery_redislock.integration import broker_line
+
+    settings = read_settings(create_app_conf(redislock_line="broker"))
+    client = redis.Redis()  # never connected: the choice asks nothing
+    one, heavy = [SlotLimit("k", 2, "redislock:")], [SlotLimit("k", 4, "redislock:", cost=2)]
+    assert broker_line.parks(settings, client, one, loop=True, task_name="t.light")
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            assert not broker_line.parks(settings, client, heavy, loop=True,
+                                         task_name="t.heavy")
+            assert not broker_line.parks(settings, client, one, loop=False,
+                                         task_name="t.threads")
+    said = [r.getMessage() for r in caplog.records if "keeps the \"store\" line" in r.getMessage()]
+    assert len(said) == 2 and "t.heavy" in said[0] and "t.threads" in said[1]
+    store_settings = read_settings(create_app_conf())
+    assert not broker_line.parks(store_settings, client, one, loop=True, task_name="t.light")

@@ -66,12 +66,17 @@ def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: boo
         return False
     if loop and store.parks(client, limiters):
         return True
+    say_store_line(task_name, "it parks runs of semaphores of cost 1 only, not on Redis "
+                              "Cluster, on workers with an event loop: prefork and solo")
+    return False
+
+
+def say_store_line(task_name: str, why: str) -> None:
+    """Log once per task that its runs keep the \"store\" line, and ``why``."""
     if task_name not in _said:
         _said.add(task_name)
-        logger.warning("celery-redislock: task %s keeps the \"store\" line (redislock_line "
-                       "= \"broker\" parks runs of semaphores of cost 1 only, on workers "
-                       "with an event loop: prefork and solo)", task_name)
-    return False
+        logger.warning("celery-redislock: task %s keeps the \"store\" line although "
+                       "redislock_line = \"broker\": %s", task_name, why)
 
 
 def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,

@@ -107,7 +107,10 @@ SHORT_WAITS = 2
 def limited_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., Any]:
     """Celery's default strategy for ``task``, with admission before the pool (unless
     ``redislock_admit_before_pool`` is False: then the pool process asks)."""
-    if not read_settings(app).admit_before_pool:
+    settings = read_settings(app)
+    if not settings.admit_before_pool:
+        if settings.line == "broker":
+            broker_line.say_store_line(task.name, "redislock_admit_before_pool is False")
         return default_strategy(task, app, consumer, **options)
     gated = _GatedConsumer(consumer)
     handler = default_strategy(task, app, gated, **options)
