@@ -442,3 +442,51 @@ def test_runs_the_line_does_not_take_keep_todays_said_once(
     assert len(said) == 2 and "t.heavy" in said[0] and "t.threads" in said[1]
     store_settings = read_settings(create_app_conf())
     assert not broker_line.parks(store_settings, client, one, loop=True, task_name="t.light")
+
+
+class _Request:
+    """What the gate's park step reads of a worker's request."""
+
+    def __init__(self) -> None:
+        self.id, self.task, self.message = "t1", type("T", (), {"name": "n", "app": None}), None
+        self.done: List[str] = []
+
+    def acknowledge(self) -> None:
+        self.done.append("ack")
+
+    def reject(self, requeue: bool = False) -> None:
+        self.done.append(f"reject requeue={requeue}")
+
+
+@pytest.mark.parametrize("taken, published, after", [
+    (True, True, ["ack"]),
+    (True, False, ["reject requeue=True"]),
+    (False, None, ["reject requeue=True"]),
+])
+def test_the_original_is_acknowledged_only_once_its_copy_is_parked(
+        monkeypatch: pytest.MonkeyPatch, taken: bool, published: Any, after: List[str]) -> None:
+    """The gate's park step: the mover publishes the copy, and only then, on the event
+    loop, is the original acknowledged; a copy not published (the mover full, or the
+    publish failed) sends the original back to its queue (one broker operation)."""
+    from kombu.asynchronous import Hub
+
+    from celery_redislock.engine.admission import ParkRef
+    from celery_redislock.integration import broker_line, gate
+    from celery_redislock.integration.execution import Parked
+    from celery_redislock.integration.parking import Done, Outcome
+    from celery_redislock.integration.waiting_run import WaitingRun
+
+    jobs: List[Any] = []
+    monkeypatch.setattr(broker_line, "park", lambda app, message, ref, wait, on_done:
+                        jobs.append(on_done) or taken)
+    hub, request = Hub(), _Request()
+    parked = Parked(ParkRef("k", "1:1"), WaitingRun(attempts=1, park_id="1:1", line="k"), "k")
+    gate._park(type("Consumer", (), {"hub": hub})(), request, parked)
+    assert request.done == ([] if taken else after)  # nothing before the publish
+    if taken:
+        outcome = Outcome(True, "parked") if published else None
+        jobs[0](Done("park", "j", "q", outcome, None if published else OSError("down")))
+        assert request.done == []  # on the mover's thread: not yet
+        hub.run_once()
+        assert request.done == after
+    broker_line.hop(hub).close()
