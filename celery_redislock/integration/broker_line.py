@@ -58,11 +58,15 @@ _said: Set[str] = set()
 
 
 def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: bool,
-          task_name: str) -> bool:
+          task_name: str, max_wait: Optional[float] = None) -> bool:
     """Whether a run of ``task_name`` under ``limiters`` waits on the parking line; a task
-    that would, but cannot (a rate limit, a cost, Redis Cluster, no event loop), keeps
+    that would, but cannot (a rate limit, a cost, Redis Cluster, no event loop, a
+    ``lock_max_wait``: a parked run is not given up while it waits, in this step), keeps
     today's line, logged once per task."""
     if settings.line != "broker":
+        return False
+    if max_wait is not None:
+        say_store_line(task_name, "it has a lock_max_wait (not kept by parked runs yet)")
         return False
     if loop and store.parks(client, limiters):
         return True

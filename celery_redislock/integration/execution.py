@@ -373,7 +373,8 @@ def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool =
     attempt = _Attempt.of(task, setup, args, kwargs, request)
     attempt.promises.update(promises or {})
     attempt.parking = broker_line.parks(setup.settings, setup.client, attempt.limiters,
-                                        loop=loop, task_name=task.name)
+                                        loop=loop, task_name=task.name,
+                                        max_wait=limits.retry.max_wait)
     if time.monotonic() < _main_process_skips_until[0]:
         return _without_store(attempt, args, kwargs, None)
     attempt.description = _describe_unadopted(task.name, request.hostname, request.id,

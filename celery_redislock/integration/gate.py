@@ -239,18 +239,20 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
         return handle(request)
     room = _pool_has_room(consumer)
     loop = getattr(consumer, "hub", None) is not None
-    if not room and (hold.may_wait_unprobed() or _parks(task, loop)):
+    if not room and (hold.may_wait_unprobed() or _parks(task, limits, loop)):
         return _wait_for_room(consumer, request, handle, hold)
     return _settle(consumer, request, handle, hold, limits, lambda: ask_before_pool(
         task, limits, request._context, room=room, promises=hold.promises,
         may_wait=hold.waits < SHORT_WAITS, loop=loop))
 
 
-def _parks(task: Any, loop: bool) -> bool:
-    """Whether ``task``'s refused runs may wait on the parking line here: they are not
-    probed (a probe takes nothing; the parking line's admission parks the run it
-    refuses), they wait for a free pool process, then ask."""
-    return loop and task_settings(task).line == "broker"
+def _parks(task: Any, limits: TaskLimits, loop: bool) -> bool:
+    """Whether ``task``'s refused runs may wait on the parking line here (semaphores
+    only): they are not probed (a probe takes nothing; the parking line's admission
+    parks the run it refuses), they wait for a free pool process, then ask."""
+    return (loop and task_settings(task).line == "broker"
+            and limits.retry.max_wait is None
+            and all(rule.rate is None for rule in limits.rules))
 
 
 def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
