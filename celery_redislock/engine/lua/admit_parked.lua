@@ -19,15 +19,17 @@
 --              wait, -1 for none) rather than refusing it (status 3); the poll hands
 --              its slots over once the pause ends
 --
--- Each semaphore decides in turn (the first that refuses parks the run):
+-- Each semaphore decides in turn, a moved copy's home first (the first that refuses
+-- parks the run):
 --   * the home of a moved copy: a reference that does not name this park id (or is
 --     served) makes the copy stale (status 4); one claimed by a live holder sends it back
 --     to parking unchanged (status 7, the same park id); else it takes a live
 --     reservation if there is one (not in the grace); a copy parked in an incarnation
 --     the store lost (its park id's) counts down an anonymous entry and does the same
 --   * else as a newcomer: served -> status 4; claimed by a live holder -> status 7, its
---     park id; a free slot and nobody else waiting (not in the grace) -> it passes; else
---     it parks: its reference (new park id, its first 'since' kept) is written, status 7.
+--     park id; a free slot and nobody else waiting (not in the grace) -> it passes (a
+--     copy that took its home's reservation needs only the free slot); else it parks:
+--     its reference (new park id, its first 'since' kept) is written, status 7.
 -- A moved copy that takes no reservation at its home gives one back (it was moved for
 -- it), and the slot is handed over again: '!move' entries follow the reply's fields.
 --
@@ -115,8 +117,15 @@ local function give_back()
   hand_over_parked(l.key, free, now, reserve, handed)
 end
 
+-- Refused (stale, or parked at i under id): a moved copy gives its reservation back, and
+-- its home reference, if it names this copy and the run now parks elsewhere or ends, is
+-- dropped (it no longer waits there).
 local function refuse(status, i, id)
-  local l = limiters[i]
+  local l, h = limiters[i], home >= 1 and home <= N and home ~= i and limiters[home]
+  if h and park_id ~= '' and h.ref and h.ref.state == 'w' and h.ref.park_id == park_id then
+    redis.call('HDEL', parked_key(h.key, 'pr'), run)
+    count_down_waiting(h.key, h.counts)
+  end
   give_back()
   if status == 4 then return reply(4, i, 0, 0, 0, 0) end
   local first = redis.call('ZRANGEBYSCORE', l.key, '(' .. now_text, '+inf', 'WITHSCORES',
@@ -140,15 +149,11 @@ local function park(i)
   keep_parked(counts)
   redis.call('ZADD', l.key, 'NX', -0.5, '#hold')  -- contended: releases hand over
   redis.call('ZADD', KEYS[N + 1], now, l.key)  -- the poll's index of parked lines
-  local moved = home >= 1 and home ~= i and limiters[home]
-  if moved and moved.ref and moved.ref.state == 'w' and moved.ref.park_id == park_id then
-    redis.call('HDEL', parked_key(moved.key, 'pr'), run)  -- it waits at i now
-    count_down_waiting(moved.key, moved.counts)
-  end
   return refuse(7, i, id)
 end
 
--- Phase 2: each semaphore decides; the first that refuses parks the run.
+-- Phase 2: each semaphore decides (a moved copy's home first); the first that refuses
+-- parks the run.
 local function count_down_anonymous(l)
   if l.counts[2] > 0 then
     redis.call('HINCRBY', parked_key(l.key, 'pn'), 'a', -1)
@@ -156,7 +161,25 @@ local function count_down_anonymous(l)
   end
 end
 
+-- The home of a moved copy decides first: a copy that takes its reservation there had
+-- its turn, and another semaphore only needs a slot free for it (not reserved for that
+-- one's own line), whoever waits there: a run under a global cap and a tenant's key is
+-- never held between two lines that each wait for the other.
+local order, turn = {}, false
+if home >= 1 and home <= N and park_id ~= '' then order[1] = home end
 for i = 1, N do
+  if i ~= order[1] then order[#order + 1] = i end
+end
+
+-- Served, or claimed by a live holder, at any semaphore: this copy must not run (nor
+-- park at another semaphore, where its reference would wait for nothing).
+for i = 1, N do
+  local ref = limiters[i].ref
+  if i ~= home and ref and ref.state == 's' then return refuse(4, i) end
+  if i ~= home and claimed_live(limiters[i]) then return refuse(7, i, ref.park_id) end
+end
+
+for _, i in ipairs(order) do
   local l, ref = limiters[i], limiters[i].ref
   local decided = false
   if i == home and park_id ~= '' then
@@ -170,13 +193,14 @@ for i = 1, N do
       return refuse(7, i, ref.park_id)
     end
     if not (grace or l.paused) and live_reservations(l.key, now) > 0 then
-      l.take, decided = 'reserved', true
+      l.take, decided, turn = 'reserved', true, true
     end
   end
   if not decided then
-    if ref and ref.state == 's' then return refuse(4, i) end
-    if claimed_live(l) then return refuse(7, i, ref.park_id) end
+    if i == home and ref and ref.state == 's' then return refuse(4, i) end
+    if i == home and claimed_live(l) then return refuse(7, i, ref.park_id) end
     local others = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
+    if turn then others = 0 end
     if grace or l.paused or l.free < 1 or others > 0 then return park(i) end
     l.take = 'free'
   end
