@@ -457,3 +457,16 @@ def test_the_first_poll_after_a_loss_counts_what_no_reference_waits_for(own_redi
     assert isinstance(ask(client, limiters, "t9", parked=newcomer.park, lease=0.3), Lease)
     assert counts(client, key) == {"w": 0, "a": 0}
     client.close()
+
+
+def test_a_poll_that_saw_no_incarnation_starts_none(own_redis_server):
+    """A process that never saw the store's incarnation (just started) finds it missing:
+    it writes none and hands nothing over (the store may have lost its data: the grace
+    is the admissions' to start)."""
+    client = own_redis_server.client()
+    limiters = [limit()]
+    key = limiters[0].key
+    assert due(client, {key: 3}) == []
+    assert not client.exists(PREFIX + "incarnation")
+    assert counts(client, key) == {}
+    client.close()

@@ -10,7 +10,7 @@
 -- ARGV[2]     the latest incarnation the caller saw (admit.lua; -1: Redis Cluster)
 -- ARGV[3]     the longest lease (ms) the caller's process knows of (store.lua): a poll
 --             that is the first to find the store emptied starts the grace, as an
---             admission would
+--             admission would (if the caller saw an incarnation; else it does nothing)
 -- ARGV[3+i]   how many messages semaphore i's parking queue holds (-1: unknown)
 --
 -- The first poll in an incarnation counts each parking queue: the messages no reference
@@ -33,10 +33,16 @@ local out = {0}
 local grace = nil
 local marker = N > 0 and incarnation_key(KEYS[1])
 if marker and seen >= 0 then
-  local state = incarnation_for(marker, now, now_us, seen, bound)
+  -- A missing incarnation is written only by a caller that saw one (a loss: with its
+  -- grace). A caller that saw none (a process just started) writes nothing and hands
+  -- nothing over: the store may have lost its data, and the grace is the admissions' to
+  -- start, which know the leases.
+  local state = incarnation_for(marker, now, now_us, seen > 0 and seen or nil, bound)
   if state then
     out[1] = state[1]
     if state[2] > now then grace = state[2] end
+  elseif state == nil then
+    return out
   end
 end
 
