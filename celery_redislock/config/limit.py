@@ -39,6 +39,7 @@ LIMIT_FIELDS: Mapping[str, Any] = {
     "key": None,
     "lease": DEFAULT_LEASE,
     "cost": 1,
+    "fair_by": None,
 }
 
 #: Fields about waiting, which apply to the task as a whole, and their defaults.
@@ -70,6 +71,10 @@ class LimitRule:
     #: False when ``slots`` is the default a ``LimitedTask`` gets without ``lock_slots``
     #: nor ``lock_rate`` (one run at a time per key), for messages that say so.
     slots_given: bool = True
+    #: The line of this limit's slots is served round-robin across the keys this
+    #: template gives the run (``fair_by``, e.g. ``"tenant:{tenant}"``), or None: first
+    #: come first served.
+    fair_by: Optional[KeyTemplate] = None
 
     def limiters(self, args: Sequence[Any], kwargs: Mapping[str, Any],
                  prefix: str) -> List[Limiter]:
@@ -79,7 +84,8 @@ class LimitRule:
         cost = self.cost(args, kwargs) if isinstance(self.cost, CallableCost) else self.cost
         limiters: List[Limiter] = []
         if self.slots is not None:
-            limiters.append(SlotLimit(name, self.slots, prefix, cost))
+            fair = self.fair_by.render(args, kwargs) if self.fair_by is not None else ""
+            limiters.append(SlotLimit(name, self.slots, prefix, cost, fair))
         if self.rate is not None:
             limiters.append(RateLimit(name, self.rate, prefix, cost))
         return limiters
@@ -87,7 +93,8 @@ class LimitRule:
     @property
     def is_constant(self) -> bool:
         """True when every call gets the same limiters (a fixed name and cost)."""
-        return self.key.is_constant and not isinstance(self.cost, CallableCost)
+        return (self.key.is_constant and not isinstance(self.cost, CallableCost)
+                and (self.fair_by is None or self.fair_by.is_constant))
 
 
 @dataclass(frozen=True)
@@ -265,6 +272,7 @@ def _rule(problems: List[str], owner: str, task_name: str, func: Callable[..., A
     if rate is not None:
         rate = _checked(problems, Rate.parse, rate, values["burst"], owner=owner, prefix=prefix)
     lease = _checked(problems, check_lease, values["lease"], owner, f"{prefix}lease")
+    fair_by = _fair_by(problems, owner, func, values["fair_by"], slots, prefix)
     if len(problems) > before or key is None or lease is None:
         return None
     cost = _checked(problems, check_cost, owner, values["cost"], slots=slots, rate=rate,
@@ -272,7 +280,25 @@ def _rule(problems: List[str], owner: str, task_name: str, func: Callable[..., A
     if cost is None:
         return None
     return LimitRule(key=key, slots=slots, rate=rate, lease=lease, cost=cost,
-                     slots_given=slots_given)
+                     slots_given=slots_given, fair_by=fair_by)
+
+
+def _fair_by(problems: List[str], owner: str, func: Callable[..., Any], value: Any,
+             slots: Optional[int], prefix: str) -> Optional[KeyTemplate]:
+    """The ``fair_by`` template of a limit (None for none), checked as a ``key`` is: a
+    template of the task's arguments; only on a limit of slots."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        problems.append(f"{owner}: {prefix}fair_by must be a key template such as "
+                        f"'tenant:{{tenant}}', not {shown(value)}")
+        return None
+    if slots is None:
+        problems.append(f"{owner}: '{prefix}fair_by' is given without '{prefix}slots' (a "
+                        f"fair share divides slots)")
+        return None
+    return _checked(problems, KeyTemplate, value, func, owner=owner, default=value,
+                    option=f"{prefix}fair_by")
 
 
 def _retry_policy(problems: List[str], owner: str, values: Mapping[str, Any],

@@ -48,12 +48,16 @@ CONTENDED = "#hold"
 @dataclass(frozen=True)
 class SlotLimit:
     """At most ``slots`` slots of the semaphore ``name`` taken at once; a run admitted by
-    this limiter takes ``cost`` of them (at most ``slots``), all at once or none."""
+    this limiter takes ``cost`` of them (at most ``slots``), all at once or none.
+    ``fair``: the run's sub-line when the limit's line is served round-robin across the
+    keys of another template (``fair_by``; "" for none, a plain first come first served
+    line); see :mod:`.fair`."""
 
     name: str
     slots: int
     prefix: str
     cost: int = 1
+    fair: str = ""
     key: str = field(init=False, repr=False, compare=False)
     _spec: str = field(init=False, repr=False, compare=False)
 
@@ -518,6 +522,8 @@ class ParkRef:
 
     key: str
     park_id: str
+    #: The sub-line it waits in (a fair line's key of the run, see :mod:`.fair`; "" none).
+    sub: str = ""
 
 
 @dataclass(frozen=True)
@@ -528,15 +534,23 @@ class ParkedMove:
     queue its task is consumed from (or calls :func:`.parking.moved_nothing` if the
     parking queue is empty).
 
-        >>> handoffs_of([b"!move 2 redislock:{ab}:s:reports", b"@w m:t\\n{}"])[:2]
-        [ParkedMove(key='redislock:{ab}:s:reports'), ParkedMove(key='redislock:{ab}:s:reports')]
+        >>> handoffs_of([b"!move 2 redislock:{ab}:s:reports", b"@w m:t\\n{}"])[:2] == [
+        ...     ParkedMove("redislock:{ab}:s:reports")] * 2
+        True
+        >>> handoffs_of([b"!move 1 redislock:{ab}:s:reports\x1ftenant:a"])
+        [ParkedMove(key='redislock:{ab}:s:reports', sub='tenant:a')]
     """
 
     key: str
+    #: The sub-line to move from (a fair line's, see :mod:`.fair`; "" for the key's own).
+    sub: str = ""
 
 
 #: How a script reports moves owed to a parked line among the messages it hands over.
 _MOVE_MARK = "!move "
+
+#: Between a key and its sub-line in a move entry (``"!move 1 <key>\x1f<sub>"``).
+SUB_MARK = "\x1f"
 
 
 def handoffs_of(entries: Sequence[Any]) -> List[Any]:
@@ -546,8 +560,9 @@ def handoffs_of(entries: Sequence[Any]) -> List[Any]:
     for entry in entries:
         text = entry.decode("utf-8", "surrogateescape") if isinstance(entry, bytes) else entry
         if isinstance(text, str) and text.startswith(_MOVE_MARK):
-            _, count, key = text.split(" ", 2)
-            handed.extend(ParkedMove(key) for _ in range(int(count)))
+            _, count, line = text.split(" ", 2)
+            key, _, sub = line.partition(SUB_MARK)
+            handed.extend(ParkedMove(key, sub) for _ in range(int(count)))
         else:
             handed.append(entry)
     return handed

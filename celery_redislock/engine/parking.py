@@ -149,7 +149,7 @@ class ParkAdmitCall:
                         retry_hint=max(0, int(b)) / 1000.0,
                         average_hold=None if int(c) < 0 else int(c) / 1000.0,
                         server_time_ms=now_ms, key=limiter.key, handoffs=handoffs,
-                        park=ParkRef(limiter.key, park_id))
+                        park=ParkRef(limiter.key, park_id, getattr(limiter, "fair", "")))
         if status == 3:
             return Paused(name=limiter.name, key=limiter.key,
                           retry_hint=None if int(a) < 0 else max(0, int(a) - now_ms) / 1000.0,
@@ -206,6 +206,8 @@ def prepare_park_admit(
             parked.park_id if parked is not None and home else "", keep_served_ms,
             reserve_ms, *(limiter.slots for limiter in limiters), seen_incarnation(client),
             grace_bound_ms(client, lease), "1" if park_paused else "0"]
+    if any(limiter.fair for limiter in limiters):  # the sub-lines of fair lines (fair.lua)
+        args.extend(limiter.fair for limiter in limiters)
     return ParkAdmitCall(client, list(limiters), token, lease, description, reserve_ms,
                          [*keys, parked_index(prefix)], args)
 

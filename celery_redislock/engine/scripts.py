@@ -97,9 +97,10 @@ _PLAIN = "_redislock_plain_scripts"
 
 
 #: Shared functions put in front of the scripts that hand out slots: the store's
-#: incarnation (store.lua), weighted holders (units.lua), the parked line (parking.lua),
+#: incarnation (store.lua), weighted holders (units.lua), the parked line (parking.lua,
+#: with its fair sub-lines: fair.lua),
 #: then the waiting line (line.lua).
-LINE = ["store.lua", "units.lua", "parking.lua", "line.lua"]
+LINE = ["store.lua", "units.lua", "fair.lua", "parking.lua", "line.lua"]
 
 ADMIT = LuaScript.load("admit.lua", after=LINE)
 RELEASE = LuaScript.load("release.lua", after=LINE)
@@ -119,8 +120,8 @@ ADOPT = LuaScript.load("adopt.lua", after=["units.lua"])
 #: The parked line (parking.lua; see :mod:`.parking`).
 ADMIT_PARKED = LuaScript.load("admit_parked.lua", after=LINE)
 DUE = LuaScript.load("due.lua", after=LINE)
-MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=["parking.lua"])
-STARTED = LuaScript.load("started.lua", after=["parking.lua"])
+MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=["fair.lua", "parking.lua"])
+STARTED = LuaScript.load("started.lua", after=["fair.lua", "parking.lua"])
 LEAVE_PARKED = LuaScript.load("leave_parked.lua", after=LINE)
 
 

@@ -17,7 +17,7 @@ parking queues (:mod:`.parking`) for the gate.
   seconds for slots freed without a release (``due``) and moves what it owes.
 
     >>> split([ParkedMove("k"), "message"])
-    (['message'], [ParkedMove(key='k')])
+    (['message'], [ParkedMove(key='k', sub='')])
 """
 
 from __future__ import annotations

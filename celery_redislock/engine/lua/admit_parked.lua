@@ -18,6 +18,8 @@
 -- ARGV[11+N]   '1': a paused semaphore parks the run (status 7, its pause's end as the
 --              wait, -1 for none) rather than refusing it (status 3); the poll hands
 --              its slots over once the pause ends
+-- ARGV[11+N+i] the run's sub-line at semaphore i, for a fair line ('' or missing: none;
+--              fair.lua): a copy parked there goes to that sub-line's parking queue
 --
 -- Each semaphore decides in turn, a moved copy's home first (the first that refuses
 -- parks the run):
@@ -128,6 +130,7 @@ local function refuse(status, i, id)
   end
   give_back()
   if status == 4 then return reply(4, i, 0, 0, 0, 0) end
+  fair_parked(l.key, ARGV[11 + N + i])  -- its copy is published to its sub-line's queue
   local first = redis.call('ZRANGEBYSCORE', l.key, '(' .. now_text, '+inf', 'WITHSCORES',
                            'LIMIT', 0, 1)
   local until_first_end = first[2] and tonumber(first[2]) - now or 0

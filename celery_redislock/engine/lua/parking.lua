@@ -1,7 +1,7 @@
 -- The parked line of a semaphore: a refused run waits as ONE message in a parking queue
 -- of the broker that no worker consumes; the lock store keeps only references to it, and
 -- counts. Shared by the scripts that admit, release, hand over and poll. (This text is
--- put in front of those scripts, before line.lua; see scripts.py.)
+-- put in front of those scripts, after fair.lua and before line.lua; see scripts.py.)
 --
 -- A semaphore K = '<prefix>{<digest>}:s:<name>' has these companions (same hash tag):
 --
@@ -148,6 +148,6 @@ local function hand_over_parked(key, free, now, reserve_ms, out, counts)
     redis.call('ZADD', key, string.format('%d', 1000 - (now + reserve_ms + 60000)), '#ttl')
     redis.call('PEXPIRE', key, reserve_ms + 60000)
   end
-  out[#out + 1] = '!move ' .. moves .. ' ' .. key
+  fair_moves(key, moves, out)  -- from the sub-lines in turn, if fair (fair.lua)
   return free - moves
 end

@@ -1,0 +1,76 @@
+-- Fair shares on a parked line (issue 29): the line of a semaphore whose limit declares
+-- `fair_by` is split in sub-lines, one per key of the run ('tenant:acme'), each with its
+-- own parking queue in the broker; a slot handed to the line goes to the sub-line whose
+-- turn is lowest (start-time fair queuing). (This text is put in front of parking.lua.)
+--
+-- Companions of a semaphore K = '<prefix>{<digest>}:s:<name>' (same hash tag):
+--
+--   '}:ft:'  sorted set, sub-line -> its turn: the sub-lines with messages parked that no
+--            move was owed for yet (only these; one ZRANGE 0 0 picks the next)
+--   '}:fn:'  hash: 'v' the virtual time (the turn last served), 'w:'..sub the messages
+--            parked in sub's queue no move was owed for, 'l:'..sub the turn a sub-line
+--            left with (its next, had it kept waiting)
+--   '}:fw:'  hash, sub-line -> its weight (default 1; set by an operator)
+--
+-- A sub-line that starts waiting takes its turn at max(virtual time, the turn it left
+-- with): it earns no credit for the time it did not wait, and loses none it had. Each
+-- move owed from a sub-line adds 1 / its weight to its turn. Every step is O(log n) in
+-- the number of sub-lines waiting: nothing walks them.
+
+local FAIR_TTL = 7 * 24 * 3600 * 1000
+local FAIR_MARK = '\031'  -- between a key and its sub-line in a move entry
+
+local function fair_key(key, mark)
+  local at = string.find(key, '}:s:', 1, true)
+  if not at then return key .. ':' .. mark end
+  return string.sub(key, 1, at) .. ':' .. mark .. ':' .. string.sub(key, at + 4)
+end
+
+local function fair_keep(name)
+  if redis.call('PTTL', name) < FAIR_TTL / 2 then redis.call('PEXPIRE', name, FAIR_TTL) end
+end
+
+-- A copy of a run was refused at K and is published to sub-line `sub`'s parking queue.
+local function fair_parked(key, sub)
+  if sub == nil or sub == '' then return end
+  local state, turns = fair_key(key, 'fn'), fair_key(key, 'ft')
+  if redis.call('HINCRBY', state, 'w:' .. sub, 1) == 1 then
+    local known = redis.call('HMGET', state, 'v', 'l:' .. sub)
+    local turn = math.max(tonumber(known[1] or '0') or 0, tonumber(known[2] or '0') or 0)
+    redis.call('ZADD', turns, turn, sub)
+    fair_keep(turns)
+  end
+  fair_keep(state)
+end
+
+-- The moves owed to K's line, `moves` of them, appended to `out`: one '!move 1 K\031sub'
+-- per move for a fair line (the sub-lines of lowest turn, in turn), the rest (a line
+-- with no sub-line waiting: anonymous entries, a line that is not fair) as one
+-- '!move <count> K' from K's own parking queue.
+local function fair_moves(key, moves, out)
+  local turns = fair_key(key, 'ft')
+  local left = moves
+  if redis.call('EXISTS', turns) == 1 then
+    local state, weights = fair_key(key, 'fn'), fair_key(key, 'fw')
+    while left > 0 do
+      local first = redis.call('ZRANGE', turns, 0, 0, 'WITHSCORES')
+      if #first == 0 then break end
+      local sub, turn = first[1], tonumber(first[2])
+      local weight = tonumber(redis.call('HGET', weights, sub) or '1') or 1
+      if weight <= 0 then weight = 1 end
+      local next_turn = turn + 1 / weight
+      local waiting = redis.call('HINCRBY', state, 'w:' .. sub, -1)
+      if waiting > 0 then
+        redis.call('ZADD', turns, next_turn, sub)
+        redis.call('HSET', state, 'v', turn)
+      else
+        redis.call('ZREM', turns, sub)
+        redis.call('HDEL', state, 'w:' .. sub)
+        redis.call('HSET', state, 'v', turn, 'l:' .. sub, next_turn)
+      end
+      out[#out + 1] = '!move 1 ' .. key .. FAIR_MARK .. sub
+      left = left - 1
+    end
+  end
+  if left > 0 then out[#out + 1] = '!move ' .. left .. ' ' .. key end
+end

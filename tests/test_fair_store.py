@@ -1,0 +1,140 @@
+"""Fair shares on the parked line, the lock store's side (``engine/fair.py``,
+``lua/fair.lua``): which sub-line a freed slot goes to, on a real redis-server. The
+broker is played by one FIFO per sub-line of (task, park ref)."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Deque, Dict, List, Tuple
+
+import pytest
+
+from celery_redislock.config.limit import TaskLimits
+from celery_redislock.engine.admission import Busy, Lease, ParkedMove, ParkRef, SlotLimit
+from celery_redislock.engine.fair import check_weight, fair_view, set_weight, weights
+from celery_redislock.engine.parking import park_admit, run_id
+
+PREFIX = "redislock:"
+
+
+class Line:
+    """A fair limit of ``slots``, its holders, and the broker's parking queues."""
+
+    def __init__(self, client: Any, slots: int = 1, name: str = "fair") -> None:
+        self.client, self.slots, self.name = client, slots, name
+        self.queues: Dict[str, Deque[Tuple[str, ParkRef]]] = collections.defaultdict(
+            collections.deque)
+        self.holders: Deque[Tuple[str, Lease]] = collections.deque()
+        self.owed: List[ParkedMove] = []
+
+    def limiters(self, sub: str) -> List[SlotLimit]:
+        return [SlotLimit(self.name, self.slots, PREFIX, 1, sub)]
+
+    @property
+    def key(self) -> str:
+        return self.limiters("")[0].key
+
+    def send(self, sub: str, task: str) -> Any:
+        outcome = park_admit(self.client, self.limiters(sub), lease=30, run=run_id(task, 0))
+        self._settle(sub, task, outcome)
+        return outcome
+
+    def _settle(self, sub: str, task: str, outcome: Any) -> None:
+        if isinstance(outcome, Lease):
+            self.holders.append((sub, outcome))
+        elif isinstance(outcome, Busy):
+            assert outcome.park is not None and outcome.park.sub == sub
+            self.queues[sub].append((task, outcome.park))
+        self.owed.extend(h for h in outcome.handoffs if isinstance(h, ParkedMove))
+
+    def finish_one(self) -> str:
+        """The oldest holder releases; every move owed is done (the moved copies ask);
+        the sub-line of the run that took the slot."""
+        _, lease = self.holders.popleft()
+        lease.release()
+        self.owed.extend(h for h in lease.handoffs if isinstance(h, ParkedMove))
+        while self.owed:
+            move = self.owed.pop(0)
+            assert move.key == self.key
+            task, ref = self.queues[move.sub].popleft()
+            outcome = park_admit(self.client, self.limiters(move.sub), lease=30,
+                                 run=run_id(task, 0), parked=ref)
+            assert isinstance(outcome, Lease), outcome
+            self._settle(move.sub, task, outcome)
+        return self.holders[-1][0]
+
+
+def test_a_backlog_does_not_hold_back_other_sub_lines(redis_client):
+    line = Line(redis_client)
+    assert isinstance(line.send("tenant:big", "first"), Lease)
+    for n in range(200):
+        assert isinstance(line.send("tenant:big", f"big{n}"), Busy)
+    for t in range(5):
+        for n in range(2):
+            line.send(f"tenant:s{t}", f"s{t}.{n}")
+    served = [line.finish_one() for _ in range(20)]
+    # Round robin: every small tenant within its first turns, not behind 200 runs.
+    last_small = max(i for i, sub in enumerate(served) if sub != "tenant:big")
+    assert last_small < 12, served
+    assert served.count("tenant:big") >= 8
+    view = fair_view(redis_client, line.key, top=3)
+    assert view.waiting == 1 and view.first[0].sub == "tenant:big"
+    assert view.first[0].waiting == 200 - served.count("tenant:big")
+
+
+def test_weights_give_turns_in_proportion(redis_client):
+    line = Line(redis_client)
+    set_weight(redis_client, line.key, "tenant:a", 3)
+    assert weights(redis_client, line.key) == {"tenant:a": 3.0}
+    line.send("tenant:a", "first")
+    for n in range(300):
+        line.send("tenant:a", f"a{n}")
+        line.send("tenant:b", f"b{n}")
+    served = [line.finish_one() for _ in range(200)]
+    assert served.count("tenant:a") / len(served) == pytest.approx(0.75, abs=0.02)
+    set_weight(redis_client, line.key, "tenant:a", 1)  # back to the default
+    assert weights(redis_client, line.key) == {}
+
+
+def test_a_sub_line_joining_late_gets_no_credit_for_time_it_did_not_wait(redis_client):
+    line = Line(redis_client)
+    line.send("tenant:a", "first")
+    for n in range(50):
+        line.send("tenant:a", f"a{n}")
+    first = [line.finish_one() for _ in range(20)]
+    assert first == ["tenant:a"] * 20
+    for n in range(10):
+        line.send("tenant:b", f"b{n}")
+    # b starts at the virtual time: it alternates with a, it does not run 10 in a row.
+    then = [line.finish_one() for _ in range(10)]
+    assert then.count("tenant:b") == 5
+
+
+def test_a_line_without_fair_by_is_first_come_first_served(redis_client):
+    line = Line(redis_client, name="plain")
+    holder = park_admit(redis_client, [SlotLimit("plain", 1, PREFIX)], lease=30,
+                        run=run_id("h", 0))
+    waiter = park_admit(redis_client, [SlotLimit("plain", 1, PREFIX)], lease=30,
+                        run=run_id("w", 0))
+    assert isinstance(holder, Lease) and isinstance(waiter, Busy)
+    assert waiter.park is not None and waiter.park.sub == ""
+    holder.release()
+    assert holder.handoffs == [ParkedMove(line.key)]
+    assert fair_view(redis_client, line.key).waiting == 0
+
+
+def test_fair_by_is_a_template_of_the_run(redis_client):
+    def work(tenant: str, n: int = 0) -> None:
+        pass
+
+    limits = TaskLimits.compile("proj.work", work, [
+        {"slots": 2, "fair_by": "tenant:{tenant}"}, {"slots": 1, "key": "tenant:{tenant}"}])
+    first, per_tenant = limits.limiters(("acme",), {}, PREFIX)
+    assert isinstance(first, SlotLimit) and first.fair == "tenant:acme"
+    assert isinstance(per_tenant, SlotLimit) and per_tenant.fair == ""
+
+
+@pytest.mark.parametrize("weight", [0, -1, "x", float("nan"), True, 1e9])
+def test_a_weight_must_be_a_positive_number(weight):
+    with pytest.raises(ValueError):
+        check_weight(weight)
