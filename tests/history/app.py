@@ -53,14 +53,18 @@ def node(hostname: Optional[str]) -> str:
 COPY_HEADERS = ("redislock_wait", "redislock_park")
 
 
-def is_copy(headers: Any) -> bool:
-    """Whether a message with ``headers`` (a request's custom headers) is a copy the
-    package sent.
+def is_copy(request: Any) -> bool:
+    """Whether ``request`` (a task's) came from a copy the package sent. A message's
+    headers are the request's fields; an admitted run's ``headers`` lose the wait
+    header before the body starts, its field stays.
 
-        >>> is_copy({"redislock_wait": {}}), is_copy({"redislock_admitted": {}}), is_copy(None)
-        (True, False, False)
+        >>> from celery.app.task import Context
+        >>> is_copy(Context({"redislock_wait": {}})), is_copy(Context({"id": "x"}))
+        (True, False)
     """
-    return isinstance(headers, dict) and any(name in headers for name in COPY_HEADERS)
+    headers = getattr(request, "headers", None)
+    return any(getattr(request, name, None) is not None
+               or (isinstance(headers, dict) and name in headers) for name in COPY_HEADERS)
 
 
 def weight(cost: int) -> int:
@@ -104,7 +108,7 @@ def _define(app: Celery, urls: AppUrls, kind: Kind, acks_late: bool) -> None:
                        fence=str(getattr(lease, "fence", "")),
                        admitted_ms=str(getattr(lease, "acquired_at_ms", "")),
                        redelivered=bool((request.delivery_info or {}).get("redelivered")),
-                       copy=is_copy(request.headers))
+                       copy=is_copy(request))
         try:
             time.sleep(seconds)  # the body's work
         finally:
