@@ -10,9 +10,10 @@ parking queues (:mod:`.parking`) for the gate.
 * :func:`park` publishes a refused run's copy on this process's :class:`Mover`, then
   calls back (the gate acknowledges the original then, on its event loop);
 * :func:`owe` moves one parked message per :class:`ParkedMove` a release or the poll
-  reported; a move that found its parking queue empty gives the reservation back
-  (``moved_nothing``). A pool process moves on its own mover (a thread with its own
-  broker connection, made on its first move), not through the main process;
+  reported (out of its sub-line's parking queue, for a fair line); a move that found
+  its parking queue empty gives the reservation back (``moved_nothing``). A pool
+  process moves on its own mover (a thread with its own broker connection, made on its
+  first move), not through the main process;
 * :class:`Poll`: each worker's main process asks the lock store every :data:`POLL`
   seconds for slots freed without a release (``due``) and moves what it owes.
 
@@ -40,6 +41,8 @@ from .parking import (
     Mover,
     ParkedCopy,
     broker_for,
+    key_of_line,
+    line_name,
     parked_lengths,
     parking_queue,
     recount,
@@ -148,7 +151,7 @@ def park(app: Any, message: Any, ref: ParkRef, wait: WaitingRun,
     """Publish the parked copy of kombu ``message`` (its wait replaced by ``wait``) to
     ``ref.key``'s parking queue; ``on_done`` is called on the mover's thread. False: the
     mover did not take it (the caller keeps the original)."""
-    copy = ParkedCopy.of(message, ref.key, wait.header())
+    copy = ParkedCopy.of(message, line_name(ref.key, ref.sub), wait.header())
     return mover(app).park(copy, on_done)
 
 
@@ -164,7 +167,7 @@ def split(handoffs: Iterable[Any]) -> Tuple[List[Any], List[ParkedMove]]:
 def owe(app: Any, moves: Iterable[ParkedMove]) -> None:
     """Move one parked message per move owed, on this process's mover (never waits)."""
     for move in moves:
-        if not mover(app).move(parking_queue(move.key),
+        if not mover(app).move(parking_queue(line_name(move.key, move.sub)),
                                functools.partial(_moved, app, move.key)):
             logger.warning("celery-redislock: the mover is full or stopped; the reservation "
                            "of %s lapses and the poll hands it over again", move.key)
@@ -243,12 +246,27 @@ class Poll:
     def once(self, broker: Any) -> List[ParkedMove]:
         """One poll: the moves owed now, handed to the mover."""
         client, prefix = redis_client(self.app, self.settings), self.settings.prefix
-        lengths = {key: n for key, n in recount(broker).items() if key.startswith(prefix)}
+        lengths = by_key(recount(broker), prefix)
         indexed = set(store.parked_keys(client, prefix)) - set(lengths)
         lengths.update(parked_lengths(broker, indexed))
         moves = store.due(client, lengths, prefix=prefix) if lengths else []
         owe(self.app, moves)
         return moves
+
+
+def by_key(lines: Dict[str, int], prefix: str) -> Dict[str, int]:
+    """The messages parked per semaphore key under ``prefix``, from those per line (a
+    fair line's sub-lines summed: the store counts the line as a whole).
+
+        >>> by_key({"p:k": 1, "p:k\x1fa": 2, "p:j\x1fb": 3, "q:k": 4}, "p:")
+        {'p:k': 3, 'p:j': 3}
+    """
+    lengths: Dict[str, int] = {}
+    for line, n in lines.items():
+        key = key_of_line(line)
+        if key.startswith(prefix):
+            lengths[key] = lengths.get(key, 0) + n
+    return lengths
 
 
 _polls: Dict[int, Poll] = {}

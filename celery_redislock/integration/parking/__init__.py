@@ -9,7 +9,8 @@ transport allows it (Redis broker), so that the waiter runs next.
 The contract, for the main process's gate and the poll:
 
 * :func:`parking_queue` (``naming``): ``semaphore_key -> queue name``, short and
-  deterministic (``redislock.parking.<24 hex>``).
+  deterministic (``redislock.parking.<24 hex>``); a fair line (``fair_by``) has one
+  parking queue per sub-line, named by ``line_name(key, sub)``.
 * :class:`ParkedCopy` (``parked_copy``): ``ParkedCopy.of(message, key, wait)`` reads
   the kombu message a worker received (no network): body, content type and encoding,
   headers with ``redislock_wait`` replaced by ``wait``, the properties Celery reads
@@ -49,7 +50,15 @@ from .broker import Outcome, ParkingBroker
 from .hop import LoopHop
 from .lengths import parked_lengths, recount
 from .mover import Done, Mover
-from .naming import PARKING_PREFIX, REGISTRY, ROUTE_HEADER, is_parking_queue, parking_queue
+from .naming import (
+    PARKING_PREFIX,
+    REGISTRY,
+    ROUTE_HEADER,
+    is_parking_queue,
+    key_of_line,
+    line_name,
+    parking_queue,
+)
 from .parked_copy import ParkedCopy, Route, moved_copy
 from .redis_line import RedisParking
 from .transport import broker_for
@@ -69,6 +78,8 @@ __all__ = [
     "Route",
     "broker_for",
     "is_parking_queue",
+    "key_of_line",
+    "line_name",
     "moved_copy",
     "parked_lengths",
     "parking_queue",

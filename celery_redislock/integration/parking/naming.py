@@ -28,6 +28,27 @@ DONE_PREFIX = "redislock.parking.done."
 ROUTE_HEADER = "redislock_park"
 
 
+#: Between a semaphore key and a sub-line's key in the name of a fair sub-line's line.
+SUB_SEPARATOR = "\x1f"
+
+
+def line_name(semaphore_key: str, sub: str = "") -> str:
+    """The name of the line a parked copy waits in: the semaphore key, or for a fair
+    line's sub-line (``sub``, e.g. ``"tenant:acme"``) the key and the sub-line; a
+    parking queue is named by it (:func:`parking_queue`), and the registry maps the
+    queue back to it.
+
+        >>> line_name("k"), line_name("k", "tenant:a"), key_of_line(line_name("k", "t"))
+        ('k', 'k\\x1ftenant:a', 'k')
+    """
+    return f"{semaphore_key}{SUB_SEPARATOR}{sub}" if sub else semaphore_key
+
+
+def key_of_line(line: str) -> str:
+    """The semaphore key of a line's name (:func:`line_name`)."""
+    return line.partition(SUB_SEPARATOR)[0]
+
+
 def parking_queue(semaphore_key: str) -> str:
     """The name of ``semaphore_key``'s parking queue: ``redislock.parking.`` and 24 hex
     digits (96 bits of BLAKE2b of the key), deterministic across processes and hosts."""
