@@ -493,3 +493,42 @@ def test_the_original_is_acknowledged_only_once_its_copy_is_parked(
         hub.run_once()
         assert request.done == after
     broker_line.hop(hub).close()
+
+
+class _Broker:
+    """A broker whose registry knows one parking queue, holding one message."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def registry(self, max_age: float = 0.0) -> dict:
+        return {parking_queue(self.key): self.key}
+
+    def lengths(self, queues: Any) -> dict:
+        return {queue: 1 if queue == parking_queue(self.key) else 0 for queue in queues}
+
+
+def test_the_poll_hands_over_a_slot_freed_without_a_release(
+        redis_client: redis.Redis, redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A holder's lease runs out (no release comes): the next poll of a worker owes the
+    parked run's move; a move that finds the parking queue empty gives the slot back."""
+    from celery_redislock.engine import parking as store
+    from celery_redislock.engine.admission import Busy, SlotLimit
+    from celery_redislock.integration import broker_line
+    from celery_redislock.integration.parking import Done, Outcome
+
+    app = create_app_conf(redislock_line="broker")
+    app.conf.redislock_url = redis_server.url
+    limit = [SlotLimit("poll", 1, "redislock:")]
+    held = store.park_admit(redis_client, limit, lease=0.3, run="a:0")
+    refused = store.park_admit(redis_client, limit, lease=30, run="b:0")
+    assert isinstance(refused, Busy) and refused.park is not None
+    owed: List[Any] = []
+    monkeypatch.setattr(broker_line, "owe", lambda app, moves: owed.extend(moves))
+    poll = broker_line.Poll(app)
+    wait_until(lambda: poll.once(_Broker(limit[0].key)), 5.0, "a move owed")
+    assert owed == [broker_line.ParkedMove(limit[0].key)] and not held.release()
+    given_back: List[str] = []
+    monkeypatch.setattr(store, "moved_nothing", lambda client, key: given_back.append(key))
+    broker_line._moved(app, limit[0].key, Done("move", "j", "q", Outcome(False, "empty")))
+    assert given_back == [limit[0].key]
