@@ -64,10 +64,11 @@ TIMEOUT = 30.0
 BROKER_LINE_READY = True
 
 
-def lines(store_fails: bool) -> List[Any]:
-    """The two lines as parameters: today's marked as failing when it does."""
+def lines(store_fails: bool, always: bool = True) -> List[Any]:
+    """The two lines as parameters: today's marked as failing when it does (``always``:
+    in every run; else in most, and the mark is not strict)."""
     store = pytest.param("store", marks=[pytest.mark.xfail(
-        strict=True, reason="today's line gets this wrong")] if store_fails else [])
+        strict=always, reason="today's line gets this wrong")] if store_fails else [])
     broker = pytest.param("broker", marks=[] if BROKER_LINE_READY else [pytest.mark.xfail(
         strict=False, reason="the parking line is not wired yet")])
     return [store, broker]
@@ -285,14 +286,15 @@ def test_store_restarted_empty_while_runs_wait(start_cluster: Any, line: str) ->
 
 # --- (d) the back-pressure pattern -----------------------------------------------------
 
-@pytest.mark.parametrize("line", lines(store_fails=True))
+@pytest.mark.parametrize("line", lines(store_fails=True, always=False))
 def test_back_pressure_runs_each_attempt_once(start_cluster: Any, line: str) -> None:
     """README's pattern: an upstream answers 429 to every first attempt, the body pauses
-    its key and retries. Each (task id, retries) body runs once."""
+    its key and retries. Each (task id, retries) body runs once. (Today's line ran some
+    attempts twice in 4 of 5 runs of this test with 6 tasks.)"""
     cluster = start_cluster(line)
     record = record_store(cluster)
     task = cluster.app.tasks[UPSTREAM]
-    results = [task.delay(key="bp") for _ in range(6)]
+    results = [task.delay(key="bp") for _ in range(10)]
     results_of(cluster, results)
     attempts = [[int(record.get(f"attempts:{r.id}:{n}") or 0) for n in (0, 1)]
                 for r in results]
