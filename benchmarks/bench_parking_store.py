@@ -32,6 +32,11 @@ from celery_redislock.testing import RedisServer
 from .common import markdown_table, median, write_json
 
 
+def task_id(kind: str, number: int) -> str:
+    """A task id as long as Celery's (a UUID): the references' size depends on it."""
+    return f"{number:08d}-0000-4000-8000-{kind:0>12}"
+
+
 def usec_calls(client: Any) -> Dict[str, int]:
     """The scripts' calls and time (a script's time includes its commands', which Redis
     also counts under their own names: only the scripts' are summed)."""
@@ -60,7 +65,7 @@ def park_many(client: Any, limiters: List[SlotLimit], first: int, count: int) ->
     pipe = client.pipeline(transaction=False)
     calls = []
     for i in range(first, first + count):
-        call = prepare_park_admit(client, limiters, lease=600, run=run_id(f"w{i}", 0),
+        call = prepare_park_admit(client, limiters, lease=600, run=run_id(task_id("w", i), 0),
                                   description="bench")
         assert call is not None
         name, sha = call.script.evalsha(client)
@@ -85,7 +90,7 @@ def measure(client: Any, length: int, slots: int, name: str) -> Dict[str, float]
     for lease in leases:
         lease.release()
     meter = Meter(client)
-    holders = [park_admit(client, limiters, lease=600, run=run_id(f"h{i}", 0))
+    holders = [park_admit(client, limiters, lease=600, run=run_id(task_id("h", i), 0))
                for i in range(slots)]
     result["admit, free slot"] = meter.per_call()
     assert all(isinstance(h, Lease) for h in holders)
@@ -102,7 +107,7 @@ def measure(client: Any, length: int, slots: int, name: str) -> Dict[str, float]
     result["release, hands over"] = meter.per_call()
     assert sum(len(h.handoffs) for h in holders) == slots
     meter = Meter(client)
-    claims = [park_admit(client, limiters, lease=600, run=run_id(f"w{i}", 0),
+    claims = [park_admit(client, limiters, lease=600, run=run_id(task_id("w", i), 0),
                          parked=parked[i].park) for i in range(slots)]
     result["claim"] = meter.per_call()
     assert all(isinstance(c, Lease) for c in claims)
@@ -116,7 +121,32 @@ def measure(client: Any, length: int, slots: int, name: str) -> Dict[str, float]
     result["due (one key)"] = meter.per_call()
     for claim in claims:
         claim.release()
+    per_waiting[0] = result["bytes per reference"]
+    result["bytes per served reference"] = served_bytes(client, name + "-served", 5000)
     return result
+
+
+def served_bytes(client: Any, name: str, count: int) -> float:
+    """The memory kept per served reference: on a key of one slot, ``count`` runs parked,
+    then ``count`` hand-offs (a release, the moved copy's claim, its start)."""
+    limiters = [SlotLimit(name, 1, "bench:")]
+    holder = park_admit(client, limiters, lease=600, run=run_id("first", 0))
+    assert isinstance(holder, Lease)
+    parked = park_many(client, limiters, 0, count)
+    memory = int(client.info("memory")["used_memory"])
+    for index in range(count):
+        holder.release()
+        holder = park_admit(client, limiters, lease=600, run=run_id(task_id("w", index), 0),
+                            parked=parked[index].park)
+        assert isinstance(holder, Lease), holder
+        started(holder)
+    holder.release()
+    # What is left: the served references, the waiting ones gone.
+    return (int(client.info("memory")["used_memory"]) - memory) / count + per_waiting[0]
+
+
+#: The memory per waiting reference last measured (a served one replaced it).
+per_waiting = [0.0]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:

@@ -43,10 +43,14 @@ Slots only, a cost of 1 per semaphore; not on Redis Cluster (the poll's index li
 outside the keys' hash slot). :func:`prepare_park_admit` answers None for anything
 else, which keeps today's path.
 
-Cost, measured on one private redis-server, in the server (``SLOWLOG``-free
-``INFO commandstats`` µs per call) with 1,000 and 100,000 references waiting on one
-key: see ``tests/test_parking_store.py::test_cost_does_not_grow_with_the_line`` and the
-change's description.
+Cost (``benchmarks/bench_parking_store.py``: one private redis-server, the scripts'
+own µs per call from ``INFO commandstats``, median of 3 rounds, 100 slots, task ids of
+36 characters, a 2-core machine at load 2.7; 1,000 vs 100,000 references waiting on
+the key, side by side): a newcomer admitted 68 vs 40 µs (today's ``admit.lua`` in the
+same run: 67 vs 39), a refusal that parks 41 vs 37, a release that hands over 57 vs
+51, a moved copy's claim 63 vs 71, ``started`` 19 vs 27, a poll of one key 43 vs 44:
+no step grows with the line (the spread is the machine's load). Memory: 138 B per
+waiting reference, 153 B per served reference (kept ``keep_served_ms``).
 """
 
 from __future__ import annotations

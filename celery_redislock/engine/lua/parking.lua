@@ -15,9 +15,11 @@
 --   '}:pr:'  hash, run ('<task id>:<attempt>') -> its reference 'state since park_id
 --            holder': state 'w' waiting (its copy parked as park_id), 'c' claimed by the
 --            holder token (a moved copy took a slot; its body has not started, or acks
---            late and has not ended), 's' served (kept 'k' ms, then forgotten)
+--            late and has not ended), 's' served (kept 'k' ms, then forgotten; written
+--            as 's' alone)
 --   '}:pc:'  hash, holder token -> the run whose reference it claimed
---   '}:px:'  sorted set, run -> when its served reference is forgotten (ms)
+--   '}:px:'  list of 'when run': when (ms) each served reference is forgotten, in the
+--            order they were served (a list costs less per entry than a sorted set)
 --   '}:pv:'  sorted set, reservation number -> its end (ms); the reservation itself is
 --            the member '~~' .. number of K, scored the same: it counts as a holder
 --
@@ -47,16 +49,20 @@ local function keep_parked(name)
   if redis.call('PTTL', name) < PARKED_TTL / 2 then redis.call('PEXPIRE', name, PARKED_TTL) end
 end
 
--- {state, since, park_id, holder} of a reference's text, or nil.
+-- {state, since, park_id, holder} of a reference's text, or nil. A served reference
+-- is kept as 's' alone: it ends every copy of its run, whatever its park id.
 local function parse_ref(text)
   if not text then return nil end
+  if text == 's' then return {state = 's', since = '', park_id = '', holder = ''} end
   local state, since, park_id, holder = string.match(text, '^(%S+) (%S+) (%S*) ?(%S*)$')
   return {state = state, since = since, park_id = park_id, holder = holder or ''}
 end
 
 local function write_ref(key, run, state, since, park_id, holder)
   local refs = parked_key(key, 'pr')
-  redis.call('HSET', refs, run, state .. ' ' .. since .. ' ' .. park_id .. ' ' .. holder)
+  local text = 's'
+  if state ~= 's' then text = state .. ' ' .. since .. ' ' .. park_id .. ' ' .. holder end
+  redis.call('HSET', refs, run, text)
   keep_parked(refs)
 end
 
@@ -82,10 +88,13 @@ end
 -- Forget a few served references whose time ran out.
 local function prune_served(key, now)
   local served = parked_key(key, 'px')
-  local old = redis.call('ZRANGEBYSCORE', served, '-inf', now, 'LIMIT', 0, PRUNE_SERVED)
-  if #old > 0 then
-    redis.call('HDEL', parked_key(key, 'pr'), unpack(old))
-    redis.call('ZREM', served, unpack(old))
+  for _ = 1, PRUNE_SERVED do
+    local head = redis.call('LINDEX', served, 0)
+    if not head then return end
+    local at = string.find(head, ' ', 1, true)
+    if tonumber(string.sub(head, 1, at - 1)) > now then return end
+    redis.call('LPOP', served)
+    redis.call('HDEL', parked_key(key, 'pr'), string.sub(head, at + 1))
   end
 end
 
@@ -101,7 +110,7 @@ local function serve_claim(key, token, now)
   local keep = tonumber(redis.call('HGET', parked_key(key, 'pn'), 'k') or '') or 3600000
   write_ref(key, run, 's', ref.since, ref.park_id, token)
   local served = parked_key(key, 'px')
-  redis.call('ZADD', served, now + keep, run)
+  redis.call('RPUSH', served, string.format('%d', now + keep) .. ' ' .. run)
   keep_parked(served)
   return 1
 end
