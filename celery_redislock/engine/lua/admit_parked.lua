@@ -150,7 +150,7 @@ local function park(i)
   write_ref(l.key, run, 'w', ref and ref.since or now_text, id, '')
   redis.call('HSET', counts, 'k', keep, 's', l.configured)
   keep_parked(counts)
-  redis.call('ZADD', l.key, 'NX', -0.5, '#hold')  -- contended: releases hand over
+  mark_parked(l.key, now)  -- contended: releases hand over
   redis.call('ZADD', KEYS[N + 1], now, l.key)  -- the poll's index of parked lines
   return refuse(7, i, id)
 end

@@ -81,14 +81,14 @@ for i = 1, N do
     redis.call('HDEL', parked_key(key, 'pn'), 'e')
   end
   if counts[2] > 0 then
-    redis.call('ZADD', key, 'NX', -0.5, '#hold')  -- contended: releases hand over
+    mark_parked(key, now)  -- contended: releases hand over
   end
   if counts[1] + counts[2] == 0 and reserved == 0 then
     if length > 0 then
       local names = parked_key(key, 'pn')
       redis.call('HSET', names, 'a', length)
       keep_parked(names)
-      redis.call('ZADD', key, 'NX', -0.5, '#hold')  -- contended: releases hand over
+      mark_parked(key, now)  -- contended: releases hand over
       redis.call('ZADD', KEYS[N + 1], now, key)
       counts[2] = length
     elseif length == 0 then

@@ -49,6 +49,15 @@ local function keep_parked(name)
   if redis.call('PTTL', name) < PARKED_TTL / 2 then redis.call('PEXPIRE', name, PARKED_TTL) end
 end
 
+-- Mark semaphore `key` contended ('#hold', see admit.lua): its releases hand over. A
+-- semaphore that did not exist (no holder) is given the minute of life admit.lua gives.
+local function mark_parked(key, now)
+  if redis.call('ZADD', key, 'NX', -0.5, '#hold') == 1 and redis.call('PTTL', key) < 0 then
+    redis.call('ZADD', key, string.format('%d', 1000 - (now + 60000)), '#ttl')
+    redis.call('PEXPIRE', key, 60000)
+  end
+end
+
 -- {state, since, park_id, holder} of a reference's text, or nil. A served reference
 -- is kept as 's' alone: it ends every copy of its run, whatever its park id.
 local function parse_ref(text)
