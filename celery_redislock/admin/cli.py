@@ -15,6 +15,8 @@ against the app given with ``-A`` and the lock store its ``redislock_*`` setting
     celery -A proj redislock pause api:t1 --for 30s  # refuse every run for 30 s
     celery -A proj redislock resume api:t1
     celery -A proj redislock watch             # live view
+    celery -A proj redislock set-weight proj.work tenant:acme 3  # a fair share's weight
+    celery -A proj redislock fair proj.work    # a fair limit's sub-lines waiting
 
 Every age, lease and pause is measured on the Redis server's clock (``TIME``), the clock
 the leases themselves are written in.
@@ -37,6 +39,7 @@ import click
 from redis.exceptions import RedisError
 
 from ..config.settings import read_settings, redis_client
+from ..engine.fair import fair_view
 from ..engine.holder import Holder
 from ..engine.keys import (
     LINE,
@@ -420,7 +423,8 @@ def inspect(ctx: click.Context, name: str, as_json: bool, wide: bool) -> None:
     "waiters": [{"position": int, "ticket": str, "task": str|null,
       "task_id": str|null, "worker": str|null, "age_seconds": float,
       "reserved": bool}],
-    "parked": {...} (as in `status --json`, for a key with a parked line)}.
+    "parked": {...} (as in `status --json`, for a key with a parked line),
+    "fair": {...} (as in `fair --json`, for a fair limit with sub-lines waiting)}.
     "waiting" counts both lines; "waiters" lists today's line only (the parked line
     keeps counts, not a list: its runs wait in the broker's parking queue).
     """
@@ -429,11 +433,18 @@ def inspect(ctx: click.Context, name: str, as_json: bool, wide: bool) -> None:
     now = store.now_ms()
     state = store.states([key], now, waiters=None)[0]
     _broker_note(store, [state])
+    fair_line = fair_view(store.client, key, top=10)  # a fair limit's sub-lines (fair_by)
     if as_json:
-        click.echo(json.dumps(inspect_json(state, store.rules), indent=2))
+        shown_json = inspect_json(state, store.rules)
+        if fair_line.waiting:
+            shown_json["fair"] = fair_cli.fair_json(fair_line)
+        click.echo(json.dumps(shown_json, indent=2))
         return
     for line in inspect_lines(state, store.rules, wide=wide):
         click.echo(line)
+    if fair_line.waiting:
+        for line in fair_cli.fair_lines(fair_line):
+            click.echo(line)
 
 
 def inspect_lines(state: LimitState, rules: Optional[Rules] = None, *,
@@ -804,3 +815,6 @@ def _waiter_json(waiter: Waiter, now: int) -> Dict[str, Any]:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+from . import fair_cli  # noqa: E402  (set-weight, clear-weight, fair: on this group)
