@@ -301,6 +301,7 @@ def test_back_pressure_runs_each_attempt_once(start_cluster: Any, line: str) -> 
     print(f"\n{line}: attempts {attempts}, peaks {peaks(record, API_PREFIX + 'bp')}")
     assert attempts == [[1, 1]] * len(results)
     assert max(peaks(record, API_PREFIX + "bp")) == 1
+    assert_on_line(cluster, line)  # paused: parked too, never sent back as a copy
 
 
 # --- (e) nothing in the lock store can become a task -------------------------------------

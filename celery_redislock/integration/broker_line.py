@@ -89,11 +89,14 @@ def say_store_line(task_name: str, why: str) -> None:
 def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,
             attempt: int, waited: WaitingRun, description: str, owner: str,
             keep_served_ms: int) -> Optional[store.ParkAdmitCall]:
-    """The admission's one script for this run (None: keep today's line)."""
+    """The admission's one script for this run (None: keep today's line). A paused
+    semaphore parks the run too (one message, handed over once the pause ends), rather
+    than sending it back with a countdown."""
     parked = ParkRef(waited.line, waited.park_id) if waited.parked else None
     return store.prepare_park_admit(
         client, limiters, lease=lease, run=store.run_id(task_id, attempt), parked=parked,
-        description=description, owner=owner, keep_served_ms=keep_served_ms)
+        description=description, owner=owner, keep_served_ms=keep_served_ms,
+        park_paused=True)
 
 
 def parked_wait(waited: WaitingRun, ref: ParkRef, since: Optional[int]) -> WaitingRun:
