@@ -20,6 +20,8 @@ from celery_redislock.engine.admission import (
     Served,
     SlotLimit,
     declare_fresh,
+    handoffs_of,
+    owner_prefix,
 )
 from celery_redislock.engine.parking import (
     due,
@@ -31,6 +33,7 @@ from celery_redislock.engine.parking import (
     run_id,
     started,
 )
+from celery_redislock.engine.scripts import RELEASE_OWNER
 
 from redis_process import RedisServer
 
@@ -470,3 +473,46 @@ def test_a_poll_that_saw_no_incarnation_starts_none(own_redis_server):
     assert not client.exists(PREFIX + "incarnation")
     assert counts(client, key) == {}
     client.close()
+
+
+def test_an_uncontended_lease_hands_over_to_a_line_formed_meanwhile(redis_client):
+    """A lease taken while nobody waited is released with a plain ZREM; a line that
+    formed meanwhile is handed the slot (wake.lua) as a ParkedMove."""
+    limiters = [limit()]
+    key = limiters[0].key
+    holder = ask(redis_client, limiters, "t0")
+    assert isinstance(holder, Lease) and not holder._contended
+    waiter = ask(redis_client, limiters, "t1")
+    assert isinstance(waiter, Busy)
+    handed: List[Any] = []
+    assert holder.release_handing_over(handed.extend)
+    assert handed == [ParkedMove(key)]
+
+
+def test_a_parked_lease_renews_is_adopted_and_freed_by_its_owner_prefix(redis_client):
+    limiters = [limit()]
+    key = limiters[0].key
+    holder = ask(redis_client, limiters, "t0")
+    waiter = ask(redis_client, limiters, "t1")
+    holder.release()
+    claim = ask(redis_client, limiters, "t1", parked=waiter.park,
+                owner=owner_prefix("w1@host", "t1", "5eed"))
+    assert isinstance(claim, Lease) and claim.renew()
+    adopted = Lease.adopt(redis_client, claim.handover(), '{"pid": 7}')
+    assert adopted is not None and adopted.renew()
+    # The worker's recovery frees what a dead pool process held, by the token's prefix:
+    # the reference stays claimed; its copy, given back, claims in its place.
+    assert free_by_prefix(redis_client, key, owner_prefix("w1@host", "t1")) == 1
+    again = ask(redis_client, limiters, "t1", parked=waiter.park)
+    assert isinstance(again, Lease)
+    assert again.release() and not adopted.release()
+    assert isinstance(ask(redis_client, limiters, "t1", parked=waiter.park), Served)
+
+
+def free_by_prefix(client: Any, key: str, prefix: str) -> int:
+    return int(RELEASE_OWNER.run(client, [key], [prefix, 10000])[0])
+
+
+def test_handoffs_of_reads_moves_among_messages():
+    assert handoffs_of(["!move 2 k", b"@h m:t\n{}", b"!move 1 j"]) == [
+        ParkedMove("k"), ParkedMove("k"), b"@h m:t\n{}", ParkedMove("j")]
