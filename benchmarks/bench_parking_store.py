@@ -6,8 +6,10 @@ Per line length L, on a fresh key of S slots: S newcomers take the free slots
 (``admit, free slot``); L runs are refused and park, pipelined (``admit, parks``: the
 last 1,000 of them); the S holders release (``release, hands over``: each reserves its
 slot for the line and owes a move); S moved copies claim their reservations (``claim``);
-their bodies start (``started``: the references become served); one poll (``due``).
-Memory: the server's ``used_memory`` grown per reference parked.
+their bodies start (``started``: the references become served); 100 polls (``due``).
+Each step is measured in chunks, the lengths in turn, so that every length meets the
+same load. Memory: the server's ``used_memory`` grown per reference parked, and per
+served reference (5,000 hand-offs on a key of one slot).
 
     python -m benchmarks.bench_parking_store --lengths 1000 100000 --slots 100
 """
@@ -15,9 +17,11 @@ Memory: the server's ``used_memory`` grown per reference parked.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from celery_redislock.engine.admission import Busy, Lease, SlotLimit, admit, declare_fresh
 from celery_redislock.engine.parking import (
@@ -47,16 +51,22 @@ def usec_calls(client: Any) -> Dict[str, int]:
 
 
 class Meter:
-    """The server's µs per script call over a stretch of calls."""
+    """The server's µs per script call, summed over stretches of calls."""
 
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.start = usec_calls(client)
+    def __init__(self) -> None:
+        self.usec = 0
+        self.calls = 0
+
+    def measure(self, client: Any, work: Callable[[], Any]) -> Any:
+        start = usec_calls(client)
+        result = work()
+        end = usec_calls(client)
+        self.usec += end["usec"] - start["usec"]
+        self.calls += end["calls"] - start["calls"]
+        return result
 
     def per_call(self) -> float:
-        end = usec_calls(self.client)
-        calls = max(1, end["calls"] - self.start["calls"])
-        return (end["usec"] - self.start["usec"]) / calls
+        return self.usec / max(1, self.calls)
 
 
 def park_many(client: Any, limiters: List[SlotLimit], first: int, count: int) -> List[Any]:
@@ -65,8 +75,8 @@ def park_many(client: Any, limiters: List[SlotLimit], first: int, count: int) ->
     pipe = client.pipeline(transaction=False)
     calls = []
     for i in range(first, first + count):
-        call = prepare_park_admit(client, limiters, lease=600, run=run_id(task_id("w", i), 0),
-                                  description="bench")
+        call = prepare_park_admit(client, limiters, lease=600,
+                                  run=run_id(task_id("w", i), 0), description="bench")
         assert call is not None
         name, sha = call.script.evalsha(client)
         pipe.execute_command(name, sha, len(call.keys), *call.keys, *call.args)
@@ -75,55 +85,115 @@ def park_many(client: Any, limiters: List[SlotLimit], first: int, count: int) ->
             replies = pipe.execute()
             outcomes.extend(c.outcome(r) for c, r in zip(calls, replies))
             calls = []
+    assert all(isinstance(outcome, Busy) and outcome.park for outcome in outcomes)
     return outcomes
 
 
-def measure(client: Any, length: int, slots: int, name: str) -> Dict[str, float]:
-    limiters = [SlotLimit(name, slots, "bench:")]
-    key = limiters[0].key
-    result: Dict[str, float] = {}
-    today = [SlotLimit(name + "-today", slots, "bench:")]
-    meter = Meter(client)
-    leases = [admit(client, today, lease=600) for _ in range(slots)]
-    result["today: admit.lua, free slot"] = meter.per_call()
-    assert all(isinstance(lease, Lease) for lease in leases)
-    for lease in leases:
-        lease.release()
-    meter = Meter(client)
-    holders = [park_admit(client, limiters, lease=600, run=run_id(task_id("h", i), 0))
-               for i in range(slots)]
-    result["admit, free slot"] = meter.per_call()
-    assert all(isinstance(h, Lease) for h in holders)
-    memory = int(client.info("memory")["used_memory"])
-    parked = park_many(client, limiters, 0, length - 1000)
-    meter = Meter(client)
-    parked += park_many(client, limiters, length - 1000, 1000)
-    result["admit, parks"] = meter.per_call()
-    result["bytes per reference"] = (int(client.info("memory")["used_memory"]) - memory) / length
-    assert all(isinstance(p, Busy) and p.park for p in parked)
-    meter = Meter(client)
-    for holder in holders:
-        holder.release()
-    result["release, hands over"] = meter.per_call()
-    assert sum(len(h.handoffs) for h in holders) == slots
-    meter = Meter(client)
-    claims = [park_admit(client, limiters, lease=600, run=run_id(task_id("w", i), 0),
-                         parked=parked[i].park) for i in range(slots)]
-    result["claim"] = meter.per_call()
-    assert all(isinstance(c, Lease) for c in claims)
-    meter = Meter(client)
-    for claim in claims:
-        started(claim)
-    result["started"] = meter.per_call()
-    meter = Meter(client)
-    for _ in range(100):
-        due(client, {key: length - slots})
-    result["due (one key)"] = meter.per_call()
-    for claim in claims:
-        claim.release()
-    per_waiting[0] = result["bytes per reference"]
-    result["bytes per served reference"] = served_bytes(client, name + "-served", 5000)
-    return result
+@dataclass
+class Line:
+    """One key and its line of ``length`` references, as the steps leave them."""
+
+    length: int
+    limiters: List[SlotLimit]
+    meters: Dict[str, Meter] = field(default_factory=dict)
+    holders: List[Any] = field(default_factory=list)
+    parked: List[Any] = field(default_factory=list)
+    claims: List[Any] = field(default_factory=list)
+    memory: float = 0.0
+
+    def meter(self, step: str) -> Meter:
+        return self.meters.setdefault(step, Meter())
+
+
+def interleaved(client: Any, lines: List[Line], step: str, chunks: int,
+                work: Callable[[Line, int], Any]) -> None:
+    """``work(line, chunk)`` for chunk after chunk, the lines in turn: every length is
+    measured over the same stretch of time (the machine's load moves)."""
+    for chunk in range(chunks):
+        for line in lines:
+            line.meter(step).measure(client, functools.partial(work, line, chunk))
+
+
+def measure(client: Any, lengths: Sequence[int], slots: int,
+            tag: str) -> Dict[int, Dict[str, float]]:
+    lines = [Line(length, [SlotLimit(f"bench-{tag}-{length}", slots, "bench:")])
+             for length in lengths]
+    today = {line.length: [SlotLimit(f"today-{tag}-{line.length}", slots, "bench:")]
+             for line in lines}
+    chunk = 10
+
+    def admit_today(line: Line, number: int) -> None:
+        for _ in range(chunk):
+            lease = admit(client, today[line.length], lease=600)
+            assert isinstance(lease, Lease)
+            lease.release()
+
+    interleaved(client, lines, "today: admit.lua, free slot (+ release)", slots // chunk,
+                admit_today)
+
+    def take(line: Line, number: int) -> None:
+        line.holders += [park_admit(client, line.limiters, lease=600,
+                                    run=run_id(task_id("h", number * chunk + i), 0))
+                         for i in range(chunk)]
+
+    interleaved(client, lines, "admit, free slot", slots // chunk, take)
+    for line in lines:
+        assert all(isinstance(h, Lease) for h in line.holders)
+        line.memory = waiting_bytes(client, f"waiting-{tag}-{line.length}", line.length)
+        line.parked = park_many(client, line.limiters, 0, line.length - 1000)
+
+    def park(line: Line, number: int) -> None:
+        line.parked += park_many(client, line.limiters, line.length - 1000 + number * 100, 100)
+
+    interleaved(client, lines, "admit, parks", 10, park)
+
+    def release(line: Line, number: int) -> None:
+        for holder in line.holders[number * chunk:(number + 1) * chunk]:
+            holder.release()
+
+    interleaved(client, lines, "release, hands over", slots // chunk, release)
+
+    def claim(line: Line, number: int) -> None:
+        for i in range(number * chunk, (number + 1) * chunk):
+            outcome = park_admit(client, line.limiters, lease=600,
+                                 run=run_id(task_id("w", i), 0), parked=line.parked[i].park)
+            assert isinstance(outcome, Lease), outcome
+            line.claims.append(outcome)
+
+    interleaved(client, lines, "claim", slots // chunk, claim)
+
+    def start(line: Line, number: int) -> None:
+        for lease in line.claims[number * chunk:(number + 1) * chunk]:
+            started(lease)
+
+    interleaved(client, lines, "started", slots // chunk, start)
+
+    def poll(line: Line, number: int) -> None:
+        due(client, {line.limiters[0].key: line.length - slots})
+
+    interleaved(client, lines, "due (one key)", 100, poll)
+    results: Dict[int, Dict[str, float]] = {}
+    for line in lines:
+        results[line.length] = {step: meter.per_call() for step, meter in line.meters.items()}
+        results[line.length]["bytes per waiting reference"] = line.memory
+        for lease in line.claims:
+            lease.release()
+    for line in lines:
+        per_waiting[0] = line.memory
+        results[line.length]["bytes per served reference"] = served_bytes(
+            client, f"served-{tag}-{line.length}", 5000)
+    return results
+
+
+def waiting_bytes(client: Any, name: str, count: int) -> float:
+    """The memory per waiting reference: ``count`` runs parked on a key of one slot."""
+    limiters = [SlotLimit(name, 1, "bench:")]
+    assert isinstance(park_admit(client, limiters, lease=600, run=run_id("first", 0)), Lease)
+    before = int(client.info("memory")["used_memory"])
+    park_many(client, limiters, 0, count)
+    memory = (int(client.info("memory")["used_memory"]) - before) / count
+    client.delete(*client.keys(limiters[0].key.replace("}:s:", "}:*:", 1)))
+    return memory
 
 
 def served_bytes(client: Any, name: str, count: int) -> float:
@@ -149,7 +219,7 @@ def served_bytes(client: Any, name: str, count: int) -> float:
 per_waiting = [0.0]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+def main(argv: Optional[Sequence[str]] = None) -> Dict[int, Dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1000, 100000])
     parser.add_argument("--slots", type=int, default=100)
@@ -160,12 +230,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     with RedisServer() as server:
         client = server.client()
         declare_fresh(client, "bench:")
-        for number in range(args.rounds):  # the lengths in turn, each round
+        for number in range(args.rounds):
+            measured = measure(client, args.lengths, args.slots, str(number))
             for length in args.lengths:
-                rounds[length].append(measure(client, length, args.slots,
-                                              f"bench-{length}-{number}"))
-                client.flushall()
-                declare_fresh(client, "bench:")
+                rounds[length].append(measured[length])
+            client.flushall()
+            declare_fresh(client, "bench:")
         client.close()
     results = {length: {step: median([r[step] for r in runs]) for step in runs[0]}
                for length, runs in rounds.items()}
