@@ -31,6 +31,9 @@ SLOTTED = "gate_app.slotted"
 RATED = "gate_app.rated"
 PLAIN = "gate_app.plain"
 SLOTTED_KEY = "gate-slotted"
+#: A task of THREE slots (more than a worker's two processes, fewer than two workers').
+THREE = "gate_app.three"
+THREE_KEY = "gate-three"
 RATED_KEY = "gate-rated"
 #: The rate of RATED: starts per second (burst 1).
 RATE = 4
@@ -61,6 +64,14 @@ def create_app(urls: AppUrls) -> Celery:
         """One at a time across the cluster; a slot whose admission's answer was lost
         comes back within LEASE seconds."""
         recorder(urls.record).run(self.request.id, [SLOTTED_KEY], seconds)
+        return self.request.id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=THREE, lock_slots=3,
+              lock_key=THREE_KEY, lock_lease=LEASE, lock_retry_backoff=0.05,
+              lock_retry_backoff_max=0.3)
+    def three(self: Any, seconds: float) -> str:
+        """Three at a time across the cluster."""
+        recorder(urls.record).run(self.request.id, [THREE_KEY], seconds)
         return self.request.id
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=RATED,

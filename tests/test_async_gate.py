@@ -20,7 +20,7 @@ import redis
 from celery_redislock import Semaphore
 
 from cluster_checks import lock_store, peaks, record_store, wait_until
-from gate_app import GATE_ENV, PLAIN, SLOTTED, SLOTTED_KEY, create_app
+from gate_app import GATE_ENV, PLAIN, SLOTTED, SLOTTED_KEY, THREE, THREE_KEY, create_app
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
@@ -69,6 +69,24 @@ def test_the_limit_holds_across_two_workers_and_each_run_is_run_once(
     assert_each_once(record, ids)
     assert max(peaks(record, SLOTTED_KEY)) == 1
     assert DRIVEN in cluster.logs()
+
+
+def test_runs_asked_for_ahead_keep_the_limit_and_give_the_last_slot_back(
+        worker_cluster_factory: WorkerClusterFactory, async_gate: None) -> None:
+    """Two workers of two processes, a key of three slots: each worker asks for runs
+    ahead of its free processes while the key has slots to spare, and gives back a slot
+    so taken that was the last; never more than three bodies at once, each run once,
+    every slot given back."""
+    cluster = worker_cluster_factory(workers=2, concurrency=2, app_module="gate_app",
+                                     app_factory=create_app)
+    record = record_store(cluster)
+    ids = [cluster.app.send_task(THREE, (0.05,)).id for _ in range(30)]
+    wait_until(lambda: ran_once(record, ids) and settled(cluster)
+               and Semaphore(lock_store(cluster), THREE_KEY).holders() == 0, 120,
+               "thirty runs")
+    assert_each_once(record, ids)
+    assert max(peaks(record, THREE_KEY)) <= 3
+    assert "was not handled" not in cluster.logs()
 
 
 def test_a_store_that_stops_answering_stalls_nothing_else(

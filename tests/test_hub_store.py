@@ -91,3 +91,22 @@ def test_what_cannot_be_driven_says_why(hub: Hub) -> None:
     assert HubStore.unsupported(_Consumer(hub, prefork), plain) is None
     assert "TLS" in HubStore.unsupported(_Consumer(hub, prefork),
                                          redis.Redis.from_url("rediss://localhost"))
+
+
+def test_a_slot_taken_ahead_is_given_back(hub: Hub, redis_client: Any) -> None:
+    """``give_back`` runs ``release.lua`` for a lease that took the last free slot (which
+    an uncontended release does not take): the slot is free again at once; a lease in
+    parts is not given back so."""
+    from celery_redislock.engine.admission import Busy, Lease, SlotLimit, admit
+
+    limit = SlotLimit("hub-give-back", 1, "redislock:")
+    handed = admit(redis_client, [limit], lease=30, reserve_ms=5000).handover()
+    assert handed["last"]
+    assert isinstance(admit(redis_client, [limit], lease=30, probe=True), Busy)
+    store = HubStore(hub, redis_client, deadline=5.0)
+    published: List[Any] = []
+    assert store.give_back(handed, published.extend)
+    run_until(hub, lambda: not store.pipeline.pending)
+    assert isinstance(admit(redis_client, [limit], lease=30), Lease)
+    assert published == []
+    assert store.give_back({**handed, "parts": [handed]}, published.extend) is False

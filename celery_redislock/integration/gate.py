@@ -237,13 +237,48 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
             return _act_on_answer(consumer, request, handle, hold, limits, booked)
     if limits is None or request.revoked():
         return handle(request)
-    room = _pool_has_room(consumer)
+    with _held_lock:
+        free = _free_processes(consumer)
+    room = free >= 0
+    ahead = not room and _spare.get(task.name, False) and free >= -_lookahead(consumer)
     loop = getattr(consumer, "hub", None) is not None
-    if not room and (hold.may_wait_unprobed() or _parks(task, limits, loop)):
+    if not room and not ahead and (hold.may_wait_unprobed() or _parks(task, limits, loop)):
         return _wait_for_room(consumer, request, handle, hold)
     return _settle(consumer, request, handle, hold, limits, lambda: ask_before_pool(
-        task, limits, request._context, room=room, promises=hold.promises,
-        may_wait=hold.waits < SHORT_WAITS, loop=loop))
+        task, limits, request._context, room=room or ahead, promises=hold.promises,
+        may_wait=hold.waits < SHORT_WAITS, loop=loop), ahead=ahead)
+
+
+#: Per task name: whether this worker's last admission of one of its runs found slots
+#: to spare and no line (nor took the last free slot), on a worker that looks ahead
+#: (see :func:`_lookahead`): its next runs may then be asked for before a pool process
+#: is free for them.
+_spare: Dict[str, bool] = {}
+
+
+def _lookahead(consumer: Any) -> int:
+    """How many runs beyond its free pool processes a worker asks for while their key
+    has slots to spare (``redislock_gate = "async"``, prefork pool: as many as it has
+    processes), so that a process that ends a run finds the next one admitted, instead
+    of idling for the round trip of its admission. The run waits for the process in the
+    pool's own buffer, as a plain task's does; a run asked for so that finds a line, or
+    takes the last free slot, while no process is free gives its slot back at once and
+    waits here (a slot is never held idle while another run waits for it)."""
+    pool = getattr(consumer, "pool", None)
+    if getattr(consumer, "hub", None) is None or not type(pool).__module__.endswith("prefork"):
+        return 0
+    return int(getattr(pool, "num_processes", None) or 0)
+
+
+def _note_spare(consumer: Any, task: Any, limits: TaskLimits, answer: BeforePool) -> bool:
+    """Record whether ``answer`` (an admission of a run of ``task``) leaves slots to
+    spare for its next runs to be asked for ahead (see :data:`_spare`); returns it."""
+    spare = (isinstance(answer, dict) and not answer.get("contended")
+             and not answer.get("last") and not answer.get("parts")
+             and all(rule.rate is None for rule in limits.rules)
+             and task_settings(task).gate == "async" and _lookahead(consumer) > 0)
+    _spare[task.name] = spare
+    return spare
 
 
 def _parks(task: Any, limits: TaskLimits, loop: bool) -> bool:
@@ -256,11 +291,13 @@ def _parks(task: Any, limits: TaskLimits, loop: bool) -> bool:
 
 
 def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
-            limits: TaskLimits, step: Callable[[], Union[BeforePool, Asking]]) -> Any:
+            limits: TaskLimits, step: Callable[[], Union[BeforePool, Asking]],
+            ahead: bool = False) -> Any:
     """Act on the answer of ``step`` for ``request`` (see :func:`_act_on_answer`): an
     admission still to ask is asked blocking, or (``redislock_gate = "async"``) sent on
     the worker's event loop, whose reply comes back here, the same way, later. A run sent
-    back or ended (``Ignore``) has its message acknowledged here."""
+    back or ended (``Ignore``) has its message acknowledged here. ``ahead``: the run is
+    asked for before a pool process is free for it (see :func:`_lookahead`)."""
     try:
         answer = step()
         if isinstance(answer, Asking):
@@ -272,16 +309,17 @@ def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Ho
                 asking, admit_call = answer, call
                 store.run_script(call.script, call.keys, call.args, lambda reply: _settle(
                     consumer, request, handle, hold, limits,
-                    lambda: asking.replied(admit_call, reply)))
+                    lambda: asking.replied(admit_call, reply), ahead))
                 return None
     except Ignore:
+        _spare[request.task.name] = False
         end_unrun(request)
         return None
     except Exception as exc:  # never lose a request: the pool process decides instead
         logger.warning("celery-redislock: task %s[%s]: could not ask its limits before the "
                        "pool (%r); the pool process asks", request.task.name, request.id, exc)
         answer = None
-    return _act_on_answer(consumer, request, handle, hold, limits, answer)
+    return _act_on_answer(consumer, request, handle, hold, limits, answer, ahead)
 
 
 def end_unrun(request: Any) -> None:
@@ -299,9 +337,15 @@ def _store_of(consumer: Any, asking: Asking) -> Optional[HubStore]:
 
 
 def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
-                   limits: TaskLimits, answer: BeforePool) -> Any:
+                   limits: TaskLimits, answer: BeforePool, ahead: bool = False) -> Any:
     """Hold ``request`` here for a while, or hand it to the pool with what its limits
-    (``limits``) gave it (``answer``)."""
+    (``limits``) gave it (``answer``). Admitted ahead of a free pool process
+    (``ahead``) where a line formed, or taking the last free slot, with still no
+    process free: the slot is given back and the run waits here for a process."""
+    spare = _note_spare(consumer, request.task, limits, answer)
+    if (ahead and isinstance(answer, dict) and not spare and not _pool_has_room(consumer)
+            and not request.revoked() and _give_back_ahead(consumer, request, answer)):
+        return _wait_for_room(consumer, request, handle, hold)
     if isinstance(answer, Parked):
         return _park(consumer, request, answer)
     if isinstance(answer, Later):
@@ -323,6 +367,17 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
         request.request_dict[PROMISED] = hold.promises
     _act_at_end(consumer, request, release)
     return handle(request)
+
+
+def _give_back_ahead(consumer: Any, request: Any, handed: Dict[str, Any]) -> bool:
+    """Give back, without waiting, the slot a run asked for ahead of a free pool
+    process took (see :func:`_lookahead`); False when it cannot be so (the run then goes
+    to the pool under it)."""
+    settings = task_settings(request.task)
+    store = hub_store(consumer, redis_client(request.task._get_app(), settings),
+                      MAIN_PROCESS_TIMEOUT)
+    return store is not None and store.give_back(
+        handed, functools.partial(handoff.publish, request.task.app))
 
 
 def _park(consumer: Any, request: Any, parked: Parked) -> None:
@@ -450,8 +505,7 @@ def _serve_waiting_now(consumer: Any) -> None:
     if room is None or not room.queue or room.thread != threading.get_ident():
         return
     with _held_lock:
-        free = _free_processes(consumer)
-        taken = [room.queue.popleft() for _ in range(min(free, len(room.queue)))]
+        taken = _take_from(consumer, room)
     for request, handle, _ in taken:
         _gate_again(consumer, request, handle)
 
@@ -486,8 +540,7 @@ def _serve_waiting_for_room(consumer: Any, room: _Room) -> None:
     """Gate again, from the head of the queue, as many held requests as there are free
     pool processes; come back in :data:`~.decide.ROOM_POLL` while any are left."""
     with _held_lock:
-        free = _free_processes(consumer)
-        taken = [room.queue.popleft() for _ in range(min(free, len(room.queue)))]
+        taken = _take_from(consumer, room)
         taken += _due_for_a_probe(room)
     for request, handle, _ in taken:
         _gate_again(consumer, request, handle)
@@ -496,6 +549,23 @@ def _serve_waiting_for_room(consumer: Any, room: _Room) -> None:
             room.timer_set = False
             return
     consumer.timer.call_after(ROOM_POLL, _serve_waiting_for_room, (consumer, room), priority=6)
+
+
+def _take_from(consumer: Any, room: _Room) -> List[Tuple[Any, Callable[[Any], Any], _Hold]]:
+    """Take from the head of ``room`` the requests that the free pool processes can
+    take now, and, while their task's key has slots to spare, as many more as the
+    worker looks ahead (see :func:`_lookahead`). Called with the held requests' lock."""
+    free, ahead = _free_processes(consumer), None
+    taken = []
+    while room.queue:
+        if free <= 0:
+            if ahead is None:
+                ahead = _lookahead(consumer)
+            if free <= -ahead or not _spare.get(room.queue[0][0].task.name, False):
+                break
+        taken.append(room.queue.popleft())
+        free -= 1
+    return taken
 
 
 def _due_for_a_probe(room: _Room) -> List[Tuple[Any, Callable[[Any], Any], _Hold]]:

@@ -36,7 +36,7 @@ from redis.exceptions import ConnectionError, RedisError, ResponseError, Timeout
 
 from ..engine.admission import Lease, handoffs_of
 from ..engine.resp import ErrorReply, Parser, Pipeline, Then, pack
-from ..engine.scripts import WAKE, LuaScript, is_cluster
+from ..engine.scripts import RELEASE, WAKE, LuaScript, is_cluster
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +146,32 @@ class HubStore:
 
         for command in commands:
             self.send(pack(*command), replied, ask=False)
+        return True
+
+    def give_back(self, handed: Dict[str, Any], publish: Callable[[List[Any]], Any]) -> bool:
+        """Give back, without waiting, the lease of ``handed`` (:meth:`Lease.handover`)
+        for a run that never started, whatever its key's state: ``release.lua``, which
+        hands the slot to a line that waits (``publish`` gets the messages or moves);
+        False for a lease of several parts or keys, or none (the caller gives it back
+        itself)."""
+        keys = list(handed.get("keys") or ())
+        if handed.get("parts") or len(keys) != 1:
+            return False
+        args = [handed["member"], 0, int(handed.get("reserve") or 0),
+                *(int(cost) for cost in handed.get("costs") or ())]
+
+        def replied(reply: Any) -> None:
+            if not isinstance(reply, list):
+                return logger.warning(
+                    "celery-redislock: the slot of %r taken ahead of a free pool process "
+                    "could not be given back (%s); it comes back when its lease ends",
+                    handed.get("name"), reply)
+            moved = handoffs_of(reply[1:])
+            if moved:
+                publish(moved)
+            return None
+
+        self.run_script(RELEASE, keys, args, replied)
         return True
 
     def _flush(self) -> None:
