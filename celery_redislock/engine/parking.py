@@ -14,7 +14,9 @@ itself, as the worker's main process does), answers:
   is claimed by a live holder gets its own park id back: it goes back to parking as it is;
 * :class:`~.admission.Served`: a stale copy (its reference is served, or names another
   park id): it ends without running;
-* :class:`~.admission.Paused`: an operator paused a limit (nothing was written).
+* :class:`~.admission.Paused`: an operator paused a limit (nothing was written);
+* :class:`GaveUp`: the run was parked longer than its ``max_wait`` (its reference was
+  dropped, nothing is held): it fails with ``LockWaitTimeout``.
 
 Hand-offs are :class:`~.admission.ParkedMove` entries: a release of a lease taken here
 (``Lease.release``, ``release_handing_over``, ``release_soon``; the waiting line's
@@ -55,8 +57,8 @@ waiting reference, 153 B per served reference (kept ``keep_served_ms``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from .admission import (
     Busy,
@@ -86,9 +88,9 @@ from .scripts import (
 )
 
 __all__ = [
-    "KEEP_SERVED_MS", "RESERVE_MS", "ParkAdmitCall", "ParkRef", "ParkedMove", "due",
-    "leave", "moved_nothing", "park_admit", "parked_index", "parked_keys", "prepare_park_admit",
-    "run_id", "started",
+    "KEEP_SERVED_MS", "RESERVE_MS", "DeadlineMove", "GaveUp", "ParkAdmitCall", "ParkRef",
+    "ParkedMove", "due", "leave", "moved_nothing", "moves_of", "park_admit", "parked_index",
+    "parked_keys", "prepare_park_admit", "run_id", "started",
 ]
 
 #: How long a served reference is kept (ms): as long as the broker may give back a copy
@@ -114,6 +116,57 @@ def parked_index(prefix: str = "redislock:") -> str:
 
 
 @dataclass(frozen=True)
+class GaveUp:
+    """A parked run waited its ``max_wait`` (``lua/deadline.lua``): its reference at
+    ``key`` was dropped and nothing is held; the run fails (``LockWaitTimeout``).
+    ``since_ms``: when it was first refused (server ms).
+
+        >>> GaveUp("crawl", "k", since_ms=1000, server_time_ms=6000).waited
+        5.0
+    """
+
+    name: str
+    key: str
+    since_ms: int
+    server_time_ms: int
+    handoffs: List[Any] = field(default_factory=list)
+
+    @property
+    def waited(self) -> float:
+        """How long it waited (s), on the lock store's clock."""
+        return max(0, self.server_time_ms - self.since_ms) / 1000.0
+
+
+@dataclass(frozen=True)
+class DeadlineMove(ParkedMove):
+    """A move the poll owes to give up a run parked past its ``max_wait``: the head of
+    ``key``'s parking queue is moved with no slot reserved for it (a move that finds the
+    queue empty gives nothing back). See ``lua/deadline.lua``.
+
+        >>> moves_of([b"!late 1 redislock:{ab}:s:x"])
+        [DeadlineMove(key='redislock:{ab}:s:x', sub='')]
+    """
+
+
+_LATE_MARK = "!late "
+
+
+def moves_of(entries: Sequence[Any]) -> List[ParkedMove]:
+    """The moves owed in a script's reply entries: :class:`ParkedMove` per ``!move``
+    entry, :class:`DeadlineMove` per ``!late`` entry."""
+    moves: List[ParkedMove] = []
+    for entry in entries:
+        text = entry.decode("utf-8", "surrogateescape") if isinstance(entry, bytes) else entry
+        if isinstance(text, str) and text.startswith(_LATE_MARK):
+            _, count, key = text.split(" ", 2)
+            moves.extend(DeadlineMove(key) for _ in range(int(count)))
+        else:
+            moves.extend(move for move in handoffs_of([entry])
+                         if isinstance(move, ParkedMove))
+    return moves
+
+
+@dataclass(frozen=True)
 class ParkAdmitCall:
     """One ``admit_parked.lua`` call: ``script``, ``keys`` and ``args`` to send
     (``EVALSHA``, as :class:`~.admission.AdmitCall`), and :meth:`outcome` to read its
@@ -133,7 +186,7 @@ class ParkAdmitCall:
         """The script to send: :data:`~.scripts.ADMIT_PARKED`."""
         return ADMIT_PARKED
 
-    def outcome(self, reply: Any) -> Outcome:
+    def outcome(self, reply: Any) -> Union[Outcome, GaveUp]:
         """The outcome ``reply`` stands for: a Lease, Busy (with ``park``), Served or
         Paused, each with the moves owed (:class:`ParkedMove`) in ``handoffs``."""
         limiters = self.limiters
@@ -160,6 +213,8 @@ class ParkAdmitCall:
                           server_time_ms=now_ms, handoffs=handoffs)
         if status == 4:
             return Served(name=limiter.name, server_time_ms=now_ms, handoffs=handoffs)
+        if status == 5:
+            return GaveUp(limiter.name, limiter.key, int(a), now_ms, handoffs)
         raise ValueError(f"admit_parked.lua answered status {status}")
 
     def _lease(self, now_ms: int, lease_end: int, fence: int, contended: int, last: int,
@@ -189,6 +244,7 @@ def prepare_park_admit(
     keep_served_ms: int = KEEP_SERVED_MS,
     reserve_ms: int = RESERVE_MS,
     park_paused: bool = False,
+    max_wait: Optional[float] = None,
 ) -> Optional[ParkAdmitCall]:
     """:func:`park_admit` as one script call for the caller to send, or None when the
     run cannot wait on the parked line (see :func:`parks`): the caller keeps today's
@@ -197,7 +253,9 @@ def prepare_park_admit(
     longer among ``limiters`` is ignored: the copy asks as a newcomer). With
     ``park_paused`` a semaphore an operator paused parks the run (Busy with ``park``,
     ``retry_hint`` the pause's remaining time, or 0 for none) instead of answering
-    Paused; the poll hands its slots over once the pause ends."""
+    Paused; the poll hands its slots over once the pause ends. ``max_wait`` (s): a run
+    parked that long since it was first refused is given up (:class:`GaveUp`), found by
+    the poll within about a poll of its deadline (``lua/deadline.lua``)."""
     if not parks(client, limiters):
         return None
     keys = [limiter.key for limiter in limiters]
@@ -210,8 +268,10 @@ def prepare_park_admit(
             parked.park_id if parked is not None and home else "", keep_served_ms,
             reserve_ms, *(limiter.slots for limiter in limiters), seen_incarnation(client),
             grace_bound_ms(client, lease), "1" if park_paused else "0"]
-    if any(limiter.fair for limiter in limiters):  # the sub-lines of fair lines (fair.lua)
-        args.extend(limiter.fair for limiter in limiters)
+    if any(limiter.fair for limiter in limiters) or max_wait is not None:
+        args.extend(limiter.fair for limiter in limiters)  # fair lines' sub-lines (fair.lua)
+    if max_wait is not None:
+        args.append(milliseconds(max_wait))
     return ParkAdmitCall(client, list(limiters), token, lease, description, reserve_ms,
                          [*keys, parked_index(prefix)], args)
 
@@ -228,7 +288,8 @@ def park_admit(
     keep_served_ms: int = KEEP_SERVED_MS,
     reserve_ms: int = RESERVE_MS,
     park_paused: bool = False,
-) -> Outcome:
+    max_wait: Optional[float] = None,
+) -> Union[Outcome, GaveUp]:
     """Admit ``run`` past every semaphore, or park it (one script; see the module).
 
         >>> import redis
@@ -244,7 +305,7 @@ def park_admit(
     call = prepare_park_admit(client, limiters, lease=lease, run=run, parked=parked,
                               description=description, owner=owner,
                               keep_served_ms=keep_served_ms, reserve_ms=reserve_ms,
-                              park_paused=park_paused)
+                              park_paused=park_paused, max_wait=max_wait)
     if call is None:
         raise ValueError("park_admit: semaphores of cost 1 only, not on Redis Cluster")
     return call.outcome(call.script.run(client, call.keys, call.args))
@@ -287,7 +348,7 @@ def due(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "redisl
                          grace_bound_ms(client, lease or 0.001),
                          *(int(parked_lengths[key]) for key in batch)])
         saw_incarnation(client, int(reply[0]))
-        moves.extend(move for move in handoffs_of(reply[1:]) if isinstance(move, ParkedMove))
+        moves.extend(moves_of(reply[1:]))
     return moves
 
 

@@ -98,9 +98,9 @@ _PLAIN = "_redislock_plain_scripts"
 
 #: Shared functions put in front of the scripts that hand out slots: the store's
 #: incarnation (store.lua), weighted holders (units.lua), the parked line (parking.lua,
-#: with its fair sub-lines: fair.lua),
+#: with its fair sub-lines: fair.lua, and its runs' deadlines: deadline.lua),
 #: then the waiting line (line.lua).
-LINE = ["store.lua", "units.lua", "fair.lua", "parking.lua", "line.lua"]
+LINE = ["store.lua", "units.lua", "fair.lua", "parking.lua", "deadline.lua", "line.lua"]
 
 ADMIT = LuaScript.load("admit.lua", after=LINE)
 RELEASE = LuaScript.load("release.lua", after=LINE)

@@ -63,13 +63,10 @@ _said: Set[str] = set()
 def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: bool,
           task_name: str, max_wait: Optional[float] = None) -> bool:
     """Whether a run of ``task_name`` under ``limiters`` waits on the parking line; a task
-    that would, but cannot (a rate limit, a cost, Redis Cluster, no event loop, a
-    ``lock_max_wait``: a parked run is not given up while it waits, in this step), keeps
-    today's line, logged once per task."""
+    that would, but cannot (a rate limit, a cost, Redis Cluster, no event loop), keeps
+    today's line, logged once per task. A ``lock_max_wait`` is kept: see
+    :mod:`.parked_deadline`."""
     if settings.line != "broker":
-        return False
-    if max_wait is not None:
-        say_store_line(task_name, "it has a lock_max_wait (not kept by parked runs yet)")
         return False
     if loop and store.parks(client, limiters):
         return True
@@ -88,7 +85,8 @@ def say_store_line(task_name: str, why: str) -> None:
 
 def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,
             attempt: int, waited: WaitingRun, description: str, owner: str,
-            keep_served_ms: int) -> Optional[store.ParkAdmitCall]:
+            keep_served_ms: int, max_wait: Optional[float] = None
+            ) -> Optional[store.ParkAdmitCall]:
     """The admission's one script for this run (None: keep today's line). A paused
     semaphore parks the run too (one message, handed over once the pause ends), rather
     than sending it back with a countdown."""
@@ -96,7 +94,7 @@ def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,
     return store.prepare_park_admit(
         client, limiters, lease=lease, run=store.run_id(task_id, attempt), parked=parked,
         description=description, owner=owner, keep_served_ms=keep_served_ms,
-        park_paused=True)
+        park_paused=True, max_wait=max_wait)
 
 
 def parked_wait(waited: WaitingRun, ref: ParkRef, since: Optional[int]) -> WaitingRun:
@@ -171,15 +169,17 @@ def owe(app: Any, moves: Iterable[ParkedMove]) -> None:
     """Move one parked message per move owed, on this process's mover (never waits)."""
     for move in moves:
         if not mover(app).move(parking_queue(line_name(move.key, move.sub)),
-                               functools.partial(_moved, app, move.key)):
+                               functools.partial(_moved, app, move.key,
+                                                 isinstance(move, store.DeadlineMove))):
             logger.warning("celery-redislock: the mover is full or stopped; the reservation "
                            "of %s lapses and the poll hands it over again", move.key)
 
 
-def _moved(app: Any, key: str, done: Done) -> None:
-    """After a move (on the mover's thread): an empty parking queue gives the slot back."""
+def _moved(app: Any, key: str, late: bool, done: Done) -> None:
+    """After a move (on the mover's thread): an empty parking queue gives the slot back
+    (none was reserved for a deadline move, ``late``)."""
     outcome = done.outcome
-    if outcome is not None and not outcome.done:
+    if outcome is not None and not outcome.done and not late:
         try:
             store.moved_nothing(redis_client(app, read_settings(app)), key)
         except Exception as exc:  # the reservation lapses instead

@@ -42,7 +42,7 @@ from ..engine.admission import (
 from ..engine.channel import limit_waits, settle_all
 from ..engine.holder import parse_holder, unit_of
 from ..engine.keeper import lease_keeper
-from ..engine.parking import ParkAdmitCall
+from ..engine.parking import GaveUp, ParkAdmitCall
 from ..engine.refusal import (
     TRANSIENT,
     describe_error,
@@ -52,7 +52,7 @@ from ..engine.refusal import (
 )
 from ..engine.scripts import is_cluster
 from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable, LockWaitTimeout
-from . import broker_line, handoff, signals
+from . import broker_line, handoff, parked_deadline, signals
 from .decide import Action, End, Hold, Park, Run, SendBack, Situation, WaitHere, decide
 from .recovery import longest_lease, this_start
 from .waiting import (
@@ -212,7 +212,7 @@ class _Attempt:
             description=self.description, promises=self.promises, owner=self.owner,
             ticket=self.ticket, reserve_ms=self.reserve_ms, probe=probe, book_ms=book_ms))
 
-    def published(self, outcome: Outcome) -> Outcome:
+    def published(self, outcome: Any) -> Any:
         """``outcome``, the hand-offs it brings published."""
         if outcome.handoffs:
             handoff.publish(self.task.app, outcome.handoffs)
@@ -241,6 +241,8 @@ def run_limited(
     if not setup.settings.enabled:
         return body()
     request = task.request if request is None else request
+    if not request.is_eager:
+        parked_deadline.fail_if_gave_up(request)
     handed = None if request.is_eager else getattr(request, ADMITTED, None)
     if handed and handed.get(MAIN_RELEASES) and handed_young(handed):
         return _run_holding(task, request, Lease.of_handover(setup.client, handed), body,
@@ -326,7 +328,7 @@ class Later:
 
 #: The answer of :func:`admit_before_pool`: the lease to adopt, a hold, a run to park
 #: (:class:`Parked`, defined below), or None.
-BeforePool = Union[None, Dict[str, Any], Later, "Parked"]
+BeforePool = Union[None, Dict[str, Any], Later, "Parked", parked_deadline.GaveUpHere]
 
 
 def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool = True,
@@ -445,7 +447,8 @@ class Asking:
                 self.client, attempt.limiters, lease=attempt.setup.limits.lease,
                 task_id=request.id, attempt=request.retries or 0, waited=attempt.waited,
                 description=attempt.description, owner=attempt.owner,
-                keep_served_ms=broker_line.keep_served_ms(attempt.task))
+                keep_served_ms=broker_line.keep_served_ms(attempt.task),
+                max_wait=attempt.setup.limits.retry.max_wait)
         return prepare_admit(
             self.client, attempt.limiters, lease=attempt.setup.limits.lease,
             description=attempt.description, promises=attempt.promises,
@@ -486,6 +489,9 @@ def _ask_before_pool(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str
                      outcome: Any, may_wait: bool, short_wait: float,
                      redelivered: bool) -> BeforePool:
     """The answer of :func:`admit_before_pool` for the lock store's ``outcome``."""
+    if isinstance(outcome, GaveUp):  # parked past its max wait: it fails in the pool
+        return parked_deadline.gave_up(attempt.task, attempt.request, outcome,
+                                       attempt.setup.limits.retry.max_wait)
     action = decide(outcome, Situation(may_hold=may_wait, short_wait=short_wait,
                                        redelivered=redelivered))
     if isinstance(action, Park):

@@ -77,7 +77,7 @@ from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
 from ..engine.admission import Booked, Lease
 from ..engine.refusal import describe_error
-from . import broker_line, handoff
+from . import broker_line, handoff, parked_deadline
 from .decide import ROOM_POLL
 from .execution import (
     ADMITTED,
@@ -286,7 +286,6 @@ def _parks(task: Any, limits: TaskLimits, loop: bool) -> bool:
     only): they are not probed (a probe takes nothing; the parking line's admission
     parks the run it refuses), they wait for a free pool process, then ask."""
     return (loop and task_settings(task).line == "broker"
-            and limits.retry.max_wait is None
             and all(rule.rate is None for rule in limits.rules))
 
 
@@ -348,6 +347,9 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
         return _wait_for_room(consumer, request, handle, hold)
     if isinstance(answer, Parked):
         return _park(consumer, request, answer)
+    if isinstance(answer, parked_deadline.GaveUpHere):  # it fails in the pool process
+        answer.mark(request)
+        answer = None
     if isinstance(answer, Later):
         hold.promises, hold.probed = dict(answer.promises), answer.probed
         if answer.probed:

@@ -20,6 +20,8 @@
 --              its slots over once the pause ends
 -- ARGV[11+N+i] the run's sub-line at semaphore i, for a fair line ('' or missing: none;
 --              fair.lua): a copy parked there goes to that sub-line's parking queue
+-- ARGV[12+2N]  the run's max wait (ms; '' or missing: none): a run parked that long is
+--              given up (status 5; deadline.lua)
 --
 -- Each semaphore decides in turn, a moved copy's home first (the first that refuses
 -- parks the run):
@@ -41,6 +43,8 @@
 --        parked at semaphore i under park_id: publish the copy to its parking queue
 --   {3, now, i, pause_end_ms or -1, 0, 0, 0}   semaphore i is paused
 --   {4, now, i, 0, 0, 0, 0, moves...}          stale or served: end this copy unrun
+--   {5, now, i, since, 0, 0, 0, moves...}      given up at semaphore i: it waited its
+--        max wait since `since` (ms); its reference is dropped, nothing held
 
 local N = #KEYS - 1
 local token, lease, description, run = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -49,6 +53,8 @@ local keep, reserve = tonumber(ARGV[7]), tonumber(ARGV[8])
 local seen = tonumber(ARGV[9 + N] or '0') or 0
 local bound = math.max(lease, tonumber(ARGV[10 + N] or '0') or 0)
 local park_paused = ARGV[11 + N] == '1'
+local max_wait = tonumber(ARGV[12 + 2 * N] or '')
+local deadline_move = false  -- this copy was moved for a deadline (deadline.lua)
 local now, now_us = server_now()
 local now_text = string.format('%d', now)
 local handed = {}
@@ -112,6 +118,7 @@ end
 
 -- A moved copy that takes no reservation at its home gives one back, handed over again.
 local function give_back()
+  if deadline_move then return end  -- moved with no slot reserved for it
   if home < 1 or home > N or not take_reservation(KEYS[home], now) then return end
   if grace then return end
   local l = limiters[home]
@@ -140,9 +147,28 @@ local function refuse(status, i, id)
   return reply(7, i, l.used, until_first_end, hold >= 0 and hold or -1, id)
 end
 
+-- Given up at semaphore i (its max wait passed): its references dropped, nothing held.
+local function give_up(i, since)
+  for _, l in ipairs(limiters) do
+    if l.ref and l.ref.state == 'w' then
+      redis.call('HDEL', parked_key(l.key, 'pr'), run)
+      count_down_waiting(l.key, l.counts)
+    end
+    drop_deadline(l.key, run)
+  end
+  give_back()
+  return reply(5, i, since, 0, 0, 0)
+end
+
 -- Park the run at semaphore i: its reference (a new park id, its first 'since' kept).
 local function park(i)
   local l, ref = limiters[i], limiters[i].ref
+  local h = home >= 1 and home <= N and limiters[home]
+  local since = ref and ref.since or (h and h.ref and h.ref.since ~= '' and h.ref.since)
+  if past_deadline(since, max_wait, now) then return give_up(i, since) end
+  if (ARGV[11 + N + i] or '') == '' then  -- a fair line's: checked when moved
+    parked_deadline(l.key, run, since or now_text, max_wait)
+  end
   local counts = parked_key(l.key, 'pn')
   local id = born .. ':' .. redis.call('HINCRBY', counts, 'n', 1)
   if not (ref and ref.state == 'w') then redis.call('HINCRBY', counts, 'w', 1) end
@@ -187,6 +213,7 @@ for _, i in ipairs(order) do
   local decided = false
   if i == home and park_id ~= '' then
     local lost = string.match(park_id, '^([^:]*):') ~= born
+    deadline_move = deadline_arrived(l.key, now)
     if lost then
       count_down_anonymous(l)
     elseif not ref or ref.park_id ~= park_id or ref.state == 's' then
@@ -194,8 +221,10 @@ for _, i in ipairs(order) do
       return refuse(4, i)
     elseif claimed_live(l) then
       return refuse(7, i, ref.park_id)
+    elseif past_deadline(ref.since, max_wait, now) then
+      return give_up(i, ref.since)
     end
-    if not (grace or l.paused) and live_reservations(l.key, now) > 0 then
+    if not (deadline_move or grace or l.paused) and live_reservations(l.key, now) > 0 then
       l.take, decided, turn = 'reserved', true, true
     end
   end
@@ -227,7 +256,10 @@ for i = 1, N do
   if ref and (ref.state == 'w' or ref.state == 'c') then
     -- Claimed by this holder until its body starts (default acks) or ends (acks late).
     local claims = parked_key(l.key, 'pc')
-    if ref.state == 'w' then count_down_waiting(l.key, l.counts) end
+    if ref.state == 'w' then
+      count_down_waiting(l.key, l.counts)
+      drop_deadline(l.key, run)
+    end
     if ref.state == 'c' then redis.call('HDEL', claims, ref.holder) end
     write_ref(l.key, run, 'c', ref.since, ref.park_id, token)
     redis.call('HSET', claims, token, run)

@@ -19,9 +19,10 @@
 -- reserved for a minute is counted empty again (see below).
 --
 -- Returns {born, move...}: the incarnation ('born', 0 if none) and the moves owed,
--- '!move <count> <key>' entries (see parking.lua). A key whose line is empty (no
--- reference waiting, no anonymous entry, no live reservation) and whose parking queue
--- is empty leaves the index.
+-- '!move <count> <key>' entries (see parking.lua), and '!late <count> <key>' for the
+-- deadline moves (deadline.lua: heads moved to be given up, no slot reserved for them).
+-- A key whose line is empty (no reference waiting, no anonymous entry, no live
+-- reservation) and whose parking queue is empty leaves the index.
 
 local STALE_MS = 60000
 local N = #KEYS - 1
@@ -103,6 +104,9 @@ for i = 1, N do
       local free = slots - redis.call('ZCOUNT', key, '(' .. now, '+inf')
       hand_over_parked(key, free, now, reserve, out, parked)
     end
+  end
+  if counts[1] > 0 and not grace then
+    deadline_moves(key, now, reserve, out)  -- a run parked past its max wait (deadline.lua)
   end
 end
 return out

@@ -21,6 +21,7 @@ if counts then
   if ref and ref.state == 'w' and (park_id == '' or ref.park_id == park_id) then
     redis.call('HDEL', parked_key(key, 'pr'), run)
     count_down_waiting(key, counts)
+    redis.call('ZREM', parked_key(key, 'pd'), run)  -- its deadline (deadline.lua)
     out[1] = 1
   end
 end

@@ -1,0 +1,70 @@
+"""End to end on the parking line (``redislock_line = "broker"``), real workers of
+:mod:`parity_app`: what used to keep runs on today's line (a ``lock_max_wait``, a
+``lock_cost`` above 1, pools without an event loop) now parks."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List
+
+import pytest
+from celery.result import AsyncResult
+from parity_app import MAX_WAIT, WAITS, create_app
+
+from cluster_checks import record_store, wait_until
+from parking_app import LINE_ENV
+
+if TYPE_CHECKING:
+    from worker_cluster import WorkerCluster, WorkerClusterFactory
+
+pytest_plugins = ["worker_cluster"]
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT = 30.0
+
+
+@pytest.fixture
+def start_cluster(worker_cluster_factory: WorkerClusterFactory,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., WorkerCluster]]:
+    """Start workers of :mod:`parity_app` on the parking line."""
+
+    def start(**options: Any) -> WorkerCluster:
+        monkeypatch.setenv(LINE_ENV, "broker")
+        options.setdefault("workers", 2)
+        options.setdefault("concurrency", 3)
+        return worker_cluster_factory(app_module="parity_app", app_factory=create_app,
+                                      **options)
+
+    yield start
+
+
+def ready(cluster: WorkerCluster, results: List[AsyncResult]) -> Callable[[], bool]:
+    def done() -> bool:
+        cluster.check_running()
+        return all(result.ready() for result in results)
+    return done
+
+
+def test_max_wait_fails_parked_runs_on_time_with_the_line_long(start_cluster: Any) -> None:
+    """One slot held longer than the max wait, 20 runs parked behind it: each fails with
+    LockWaitTimeout within about a poll of its deadline, none runs, the holder ends."""
+    cluster = start_cluster()
+    record = record_store(cluster)
+    task = cluster.app.tasks[WAITS]
+    holder = task.delay(MAX_WAIT + 2.5, key="mw")
+    wait_until(lambda: record.hexists("started", holder.id), TIMEOUT, "the holder's start")
+    sent = time.monotonic()
+    waiters = [task.delay(0.05, key="mw") for _ in range(20)]
+    time.sleep(MAX_WAIT * 0.7)  # the check: nothing gave up before its deadline
+    assert not any(result.ready() for result in waiters)
+    wait_until(ready(cluster, waiters), TIMEOUT, "the waiters' failures", interval=0.02)
+    took = time.monotonic() - sent
+    print(f"\n20 parked runs failed {took:.2f} s after they were sent (max wait {MAX_WAIT} s)")
+    assert [type(r.result).__name__ for r in waiters] == ["LockWaitTimeout"] * len(waiters)
+    assert took < MAX_WAIT + 1.0
+    assert [int(record.get(f"runs:{r.id}") or 0) for r in waiters] == [0] * len(waiters)
+    wait_until(ready(cluster, [holder]), TIMEOUT, "the holder's end")
+    assert holder.status == "SUCCESS"
+    logs = cluster.logs()
+    assert " parked: " in logs and "keeps the \"store\" line" not in logs
