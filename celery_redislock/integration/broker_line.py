@@ -34,6 +34,7 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 
 from ..config.settings import Settings, read_settings, redis_client
 from ..engine import parking as store
+from ..engine import parking_rate
 from ..engine.admission import ParkedMove, ParkRef
 from .parking import (
     Done,
@@ -70,9 +71,26 @@ def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: boo
         return False
     if loop and store.parks(client, limiters):
         return True
-    say_store_line(task_name, "it parks runs of semaphores of cost 1 only, not on Redis "
-                              "Cluster, on workers with an event loop: prefork and solo")
+    if loop and parking_rate.rate_parks(client, limiters):
+        if max_wait is None:
+            return True
+        say_store_line(task_name, "its rate limit has a lock_max_wait (not kept by a rate "
+                                  "limit's parked runs yet)")
+        return False
+    say_store_line(task_name, "it parks runs of semaphores of cost 1 only, or of one rate "
+                              "limit of cost 1 alone, not on Redis Cluster, on workers with "
+                              "an event loop: prefork and solo")
     return False
+
+
+def may_park(rules: Sequence[Any], max_wait: Optional[float] = None) -> bool:
+    """Whether runs under these limit rules may wait on the parking line (the gate then
+    asks only when a pool process is free, and never probes): semaphores only, or one
+    rate limit alone (of cost 1, without a ``lock_max_wait``)."""
+    if all(rule.rate is None for rule in rules):
+        return True
+    return (max_wait is None and len(rules) == 1 and rules[0].slots is None
+            and not callable(rules[0].cost) and rules[0].cost == 1)
 
 
 def say_store_line(task_name: str, why: str) -> None:
@@ -85,12 +103,19 @@ def say_store_line(task_name: str, why: str) -> None:
 
 def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,
             attempt: int, waited: WaitingRun, description: str, owner: str,
-            keep_served_ms: int, max_wait: Optional[float] = None
-            ) -> Optional[store.ParkAdmitCall]:
+            keep_served_ms: int, max_wait: Optional[float] = None,
+            book_ms: int = 0) -> Optional[Any]:
     """The admission's one script for this run (None: keep today's line). A paused
     semaphore parks the run too (one message, handed over once the pause ends), rather
-    than sending it back with a countdown."""
+    than sending it back with a countdown. A run of one rate limit whose start is
+    within ``book_ms`` is booked it (held here, no broker round trip), else it parks in
+    the rate key's parking queue (:mod:`..engine.parking_rate`)."""
     parked = ParkRef(waited.line, waited.park_id) if waited.parked else None
+    if parking_rate.rate_parks(client, limiters):
+        return parking_rate.prepare_rate_admit(
+            client, limiters, lease=lease, run=store.run_id(task_id, attempt), parked=parked,
+            description=description, owner=owner, keep_served_ms=keep_served_ms,
+            book_ms=book_ms)
     return store.prepare_park_admit(
         client, limiters, lease=lease, run=store.run_id(task_id, attempt), parked=parked,
         description=description, owner=owner, keep_served_ms=keep_served_ms,
@@ -251,8 +276,13 @@ class Poll:
         client, prefix = redis_client(self.app, self.settings), self.settings.prefix
         lengths = by_key(recount(broker), prefix)
         indexed = set(store.parked_keys(client, prefix)) - set(lengths)
+        indexed |= set(parking_rate.rate_parked_keys(client, prefix)) - set(lengths)
         lengths.update(parked_lengths(broker, indexed))
-        moves = store.due(client, lengths, prefix=prefix) if lengths else []
+        rates = {key: n for key, n in lengths.items() if parking_rate.is_rate_key(key)}
+        slots = {key: n for key, n in lengths.items() if key not in rates}
+        moves = store.due(client, slots, prefix=prefix) if slots else []
+        if rates:  # rate limits' lines: the copies whose promised start is due
+            moves += parking_rate.due_rate(client, rates, prefix=prefix)
         owe(self.app, moves)
         return moves
 

@@ -286,7 +286,7 @@ def _parks(task: Any, limits: TaskLimits, loop: bool) -> bool:
     only): they are not probed (a probe takes nothing; the parking line's admission
     parks the run it refuses), they wait for a free pool process, then ask."""
     return (loop and task_settings(task).line == "broker"
-            and all(rule.rate is None for rule in limits.rules))
+            and broker_line.may_park(limits.rules, limits.retry.max_wait))
 
 
 def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,

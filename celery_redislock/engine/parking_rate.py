@@ -1,0 +1,206 @@
+"""The parked line of a rate limit: a run whose promised start is far waits as ONE message
+in its rate key's *parking queue* (never a copy sent back with a countdown), and the lock
+store keeps its reference and a FIFO of the promised starts (``lua/rate_parked.lua``
+describes the keys).
+
+* :func:`prepare_rate_admit` (or :func:`rate_park_admit`, blocking) is the admission's
+  one script: admitted now (:class:`~.admission.Lease`), booked for a start within
+  ``book_ms`` (:class:`~.admission.Booked`: the caller holds the run and starts it without
+  asking), parked (:class:`~.admission.Busy` with ``park`` set: publish the copy to
+  ``park.key``'s parking queue, then acknowledge the original), stale
+  (:class:`~.admission.Served`) or :class:`~.admission.Paused`;
+* :func:`due_rate`, each worker's poll: one :class:`~.admission.ParkedMove` per parked
+  copy whose promised start is due within :data:`LEAD_MS` (the heads of the FIFO); the
+  moved copy asks with its :class:`~.admission.ParkRef` and takes the first start the
+  GCRA allows, now or booked. Its traffic does not grow with the line: one script per
+  poll (500 keys), O(moves) entries read.
+
+The GCRA is admit.lua's: a start counts in ``tat`` when admitted or booked, a newcomer
+passes only when no promised start is ahead of it, each start is promised to one run.
+One rate limiter of cost 1 and nothing else, not on Redis Cluster (:func:`rate_parks`);
+other runs keep their line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Mapping, Optional, Sequence
+
+from .admission import (
+    Busy,
+    Lease,
+    Outcome,
+    ParkedMove,
+    ParkRef,
+    Paused,
+    RateLimit,
+    Served,
+    _booked,
+    _lease,
+    handoffs_of,
+    milliseconds,
+    new_token,
+)
+from .parking import KEEP_SERVED_MS
+from .scripts import LINE, LuaScript, is_cluster
+
+__all__ = ["LEAD_MS", "RateAdmitCall", "due_rate", "is_rate_key", "prepare_rate_admit",
+           "rate_index", "rate_park_admit", "rate_parked_keys", "rate_parks"]
+
+RATE_PARKED = LuaScript.load("rate_parked.lua", after=LINE)
+DUE_RATE = LuaScript.load("due_rate.lua", after=LINE)
+
+#: How long (ms) before its promised start the poll moves a parked copy: with a poll
+#: every 200 ms it reaches a worker 0.2-0.4 s before its start, which it is held for there.
+LEAD_MS = 400
+
+#: The most moves owed per rate key and poll.
+MOST_MOVES = 200
+
+
+def rate_index(prefix: str = "redislock:") -> str:
+    """The key of the index of rate keys with a parked line, for the key ``prefix``."""
+    return f"{prefix}parked:rate"
+
+
+def is_rate_key(key: str) -> bool:
+    """Whether ``key`` is a rate limiter's key (its line is this module's).
+
+        >>> is_rate_key("redislock:{ab}:r:api"), is_rate_key("redislock:{ab}:s:api")
+        (True, False)
+    """
+    return "}:r:" in key
+
+
+def rate_parks(client: Any, limiters: Sequence[Any]) -> bool:
+    """Whether a run under ``limiters`` can wait on a rate limit's parked line: one rate
+    limiter of cost 1 and nothing else, not on Redis Cluster."""
+    return (len(limiters) == 1 and isinstance(limiters[0], RateLimit)
+            and limiters[0].cost == 1 and not is_cluster(client))
+
+
+@dataclass(frozen=True)
+class RateAdmitCall:
+    """One ``rate_parked.lua`` call: ``script``, ``keys`` and ``args`` to send, and
+    :meth:`outcome` to read its reply (as :class:`~.parking.ParkAdmitCall`)."""
+
+    client: Any
+    limiters: Sequence[RateLimit]
+    token: str
+    lease: float
+    description: str
+    keys: List[str]
+    args: List[Any]
+
+    @property
+    def script(self) -> LuaScript:
+        """The script to send."""
+        return RATE_PARKED
+
+    def outcome(self, reply: Any) -> Outcome:
+        """The outcome ``reply`` stands for: Lease, Booked, Busy (with ``park``), Served or
+        Paused."""
+        limiter = self.limiters[0]
+        if not isinstance(reply, list):  # "now_ms lease_end_ms 0 contended last"
+            text = reply.decode() if isinstance(reply, bytes) else str(reply)
+            now_ms, lease_end = map(int, text.split()[:2])
+            return self._lease(now_ms, lease_end)
+        status, now_ms = int(reply[0]), int(reply[1])
+        a, b, c, d = reply[3:7]
+        if status == 6:
+            start_ms = int(a) // 1000
+            return _booked(limiter, self._lease(start_ms, start_ms + milliseconds(self.lease)),
+                           int(b), int(c), now_ms, [])
+        if status == 7:
+            park_id = d.decode() if isinstance(d, bytes) else str(d)
+            return Busy(name=limiter.name, holders=0, slots=0,
+                        retry_hint=max(0, int(b)) / 1000.0, average_hold=None,
+                        server_time_ms=now_ms, key=limiter.key,
+                        park=ParkRef(limiter.key, park_id))
+        if status == 3:
+            return Paused(name=limiter.name, key=limiter.key,
+                          retry_hint=None if int(a) < 0 else max(0, int(a) - now_ms) / 1000.0,
+                          server_time_ms=now_ms)
+        if status == 4:
+            return Served(name=limiter.name, server_time_ms=now_ms)
+        raise ValueError(f"rate_parked.lua answered status {status}")
+
+    def _lease(self, now_ms: int, lease_end: int) -> Lease:
+        return _lease(self.client, self.limiters, self.token, self.lease, self.description,
+                      0, now_ms, lease_end, 0, 1, 0, [])
+
+
+def prepare_rate_admit(
+    client: Any,
+    limiters: Sequence[Any],
+    *,
+    lease: float,
+    run: str,
+    parked: Optional[ParkRef] = None,
+    description: str = "",
+    owner: str = "",
+    keep_served_ms: int = KEEP_SERVED_MS,
+    book_ms: int = 0,
+) -> Optional[RateAdmitCall]:
+    """The admission's one script call, or None when the run cannot wait on a rate
+    limit's parked line (see :func:`rate_parks`). ``run`` is :func:`.parking.run_id`;
+    ``parked`` the :class:`ParkRef` of a copy moved out of parking; ``book_ms`` how far
+    ahead the caller holds a run for the start booked for it (0: it parks)."""
+    if not rate_parks(client, limiters):
+        return None
+    limiter = limiters[0]
+    interval = limiter.rate.interval * 1_000_000
+    park_id = parked.park_id if parked is not None and parked.key == limiter.key else ""
+    args = [run, park_id, keep_served_ms, int(book_ms), repr(interval),
+            repr(interval * limiter.rate.burst), milliseconds(lease)]
+    return RateAdmitCall(client, list(limiters), owner + new_token(), lease, description,
+                         [limiter.key, rate_index(limiter.prefix)], args)
+
+
+def rate_park_admit(client: Any, limiters: Sequence[Any], *, lease: float, run: str,
+                    parked: Optional[ParkRef] = None, book_ms: int = 0,
+                    keep_served_ms: int = KEEP_SERVED_MS) -> Outcome:
+    """Admit ``run`` past its rate limit, book it a start, or park it (one script).
+
+        >>> import redis
+        >>> from celery_redislock.engine.rate import Rate
+        >>> client = redis.Redis.from_url(redis_url)
+        >>> limit = [RateLimit("rate-park-doc", Rate.parse("1/10s", burst=0), "doc:")]
+        >>> first = rate_park_admit(client, limit, lease=5, run="t1:0")
+        >>> second = rate_park_admit(client, limit, lease=5, run="t2:0")
+        >>> type(first).__name__, second.park.key == limit[0].key
+        ('Lease', True)
+    """
+    call = prepare_rate_admit(client, limiters, lease=lease, run=run, parked=parked,
+                              book_ms=book_ms, keep_served_ms=keep_served_ms)
+    if call is None:
+        raise ValueError("rate_park_admit: one rate limiter of cost 1, not on Redis Cluster")
+    return call.outcome(call.script.run(client, call.keys, call.args))
+
+
+def rate_parked_keys(client: Any, prefix: str = "redislock:") -> List[str]:
+    """The rate keys that have (or recently had) a parked line, from the index."""
+    return [key.decode() if isinstance(key, bytes) else key
+            for key in client.zrange(rate_index(prefix), 0, -1)]
+
+
+def due_rate(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "redislock:",
+             lead_ms: int = LEAD_MS) -> List[ParkedMove]:
+    """The poll: one :class:`ParkedMove` per parked copy whose promised start is due
+    within ``lead_ms``. ``parked_lengths`` maps each rate key to its parking queue's
+    length (-1 if unknown); a queue that holds messages no promise stands for (the
+    store lost its data) gets promised starts for them. One script per 500 keys.
+
+        >>> import redis
+        >>> due_rate(redis.Redis.from_url(redis_url), {"doc:{x}:r:nobody": 0}, prefix="doc:")
+        []
+    """
+    moves: List[ParkedMove] = []
+    keys = list(parked_lengths)
+    for start in range(0, len(keys), 500):
+        batch = keys[start:start + 500]
+        reply = DUE_RATE.run(client, [*batch, rate_index(prefix)],
+                             [lead_ms * 1000, MOST_MOVES,
+                              *(int(parked_lengths[key]) for key in batch)])
+        moves.extend(move for move in handoffs_of(reply[1:]) if isinstance(move, ParkedMove))
+    return moves

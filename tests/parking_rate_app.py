@@ -1,0 +1,48 @@
+"""The Celery app of ``test_parking_rate_line.py``: :mod:`parking_app` (its tasks, records
+and line setting) with tasks under a rate limit.
+
+``rated``: 5 starts a second per key (burst 1), records as ``parking_app``'s tasks do
+(``started`` is the server time of each body's start, µs; ``admitted`` the start its
+lease counts from, ms: when it was admitted, or the start booked for it).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from celery import Celery
+
+from celery_redislock import LimitedTask
+
+from fault_app import fault_recorder
+from parking_app import create_app as create_parking_app
+from worker_app import BROKER_URL_ENV, AppUrls
+
+RATED = "parking_rate_app.rated"
+RATED_PREFIX = "rated:"
+RATE = "5/s"
+BURST = 1
+
+
+def create_app(urls: AppUrls) -> Celery:
+    """``parking_app``'s app with the rated task."""
+    app = create_parking_app(urls)
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=RATED, lock_rate=RATE,
+              lock_burst=BURST, lock_key=RATED_PREFIX + "{key}", lock_lease=4.0)
+    def rated(self: Any, seconds: float, key: str = "a") -> str:
+        """At most 5 starts a second per key."""
+        recorder = fault_recorder(urls.record)
+        lease = getattr(self.request, "redislock_lease", None)
+        if lease is not None:  # the start the rate counted (admitted, or booked from)
+            recorder.client.hset("admitted", self.request.id, lease.acquired_at_ms)
+        return str(recorder.work(self, [RATED_PREFIX + key], seconds))
+
+    return app
+
+
+#: The app of the worker processes (see :mod:`fault_app`).
+app: Optional[Celery] = (
+    create_app(AppUrls.from_environment()) if BROKER_URL_ENV in os.environ else None
+)

@@ -1,0 +1,115 @@
+"""End to end: runs under a rate limit wait on the parking line (``redislock_line =
+"broker"``): one message each, parked in the rate key's parking queue and moved back
+when its promised start is due; never sent back as a copy with a countdown. Real
+``celery worker`` processes (:mod:`parking_rate_app`) on a private redis-server."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List
+
+import pytest
+import redis
+from parking_rate_app import BURST, RATED, RATED_PREFIX, create_app
+
+from celery_redislock.engine.keys import rate_key
+from celery_redislock.integration.parking import parking_queue
+
+from cluster_checks import lock_store, record_store, wait_until
+from parking_app import LINE_ENV
+
+if TYPE_CHECKING:
+    from worker_cluster import WorkerCluster, WorkerClusterFactory
+
+pytest_plugins = ["worker_cluster"]
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT = 40.0
+
+
+@pytest.fixture
+def start_cluster(worker_cluster_factory: WorkerClusterFactory,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., WorkerCluster]]:
+    def start(line: str = "broker", **options: Any) -> WorkerCluster:
+        monkeypatch.setenv(LINE_ENV, line)
+        options.setdefault("workers", 2)
+        options.setdefault("concurrency", 3)
+        return worker_cluster_factory(app_module="parking_rate_app", app_factory=create_app,
+                                      **options)
+
+    yield start
+
+
+def most_in_a_second(starts_us: List[int]) -> int:
+    """The most starts in any window [t, t + 1 s)."""
+    starts = sorted(starts_us)
+    most, first = 0, 0
+    for last, start in enumerate(starts):
+        while start - starts[first] >= 1_000_000:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def commands(server: redis.Redis) -> int:
+    """Commands the server has run so far (broker, lock store and records alike)."""
+    stats = server.info("commandstats")
+    return sum(int(value["calls"]) for value in stats.values())
+
+
+def test_a_rate_limit_parks_one_copy_of_each_run(start_cluster: Any) -> None:
+    """5/s, burst 1, 60 runs sent at once: at most 6 start in any second, each runs
+    once, none is sent back as a copy, and the traffic while they wait does not grow
+    with the number waiting."""
+    cluster = start_cluster()
+    record, lock = record_store(cluster), lock_store(cluster)
+    task = cluster.app.tasks[RATED]
+    results = [task.delay(0.01, key="sixty") for _ in range(60)]
+    key = rate_key(RATED_PREFIX + "sixty")
+    queue = parking_queue(key)
+    broker = redis.Redis.from_url(cluster.urls.broker)
+    # every run delivered once and parked (or held for its start) before the first window
+    wait_until(lambda: broker.llen(queue) >= 40 and broker.llen("celery") == 0, TIMEOUT,
+               "the runs to park")
+    time.sleep(0.5)
+    windows = []
+    for _ in range(2):  # traffic in 2 s with ~40 parked, then with ~15 parked
+        while windows and broker.llen(queue) > 15:
+            time.sleep(0.05)
+        parked, before = broker.llen(queue), commands(lock)
+        time.sleep(2.0)
+        windows.append((parked, commands(lock) - before))
+    try:
+        wait_until(lambda: all(result.ready() for result in results), TIMEOUT,
+                   "60 results", interval=0.1)
+    except AssertionError:
+        missing = [r.id for r in results if not record.hexists("started", r.id)]
+        logs = cluster.logs()
+        for line in logs.splitlines():
+            if any(m in line for m in missing) or "WARN" in line or "ERROR" in line:
+                print(line)
+        print(broker.llen(queue), record.hlen("started"), lock.hgetall(key),
+              lock.lrange(key + ":pq", 0, 5), broker.keys("*"))
+        for m in missing:
+            print(m, lock.hget(key + ":pr", m + ":0"))
+        raise
+    assert [result.status for result in results] == ["SUCCESS"] * 60
+    runs = [int(record.get(f"runs:{result.id}") or 0) for result in results]
+    assert runs == [1] * 60
+    starts = [int(value) for value in record.hgetall("started").values()]
+    admitted = [int(value) * 1000 for value in record.hgetall("admitted").values()]
+    span = (max(starts) - min(starts)) / 1e6
+    print(f"\nmost in a second: {most_in_a_second(admitted)} admitted, "
+          f"{most_in_a_second(starts)} bodies started; 60 runs in {span:.1f} s; "
+          f"commands per 2 s (parked, calls): {windows}")
+    assert len(admitted) == 60 and most_in_a_second(admitted) <= 5 + BURST
+    # a body starts a few ms after its admission (the pool's dispatch): one more at most
+    assert most_in_a_second(starts) <= 5 + BURST + 1
+    assert span >= (60 - 1 - BURST) / 5 - 0.5  # the rate was used, not undercut
+    logs = cluster.logs()
+    assert " parked: " in logs and " deferred: " not in logs  # no copy with a countdown
+    assert broker.llen(queue) == 0
+    (long_line, long_calls), (short_line, short_calls) = windows
+    assert long_line >= 2 * short_line, windows
+    assert long_calls < 1.5 * short_calls  # not one re-ask per waiter

@@ -1,0 +1,178 @@
+"""The lock store's side of a rate limit's parked line (engine/parking_rate.py), on a
+real redis-server: a run whose start is far parks with a promise in the rate key's FIFO,
+the poll moves the heads due, the moved copy takes its start; one start per interval."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List
+
+import pytest
+
+from celery_redislock.engine.admission import Booked, Busy, Lease, ParkRef, RateLimit, Served
+from celery_redislock.engine.parking import run_id
+from celery_redislock.engine.parking_rate import (
+    LEAD_MS,
+    due_rate,
+    rate_index,
+    rate_park_admit,
+    rate_parked_keys,
+)
+from celery_redislock.engine.rate import Rate
+
+PREFIX = "redislock:"
+
+
+def limit(name: str = "rated", rate: str = "5/s", burst: int = 0) -> RateLimit:
+    return RateLimit(name, Rate.parse(rate, burst=burst), PREFIX)
+
+
+def server_us(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def test_far_start_parks_near_start_is_booked(redis_client: Any) -> None:
+    rate = [limit()]
+    first = rate_park_admit(redis_client, rate, lease=5, run=run_id("a", 0), book_ms=500)
+    assert isinstance(first, Lease)
+    booked = [rate_park_admit(redis_client, rate, lease=5, run=run_id(f"b{i}", 0),
+                              book_ms=500) for i in range(2)]
+    assert all(isinstance(outcome, Booked) for outcome in booked)
+    assert 0.15 <= booked[0].wait <= 0.2 and 0.35 <= booked[1].wait <= 0.4
+    parked = rate_park_admit(redis_client, rate, lease=5, run=run_id("c", 0), book_ms=500)
+    assert isinstance(parked, Busy) and parked.park is not None
+    assert parked.park.key == rate[0].key and 0.55 <= parked.retry_hint <= 0.6
+    assert rate_parked_keys(redis_client, PREFIX) == [rate[0].key]
+    assert redis_client.llen(rate[0].key + ":pq") == 1
+    # Without booking (the caller does not hold runs) a near start parks too.
+    other = rate_park_admit(redis_client, rate, lease=5, run=run_id("d", 0))
+    assert isinstance(other, Busy) and other.park is not None
+
+
+def test_poll_moves_heads_due_and_moved_copy_takes_its_start(redis_client: Any) -> None:
+    rate = [limit()]
+    key = rate[0].key
+    parks: Dict[str, Any] = {}
+    assert isinstance(rate_park_admit(redis_client, rate, lease=5, run="r0:0"), Lease)
+    for i in range(1, 6):  # starts promised 0.2 .. 1.0 s from now, all parked
+        outcome = rate_park_admit(redis_client, rate, lease=5, run=f"r{i}:0")
+        assert isinstance(outcome, Busy) and outcome.park is not None
+        parks[f"r{i}:0"] = outcome.park
+    moved: List[str] = []
+    starts = []
+    deadline = time.monotonic() + 5
+    while len(moved) < 5 and time.monotonic() < deadline:
+        for move in due_rate(redis_client, {key: 5 - len(moved)}, prefix=PREFIX):
+            assert move.key == key
+            run = f"r{len(moved) + 1}:0"
+            moved.append(run)
+            # the moved copy asks at once (as a worker does when it arrives)
+            outcome = rate_park_admit(redis_client, rate, lease=5, run=run,
+                                      parked=parks[run], book_ms=500)
+            assert isinstance(outcome, (Lease, Booked)), outcome
+            starts.append(outcome.lease.acquired_at_ms if isinstance(outcome, Booked)
+                          else outcome.acquired_at_ms)
+            if isinstance(outcome, Lease):  # the same copy again (a redelivery): stale
+                assert isinstance(rate_park_admit(redis_client, rate, lease=5, run=run,
+                                                  parked=parks[run]), Served)
+        time.sleep(0.05)
+    assert len(moved) == 5
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert all(gap >= 199 for gap in gaps), gaps
+    assert due_rate(redis_client, {key: 0}, prefix=PREFIX) == []
+    assert rate_parked_keys(redis_client, PREFIX) == []
+
+
+def test_poll_moves_only_what_is_due(redis_client: Any) -> None:
+    rate = [limit(rate="1/s")]
+    key = rate[0].key
+    rate_park_admit(redis_client, rate, lease=5, run="x0:0")
+    for i in range(1, 4):
+        rate_park_admit(redis_client, rate, lease=5, run=f"x{i}:0")
+    assert due_rate(redis_client, {key: 3}, prefix=PREFIX) == []  # first due in 1 s
+    time.sleep((1000 - LEAD_MS + 50) / 1000)
+    assert len(due_rate(redis_client, {key: 3}, prefix=PREFIX)) == 1
+    assert due_rate(redis_client, {key: 2}, prefix=PREFIX) == []
+
+
+def test_stale_and_original_copies(redis_client: Any) -> None:
+    rate = [limit(rate="1/s")]
+    rate_park_admit(redis_client, rate, lease=5, run="s0:0")
+    first = rate_park_admit(redis_client, rate, lease=5, run="s1:0")
+    assert isinstance(first, Busy) and first.park is not None
+    # the original delivered again (its worker died after publishing the copy): parks
+    # again under a new park id; the first copy is then stale
+    again = rate_park_admit(redis_client, rate, lease=5, run="s1:0")
+    assert isinstance(again, Busy) and again.park is not None
+    assert again.park.park_id != first.park.park_id
+    assert isinstance(rate_park_admit(redis_client, rate, lease=5, run="s1:0",
+                                      parked=first.park), Served)
+
+
+def test_queue_unknown_to_the_store_gets_promises(redis_client: Any) -> None:
+    """After a loss of the store's data, a parking queue's messages get starts."""
+    rate = [limit(rate="10/s")]
+    key = rate[0].key
+    assert due_rate(redis_client, {key: 3}, prefix=PREFIX) == []
+    time.sleep(2.1)
+    owed: List[Any] = []
+    deadline = time.monotonic() + 3
+    while len(owed) < 3 and time.monotonic() < deadline:
+        owed += due_rate(redis_client, {key: 3 - len(owed)}, prefix=PREFIX)
+        time.sleep(0.05)
+    assert len(owed) == 3
+    # the moved copies the store does not know ask as newcomers
+    outcome = rate_park_admit(redis_client, rate, lease=5, run="lost:0",
+                              parked=ParkRef(key, "r:99"), book_ms=500)
+    assert isinstance(outcome, (Lease, Booked, Busy))
+    assert redis_client.exists(rate_index(PREFIX))
+
+
+@pytest.mark.parametrize("waiting", [1000, 20000])
+def test_cost_does_not_grow_with_the_line(redis_client: Any, waiting: int) -> None:
+    """Parks and polls read O(1) entries: their commands per call do not depend on the
+    number of runs parked (counted with INFO commandstats)."""
+    rate = [limit(rate="1/s")]
+    key = rate[0].key
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.hset(key, mapping={"tat": server_us(redis_client) + 10**6,
+                            "line": server_us(redis_client) + waiting * 10**6})
+    for start in range(0, waiting, 5000):
+        end = min(waiting, start + 5000)
+        pipe.rpush(key + ":pq", *(str(10**18 + i) for i in range(start, end)))
+    pipe.execute()
+    rate_park_admit(redis_client, rate, lease=5, run="warm:0")  # scripts loaded
+    due_rate(redis_client, {key: waiting}, prefix=PREFIX)
+    redis_client.config_resetstat()
+    for i in range(200):
+        assert isinstance(rate_park_admit(redis_client, rate, lease=5, run=f"n{i}:0"), Busy)
+        due_rate(redis_client, {key: waiting + i}, prefix=PREFIX)
+    stats = redis_client.info("commandstats")
+    scripts = [v for k, v in stats.items() if k.startswith("cmdstat_ev")]
+    assert sum(v["calls"] for v in scripts) == 400  # one script each, no other command
+    usec = sum(v["usec"] for v in scripts) / 400
+    assert usec < 1000, usec  # the server's µs per call, at any length (printed by -s)
+    print(f"{waiting} parked: {usec:.0f} µs per call on the server")
+
+
+def test_a_booked_copy_that_asks_again_keeps_its_turn(redis_client: Any) -> None:
+    """A moved copy booked a start, then could not start on time (no pool process free):
+    it gives the start back and asks again; it is not taken for a stale copy."""
+    rate = [limit(rate="2/s")]
+    key = rate[0].key
+    rate_park_admit(redis_client, rate, lease=5, run="h0:0")
+    parked = rate_park_admit(redis_client, rate, lease=5, run="h1:0")
+    assert isinstance(parked, Busy) and parked.park is not None
+    wait = 0.0
+    while not due_rate(redis_client, {key: 1}, prefix=PREFIX):
+        time.sleep(0.02)
+        wait += 0.02
+        assert wait < 2
+    booked = rate_park_admit(redis_client, rate, lease=5, run="h1:0", parked=parked.park,
+                             book_ms=500)
+    assert isinstance(booked, Booked), booked
+    assert booked.give_back()
+    again = rate_park_admit(redis_client, rate, lease=5, run="h1:0", parked=parked.park,
+                            book_ms=500)
+    assert isinstance(again, (Booked, Lease)), again
