@@ -18,6 +18,9 @@ from parking_app import create_app as create_parking_app
 from worker_app import BROKER_URL_ENV, AppUrls
 
 FAIR = "fair_app.fair"
+PRIO = "fair_app.prio"
+#: ``prio``: one at a time; 0.2 s of waiting worth one step of priority.
+PRIO_AGING = 0.2
 FAIR_SLOTS = 2
 #: Two at a time over all tenants, the line served round-robin across tenants.
 FAIR_LIMITS = [{"slots": FAIR_SLOTS, "key": "fair", "fair_by": "tenant:{tenant}",
@@ -34,6 +37,12 @@ def create_app(urls: AppUrls) -> Celery:
     def fair(self: Any, seconds: float, tenant: str) -> str:
         """Two at a time over all tenants, round-robin across tenants."""
         return str(fault_recorder(urls.record).work(self, ["fair"], seconds))
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=PRIO, lock_slots=1,
+              lock_key="prio", lock_lease=LEASE, lock_priority_aging=PRIO_AGING)
+    def prio(self: Any, seconds: float, tag: str) -> str:
+        """One at a time; its message's priority orders its line (higher first)."""
+        return str(fault_recorder(urls.record).work(self, ["prio"], seconds))
 
     return app
 

@@ -3,6 +3,8 @@ backlog does not hold back the others' runs; never more than the cap at once."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, List
 
 import pytest
@@ -10,7 +12,7 @@ import redis
 from celery.result import AsyncResult
 
 from cluster_checks import peaks, record_store, wait_until
-from fair_app import FAIR, FAIR_SLOTS, create_app
+from fair_app import FAIR, FAIR_SLOTS, PRIO, PRIO_AGING, create_app
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
@@ -60,3 +62,40 @@ def test_a_backlog_does_not_hold_back_other_tenants(start_cluster: Any) -> None:
     assert before <= 16
     assert max(peaks(record, "fair")) == FAIR_SLOTS
     assert " parked: " in cluster.logs()
+
+
+def test_a_low_priority_starts_within_the_aging_bound(start_cluster: Any) -> None:
+    """One slot, 0.1 s bodies; a steady stream of priority-5 runs, faster than they are
+    served; a priority-0 run sent 0.5 s in. Without aging it would start after
+    the stream; with 0.2 s per step it goes before every priority-5 run sent more than
+    5 x 0.2 = 1 s after it, so it starts once the older ones are served: within 3 s."""
+    cluster = start_cluster()
+    record = record_store(cluster)
+    task = cluster.app.tasks[PRIO]
+    high: List[AsyncResult] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        while not stop.is_set():
+            high.append(task.apply_async((0.1, "high"), priority=5))
+            time.sleep(0.07)
+
+    sender = threading.Thread(target=stream)
+    sender.start()
+    try:
+        time.sleep(0.5)
+        sent = int(record.time()[0] * 1_000_000 + record.time()[1])
+        low = task.apply_async((0.1, "low"), priority=0)
+        wait_until(lambda: record.hget("started", low.id) is not None, 10.0, "the low run")
+        time.sleep(1.0)  # the stream goes on after it
+    finally:
+        stop.set()
+        sender.join()
+    waited = (int(record.hget("started", low.id)) - sent) / 1e6
+    starts = sorted(int(record.hget("started", r.id) or 0) for r in high)
+    after = sum(1 for start in starts if start > int(record.hget("started", low.id)))
+    print(f"\nthe low run started {waited:.2f} s after it was sent; {after} of "
+          f"{len(high)} high runs started after it (aging {PRIO_AGING} s per step)")
+    assert waited <= 3.0
+    assert after > 0
+    assert max(peaks(record, "prio")) == 1

@@ -5,6 +5,7 @@ broker is played by one FIFO per sub-line of (task, park ref)."""
 from __future__ import annotations
 
 import collections
+import time
 from typing import Any, Deque, Dict, List, Tuple
 
 import pytest
@@ -138,3 +139,28 @@ def test_fair_by_is_a_template_of_the_run(redis_client):
 def test_a_weight_must_be_a_positive_number(weight):
     with pytest.raises(ValueError):
         check_weight(weight)
+
+
+def send_priority(line: Line, task: str, priority: int, aging: float) -> Any:
+    outcome = park_admit(line.client, line.limiters(""), lease=30, run=run_id(task, 0),
+                         priority=priority, priority_aging=aging)
+    line._settle(outcome.park.sub if isinstance(outcome, Busy) else "", task, outcome)
+    return outcome
+
+
+def test_a_higher_priority_goes_first_and_a_lower_one_ages(redis_client):
+    """Band 0 waits behind band 5 while the band-5 runs are younger than 5 x aging
+    (= 1 s) after it; then it goes first."""
+    line = Line(redis_client, name="prio")
+    assert isinstance(send_priority(line, "holder", 0, 0.2), Lease)
+    for n in range(3):
+        assert send_priority(line, f"low{n}", 0, 0.2).park.sub == "\x1e0"
+    for n in range(3):
+        send_priority(line, f"high{n}", 5, 0.2)
+    served = [line.finish_one() for _ in range(3)]
+    assert served == ["\x1e5"] * 3  # higher first
+    time.sleep(1.1)  # the low runs have waited more than (5 - 0) x 0.2 s
+    for n in range(3):
+        send_priority(line, f"late-high{n}", 5, 0.2)
+    served = [line.finish_one() for _ in range(6)]
+    assert served == ["\x1e0"] * 3 + ["\x1e5"] * 3

@@ -48,6 +48,8 @@ RETRY_FIELDS: Mapping[str, Any] = {
     "retry_backoff_max": 30.0,
     "retry_jitter": True,
     "max_wait": None,
+    "priority": None,
+    "priority_aging": 10.0,
 }
 
 #: The task options of :class:`~celery_redislock.LimitedTask`, with their defaults.
@@ -205,6 +207,9 @@ def _limits_runs(entry: Mapping[str, Any], default_slots: Optional[int]) -> bool
 #: hour) a message with a countdown is delivered twice.
 MAX_COUNTDOWN = 3600.0
 
+#: The range of ``priority`` (higher first, as AMQP orders messages).
+MIN_PRIORITY, MAX_PRIORITY = 0, 255
+
 #: The longest ``max_wait``: 30 days.
 MAX_WAIT = 30 * 86400.0
 
@@ -316,10 +321,17 @@ def _retry_policy(problems: List[str], owner: str, values: Mapping[str, Any],
     if max_wait is not None:
         max_wait = _seconds(problems, max_wait, owner, f"{prefix}max_wait", 0.0, MAX_WAIT,
                             ", or None")
+    priority = values["priority"]
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or not MIN_PRIORITY <= priority <= MAX_PRIORITY):
+        problems.append(f"{owner}: {prefix}priority must be a whole number from "
+                        f"{MIN_PRIORITY} to {MAX_PRIORITY}, or None, not {shown(priority)}")
+    aging = _seconds(problems, values["priority_aging"], owner, f"{prefix}priority_aging",
+                     0.001, MAX_COUNTDOWN)
     if len(problems) > before:
         return None
     return RetryPolicy(backoff=backoff, backoff_max=backoff_max, jitter=jitter,
-                       max_wait=max_wait)
+                       max_wait=max_wait, priority=priority, priority_aging=aging)
 
 
 def _seconds(problems: List[str], value: Any, owner: str, option: str, low: float,

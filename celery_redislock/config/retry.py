@@ -53,6 +53,11 @@ class RetryPolicy:
     backoff_max: float = 30.0
     jitter: bool = True
     max_wait: Optional[float] = None
+    #: The run's priority in a parked line (``lock_priority``: higher first; None: the
+    #: message's ``priority`` property if any, else none), and how many seconds of
+    #: waiting are worth one step of priority (``lock_priority_aging``).
+    priority: Optional[int] = None
+    priority_aging: float = 10.0
 
     def countdown(
         self, attempt: int, busy: Optional[Busy] = None, ceiling: Optional[float] = None

@@ -19,15 +19,20 @@ three turns for another's one while both wait::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 from .scripts import LuaScript
 
-__all__ = ["FairLine", "SubLine", "fair_key", "fair_view", "set_weight", "weights"]
+__all__ = ["BAND_MARK", "FairLine", "SubLine", "fair_key", "fair_view", "set_weight",
+           "weights", "with_band"]
 
 FAIR_VIEW = LuaScript.load("fair_view.lua", after=["fair.lua"], flags="no-writes")
+
+#: Between a sub-line's tenant and its priority band (``lua/fair.lua``).
+BAND_MARK = "\x1e"
 
 #: The highest weight a sub-line may have.
 MAX_WEIGHT = 1_000_000.0
@@ -44,6 +49,20 @@ def fair_key(key: str, mark: str) -> str:
     if not found:
         return f"{key}:{mark}"
     return f"{head}}}:{mark}:{name}"
+
+
+def with_band(limiter: Any, priority: int) -> Any:
+    """``limiter`` (a :class:`~.admission.SlotLimit`) with its run in band ``priority``
+    of its sub-line (a line that is not fair has one tenant, ``""``); any other limiter
+    as it is.
+
+        >>> from celery_redislock.engine.admission import SlotLimit
+        >>> with_band(SlotLimit("w", 2, "p:", 1, "tenant:a"), 5).fair == "tenant:a\x1e5"
+        True
+    """
+    if not hasattr(limiter, "fair"):
+        return limiter
+    return dataclasses.replace(limiter, fair=f"{limiter.fair}{BAND_MARK}{int(priority)}")
 
 
 def check_weight(weight: Any) -> float:

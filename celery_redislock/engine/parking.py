@@ -77,6 +77,7 @@ from .admission import (
     saw_incarnation,
     seen_incarnation,
 )
+from .fair import with_band
 from .scripts import (
     ADMIT_PARKED,
     DUE,
@@ -245,6 +246,8 @@ def prepare_park_admit(
     reserve_ms: int = RESERVE_MS,
     park_paused: bool = False,
     max_wait: Optional[float] = None,
+    priority: Optional[int] = None,
+    priority_aging: float = 10.0,
 ) -> Optional[ParkAdmitCall]:
     """:func:`park_admit` as one script call for the caller to send, or None when the
     run cannot wait on the parked line (see :func:`parks`): the caller keeps today's
@@ -255,9 +258,14 @@ def prepare_park_admit(
     ``retry_hint`` the pause's remaining time, or 0 for none) instead of answering
     Paused; the poll hands its slots over once the pause ends. ``max_wait`` (s): a run
     parked that long since it was first refused is given up (:class:`GaveUp`), found by
-    the poll within about a poll of its deadline (``lua/deadline.lua``)."""
+    the poll within about a poll of its deadline (``lua/deadline.lua``). ``priority``
+    (higher first; None: none) puts the run in that band of its sub-line
+    (:func:`.fair.with_band`): a slot handed to the line goes to the band whose oldest
+    run has the lowest ``since - priority x priority_aging`` (s)."""
     if not parks(client, limiters):
         return None
+    if priority is not None:
+        limiters = [with_band(limiter, priority) for limiter in limiters]
     keys = [limiter.key for limiter in limiters]
     home = 0
     if parked is not None and parked.key in keys:
@@ -270,8 +278,10 @@ def prepare_park_admit(
             grace_bound_ms(client, lease), "1" if park_paused else "0"]
     if any(limiter.fair for limiter in limiters) or max_wait is not None:
         args.extend(limiter.fair for limiter in limiters)  # fair lines' sub-lines (fair.lua)
-    if max_wait is not None:
-        args.append(milliseconds(max_wait))
+    if max_wait is not None or priority is not None:
+        args.append(milliseconds(max_wait) if max_wait is not None else "")
+    if priority is not None:
+        args.append(milliseconds(priority_aging))
     return ParkAdmitCall(client, list(limiters), token, lease, description, reserve_ms,
                          [*keys, parked_index(prefix)], args)
 
@@ -289,6 +299,8 @@ def park_admit(
     reserve_ms: int = RESERVE_MS,
     park_paused: bool = False,
     max_wait: Optional[float] = None,
+    priority: Optional[int] = None,
+    priority_aging: float = 10.0,
 ) -> Union[Outcome, GaveUp]:
     """Admit ``run`` past every semaphore, or park it (one script; see the module).
 
@@ -305,7 +317,8 @@ def park_admit(
     call = prepare_park_admit(client, limiters, lease=lease, run=run, parked=parked,
                               description=description, owner=owner,
                               keep_served_ms=keep_served_ms, reserve_ms=reserve_ms,
-                              park_paused=park_paused, max_wait=max_wait)
+                              park_paused=park_paused, max_wait=max_wait,
+                              priority=priority, priority_aging=priority_aging)
     if call is None:
         raise ValueError("park_admit: semaphores of cost 1 only, not on Redis Cluster")
     return call.outcome(call.script.run(client, call.keys, call.args))

@@ -104,12 +104,15 @@ def say_store_line(task_name: str, why: str) -> None:
 def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,
             attempt: int, waited: WaitingRun, description: str, owner: str,
             keep_served_ms: int, max_wait: Optional[float] = None,
-            book_ms: int = 0) -> Optional[Any]:
+            book_ms: int = 0, priority: Optional[int] = None,
+            priority_aging: float = 10.0) -> Optional[Any]:
     """The admission's one script for this run (None: keep today's line). A paused
     semaphore parks the run too (one message, handed over once the pause ends), rather
     than sending it back with a countdown. A run of one rate limit whose start is
     within ``book_ms`` is booked it (held here, no broker round trip), else it parks in
-    the rate key's parking queue (:mod:`..engine.parking_rate`)."""
+    the rate key's parking queue (:mod:`..engine.parking_rate`). ``priority``
+    (:func:`priority_of`): the band it waits in, higher first, ``priority_aging`` s of
+    waiting worth one step."""
     parked = ParkRef(waited.line, waited.park_id) if waited.parked else None
     if parking_rate.rate_parks(client, limiters):
         return parking_rate.prepare_rate_admit(
@@ -119,7 +122,24 @@ def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,
     return store.prepare_park_admit(
         client, limiters, lease=lease, run=store.run_id(task_id, attempt), parked=parked,
         description=description, owner=owner, keep_served_ms=keep_served_ms,
-        park_paused=True, max_wait=max_wait)
+        park_paused=True, max_wait=max_wait, priority=priority,
+        priority_aging=priority_aging)
+
+
+def priority_of(option: Optional[int], request: Any) -> Optional[int]:
+    """The priority a run waits with on the parked line: the task's ``lock_priority``
+    (``option``), else its message's ``priority`` property (as sent; higher first), else
+    None (no band: first come first served within its sub-line).
+
+        >>> class Request: delivery_info = {"priority": 3}
+        >>> priority_of(None, Request()), priority_of(7, Request()), priority_of(None, None)
+        (3, 7, None)
+    """
+    if option is not None:
+        return option
+    info = getattr(request, "delivery_info", None)
+    value = info.get("priority") if isinstance(info, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def parked_wait(waited: WaitingRun, ref: ParkRef, since: Optional[int]) -> WaitingRun:

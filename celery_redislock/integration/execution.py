@@ -448,7 +448,9 @@ class Asking:
                 task_id=request.id, attempt=request.retries or 0, waited=attempt.waited,
                 description=attempt.description, owner=attempt.owner,
                 keep_served_ms=broker_line.keep_served_ms(attempt.task),
-                max_wait=attempt.setup.limits.retry.max_wait, book_ms=self.book_ms)
+                max_wait=attempt.setup.limits.retry.max_wait, book_ms=self.book_ms,
+                priority=broker_line.priority_of(attempt.setup.limits.retry.priority, request),
+                priority_aging=attempt.setup.limits.retry.priority_aging)
         return prepare_admit(
             self.client, attempt.limiters, lease=attempt.setup.limits.lease,
             description=attempt.description, promises=attempt.promises,

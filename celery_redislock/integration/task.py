@@ -59,6 +59,12 @@ class LimitedTask(Task):
     ``lock_max_wait``          give up after waiting this many seconds in all (0 to 30
                                days), failing the task with :class:`LockWaitTimeout`
                                (default None: never)
+    ``lock_fair_by``           the parked line of ``lock_slots`` is served round-robin
+                               across the keys this template gives the runs, e.g.
+                               ``"tenant:{tenant}"`` (``redislock_line = "broker"``)
+    ``lock_priority``          the band a run waits in on the parked line, 0 to 255,
+                               higher first (default None: the message's ``priority``)
+    ``lock_priority_aging``    seconds of waiting worth one step of priority (default 10)
     ``lock_unique``            ``True``: while a task of the same key is queued or running,
                                ``delay()``/``apply_async()`` return its result instead of
                                sending another; ``"raise"``: they raise
@@ -96,6 +102,9 @@ class LimitedTask(Task):
     lock_retry_backoff_max: float = OPTION_DEFAULTS["lock_retry_backoff_max"]
     lock_retry_jitter: bool = OPTION_DEFAULTS["lock_retry_jitter"]
     lock_max_wait: Optional[float] = OPTION_DEFAULTS["lock_max_wait"]
+    lock_fair_by: Optional[str] = OPTION_DEFAULTS["lock_fair_by"]
+    lock_priority: Optional[int] = OPTION_DEFAULTS["lock_priority"]
+    lock_priority_aging: float = OPTION_DEFAULTS["lock_priority_aging"]
     lock_unique: Any = OPTION_DEFAULTS["lock_unique"]
     lock_unique_lease: float = OPTION_DEFAULTS["lock_unique_lease"]
     lock_period: Any = OPTION_DEFAULTS["lock_period"]

@@ -22,6 +22,8 @@
 --              fair.lua): a copy parked there goes to that sub-line's parking queue
 -- ARGV[12+2N]  the run's max wait (ms; '' or missing: none): a run parked that long is
 --              given up (status 5; deadline.lua)
+-- ARGV[13+2N]  how many ms of waiting are worth one step of priority (sub-lines with a
+--              band; fair.lua)
 --
 -- Each semaphore decides in turn, a moved copy's home first (the first that refuses
 -- parks the run):
@@ -137,7 +139,8 @@ local function refuse(status, i, id)
   end
   give_back()
   if status == 4 then return reply(4, i, 0, 0, 0, 0) end
-  fair_parked(l.key, ARGV[11 + N + i])  -- its copy is published to its sub-line's queue
+  -- its copy is published to its sub-line's queue (fair.lua)
+  fair_parked(l.key, ARGV[11 + N + i], (l.ref and l.ref.since) or now_text, ARGV[13 + 2 * N])
   local first = redis.call('ZRANGEBYSCORE', l.key, '(' .. now_text, '+inf', 'WITHSCORES',
                            'LIMIT', 0, 1)
   local until_first_end = first[2] and tonumber(first[2]) - now or 0

@@ -12,6 +12,18 @@
 --            left with (its next, had it kept waiting)
 --   '}:fw:'  hash, sub-line -> its weight (default 1; set by an operator)
 --
+-- Priorities: a sub-line 'tenant\030band' (band: the run's priority, higher first) is a
+-- band of its tenant ('' for a line that is not fair). The tenant's turn is as above;
+-- within a tenant the band whose head has the lowest 'since - band x aging' goes first:
+--
+--   '}:fb:'..':'..tenant            sorted set, band -> its head's score
+--   '}:fq:'..':'..tenant..'\030'..band  list of the scores of its parked copies, in order
+--
+-- so a run of band p is never passed by one of band q > p that started waiting more than
+-- (q - p) x aging after it (earliest deadline first on since - band x aging): under a
+-- steady stream of higher runs a lower one starts once (q - p) x aging has passed and
+-- the higher runs older than that bound have gone (documented bound). O(log bands).
+--
 -- A sub-line that starts waiting takes its turn at max(virtual time, the turn it left
 -- with): it earns no credit for the time it did not wait, and loses none it had. Each
 -- move owed from a sub-line adds 1 / its weight to its turn. Every step is O(log n) in
@@ -19,6 +31,7 @@
 
 local FAIR_TTL = 7 * 24 * 3600 * 1000
 local FAIR_MARK = '\031'  -- between a key and its sub-line in a move entry
+local BAND_MARK = '\030'  -- between a sub-line's tenant and its priority band
 
 local function fair_key(key, mark)
   local at = string.find(key, '}:s:', 1, true)
@@ -30,17 +43,47 @@ local function fair_keep(name)
   if redis.call('PTTL', name) < FAIR_TTL / 2 then redis.call('PEXPIRE', name, FAIR_TTL) end
 end
 
--- A copy of a run was refused at K and is published to sub-line `sub`'s parking queue.
-local function fair_parked(key, sub)
+-- The tenant and the band (nil for none) of sub-line `sub`.
+local function fair_split(sub)
+  local at = string.find(sub, BAND_MARK, 1, true)
+  if not at then return sub, nil end
+  return string.sub(sub, 1, at - 1), string.sub(sub, at + 1)
+end
+
+-- A copy of a run was refused at K and is published to sub-line `sub`'s parking queue;
+-- `since` (ms) when the run started waiting, `aging` the ms worth one band.
+local function fair_parked(key, sub, since, aging)
   if sub == nil or sub == '' then return end
+  local tenant, band = fair_split(sub)
   local state, turns = fair_key(key, 'fn'), fair_key(key, 'ft')
-  if redis.call('HINCRBY', state, 'w:' .. sub, 1) == 1 then
-    local known = redis.call('HMGET', state, 'v', 'l:' .. sub)
+  if redis.call('HINCRBY', state, 'w:' .. tenant, 1) == 1 then
+    local known = redis.call('HMGET', state, 'v', 'l:' .. tenant)
     local turn = math.max(tonumber(known[1] or '0') or 0, tonumber(known[2] or '0') or 0)
-    redis.call('ZADD', turns, turn, sub)
+    redis.call('ZADD', turns, turn, tenant)
     fair_keep(turns)
   end
   fair_keep(state)
+  if band then
+    local heads = fair_key(key, 'fb') .. ':' .. tenant
+    local fifo = fair_key(key, 'fq') .. ':' .. sub
+    local score = (tonumber(since) or 0) - (tonumber(band) or 0) * (tonumber(aging) or 0)
+    if redis.call('RPUSH', fifo, score) == 1 then redis.call('ZADD', heads, score, band) end
+    fair_keep(fifo)
+    fair_keep(heads)
+  end
+end
+
+-- The sub-line of `tenant` to move from: its band whose head goes first, if it has any.
+local function fair_band(key, tenant)
+  local heads = fair_key(key, 'fb') .. ':' .. tenant
+  local top = redis.call('ZRANGE', heads, 0, 0)
+  if #top == 0 then return tenant end
+  local sub = tenant .. BAND_MARK .. top[1]
+  local fifo = fair_key(key, 'fq') .. ':' .. sub
+  redis.call('LPOP', fifo)
+  local head = redis.call('LINDEX', fifo, 0)
+  if head then redis.call('ZADD', heads, head, top[1]) else redis.call('ZREM', heads, top[1]) end
+  return sub
 end
 
 -- The moves owed to K's line, `moves` of them, appended to `out`: one '!move 1 K\031sub'
@@ -68,7 +111,7 @@ local function fair_moves(key, moves, out)
         redis.call('HDEL', state, 'w:' .. sub)
         redis.call('HSET', state, 'v', turn, 'l:' .. sub, next_turn)
       end
-      out[#out + 1] = '!move 1 ' .. key .. FAIR_MARK .. sub
+      out[#out + 1] = '!move 1 ' .. key .. FAIR_MARK .. fair_band(key, sub)
       left = left - 1
     end
   end
