@@ -26,6 +26,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -77,11 +78,8 @@ class Cluster:
                "REDISLOCK_BENCH_RECORD_URL": f"{broker}/2",
                "REDISLOCK_BENCH_SLOTS": str(self.args.slots)}
         os.environ.update(env)
-        from . import fair_share_app  # the sender's app (every phase: the same URLs' names)
-        fair_share_app.app.conf.broker_url = env["REDISLOCK_BENCH_BROKER_URL"]
-        fair_share_app.app.conf.redislock_url = env["REDISLOCK_BENCH_LOCK_URL"]
-        fair_share_app._records.clear()
-        self.bench = fair_share_app
+        from . import fair_share_app  # the sender's app: made again on this phase's URLs
+        self.bench = importlib.reload(fair_share_app)
         self.lock = redis.Redis.from_url(f"{lock}/0")
         self.broker = redis.Redis.from_url(f"{broker}/0")
         self.records = redis.Redis.from_url(f"{broker}/2")
