@@ -176,3 +176,27 @@ def test_a_booked_copy_that_asks_again_keeps_its_turn(redis_client: Any) -> None
     again = rate_park_admit(redis_client, rate, lease=5, run="h1:0", parked=parked.park,
                             book_ms=500)
     assert isinstance(again, (Booked, Lease)), again
+
+
+def test_a_paused_rate_parks_runs_and_promises_them_starts_once_it_ends(
+        redis_client: Any) -> None:
+    """Paused, a run parks (one message) with no promise; the poll moves nothing while the
+    pause lasts, then promises them the next starts (one per interval)."""
+    rate = [limit(rate="10/s")]
+    key = rate[0].key
+    control = key.replace("}:r:", "}:cr:")
+    redis_client.hset(control, "paused_until", "forever")
+    parked = [rate_park_admit(redis_client, rate, lease=5, run=f"p{i}:0", book_ms=500)
+              for i in range(3)]
+    assert all(isinstance(outcome, Busy) and outcome.park is not None for outcome in parked)
+    assert rate_parked_keys(redis_client, PREFIX) == [key]
+    for _ in range(3):
+        assert due_rate(redis_client, {key: 3}, prefix=PREFIX) == []
+    redis_client.hdel(control, "paused_until")
+    owed = due_rate(redis_client, {key: 3}, prefix=PREFIX)
+    assert 1 <= len(owed) <= 3  # those due within the lead: 100 ms apart
+    for i, outcome in enumerate(parked[:len(owed)]):
+        assert outcome.park is not None
+        moved = rate_park_admit(redis_client, rate, lease=5, run=f"p{i}:0",
+                                parked=outcome.park, book_ms=500)
+        assert isinstance(moved, (Lease, Booked)), moved

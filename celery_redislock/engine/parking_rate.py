@@ -7,8 +7,9 @@ describes the keys).
   one script: admitted now (:class:`~.admission.Lease`), booked for a start within
   ``book_ms`` (:class:`~.admission.Booked`: the caller holds the run and starts it without
   asking), parked (:class:`~.admission.Busy` with ``park`` set: publish the copy to
-  ``park.key``'s parking queue, then acknowledge the original), stale
-  (:class:`~.admission.Served`) or :class:`~.admission.Paused`;
+  ``park.key``'s parking queue, then acknowledge the original; a rate an operator paused
+  parks the run too, promised a start by the poll once the pause ends) or stale
+  (:class:`~.admission.Served`);
 * :func:`due_rate`, each worker's poll: one :class:`~.admission.ParkedMove` per parked
   copy whose promised start is due within :data:`LEAD_MS` (the heads of the FIFO); the
   moved copy asks with its :class:`~.admission.ParkRef` and takes the first start the

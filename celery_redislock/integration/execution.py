@@ -43,6 +43,7 @@ from ..engine.channel import limit_waits, settle_all
 from ..engine.holder import parse_holder, unit_of
 from ..engine.keeper import lease_keeper
 from ..engine.parking import GaveUp, ParkAdmitCall
+from ..engine.parking_rate import is_rate_key
 from ..engine.refusal import (
     TRANSIENT,
     describe_error,
@@ -525,10 +526,11 @@ def _parked(attempt: _Attempt, park: Park, server_ms: int) -> Parked:
     wait = broker_line.parked_wait(attempt.waited, park.ref, server_ms or None)
     signals.lock_contended.send(sender=task, task_id=request.id, key=park.name,
                                 countdown=0.0, reason=f"parked behind {park.name!r}")
+    why = ("a later start of the rate %r is promised to it" if is_rate_key(park.ref.key)
+           else "the slots of %r are taken")
     logger.log(logging.DEBUG if attempt.waited.parked else logging.INFO,
-               "celery-redislock: task %s[%s] parked: the slots of %r are taken; it waits in "
-               "their parking queue (attempt %d)", task.name, request.id, park.name,
-               wait.attempts)
+               "celery-redislock: task %s[%s] parked: " + why + "; it waits in their parking "
+               "queue (attempt %d)", task.name, request.id, park.name, wait.attempts)
     return Parked(park.ref, wait, park.name)
 
 

@@ -3,7 +3,8 @@
 -- of its parking queue (the heads of its FIFO of promised starts, rate_parked.lua); a
 -- parking queue that holds messages its FIFO does not know (the store lost its data, or
 -- copies were parked twice) for a while is given that many starts at the end of the
--- line. (store.lua, units.lua, fair.lua, parking.lua and line.lua are put in front.)
+-- line; the runs parked while the rate was paused are promised starts once it ends.
+-- (store.lua, units.lua, fair.lua, parking.lua and line.lua are put in front.)
 --
 -- KEYS[i]     rate key i (1..N); KEYS[N+1] the index of rate keys with a parked line
 -- ARGV[1]     the lead (us): a head promised before now + lead is due
@@ -19,11 +20,37 @@ local lead, most = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now, now_us = server_now()
 local out = {0}
 
+-- Promise `n` runs of rate key `key` the next starts at the end of its line (one each
+-- `interval` us), at the tail of its FIFO `fifo`.
+local function promise_starts(key, fifo, n, interval)
+  local line = math.max(tonumber(redis.call('HGET', key, 'line') or '0') or 0, now_us)
+  local promises = {'RPUSH', fifo}
+  for _ = 1, n do
+    promises[#promises + 1] = string.format('%d', line)
+    line = line + interval
+  end
+  redis.call(unpack(promises))
+  keep_parked(fifo)
+  redis.call('HSET', key, 'line', string.format('%d', line))
+  local needed = math.ceil((line - now_us) / 1000) + 1000
+  if redis.call('PTTL', key) < needed then redis.call('PEXPIRE', key, 2 * needed) end
+end
+
 for i = 1, N do
   local key = KEYS[i]
   local length = tonumber(ARGV[2 + i]) or -1
   local fifo, counts = parked_key(key, 'pq'), parked_key(key, 'pn')
   local interval = tonumber(redis.call('HGET', counts, 'iv') or '') or 0
+  if interval <= 0 then interval = 1000000 end  -- never parked here: a start a second
+  local held = tonumber(redis.call('HGET', counts, 'p') or '0') or 0
+  local pause = redis.call('HGET', string.gsub(key, '}:r:', '}:cr:', 1), 'paused_until')
+  if held > 0 and not pause_end(pause, now) then
+    -- A pause ended: the runs parked during it are promised the starts at the line's end.
+    local n = math.min(held, 1000)
+    promise_starts(key, fifo, n, interval)
+    redis.call('HINCRBY', counts, 'p', -n)
+    held = held - n
+  end
   local heads = redis.call('LRANGE', fifo, 0, most - 1)
   local due = 0
   for _, head in ipairs(heads) do
@@ -34,7 +61,7 @@ for i = 1, N do
     redis.call('LTRIM', fifo, due, -1)
     out[#out + 1] = '!move ' .. due .. ' ' .. key
   end
-  local waiting = redis.call('LLEN', fifo)
+  local waiting = redis.call('LLEN', fifo) + held
   local seen = tonumber(redis.call('HGET', counts, 'e') or '')
   if length > waiting and due == 0 then
     -- Messages no promise stands for: seen so for STALE_MS, they are promised starts at
@@ -43,18 +70,7 @@ for i = 1, N do
       redis.call('HSET', counts, 'e', now)
       keep_parked(counts)
     elseif now - seen > STALE_MS then
-      if interval <= 0 then interval = 1000000 end  -- never parked here: a start a second
-      local line = math.max(tonumber(redis.call('HGET', key, 'line') or '0') or 0, now_us)
-      local promises = {'RPUSH', fifo}
-      for _ = 1, math.min(length - waiting, 1000) do
-        promises[#promises + 1] = string.format('%d', line)
-        line = line + interval
-      end
-      redis.call(unpack(promises))
-      keep_parked(fifo)
-      redis.call('HSET', key, 'line', string.format('%d', line))
-      local needed = math.ceil((line - now_us) / 1000) + 1000
-      if redis.call('PTTL', key) < needed then redis.call('PEXPIRE', key, 2 * needed) end
+      promise_starts(key, fifo, math.min(length - waiting, 1000), interval)
       redis.call('HDEL', counts, 'e')
       redis.call('ZADD', KEYS[N + 1], now, key)
     end

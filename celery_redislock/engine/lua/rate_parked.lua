@@ -15,7 +15,8 @@
 --         start: its copy still has its turn if it asks again) or 's' (served); booked
 --         and served ones are kept 'k' ms, pruned through R:px as parking.lua's are
 --   R:pn  hash: 'n' the last park number, 'k' how long a served reference is kept, 'iv'
---         the interval (us) of the last park, 'e'
+--         the interval (us) of the last park, 'p' the runs parked while the rate was
+--         paused (promised no start yet: the poll promises them starts once it ends), 'e'
 --         since when the poll saw R's parking queue hold messages that R:pq does not know
 -- and the index '<prefix>parked:rate' (sorted set, R -> when a run last parked there).
 --
@@ -41,7 +42,6 @@
 --   "now_ms lease_end_ms 0 1 0"                 admitted now
 --   {6, now, 1, start_us, wait_ms, tat, ahead}  booked from start_us (refund.lua gives it back)
 --   {7, now, 1, 0, wait_ms, -1, park_id}        parked: publish the copy to R's parking queue
---   {3, now, 1, pause_end_ms or -1, 0, 0, 0}    paused by an operator
 --   {4, now, 1, 0, 0, 0, 0}                     stale or served: end this copy unrun
 
 local key, index = KEYS[1], KEYS[2]
@@ -54,7 +54,6 @@ local now, now_us = server_now()
 local control = redis.call('HMGET', string.gsub(key, '}:r:', '}:cr:', 1), 'paused_until',
                            'interval')
 local paused = pause_end(control[1], now)
-if paused then return {3, now, 1, paused, 0, 0, 0} end
 local override = tonumber(control[2] or '')
 if override and override > 0 then
   if interval > 0 then tolerance = tolerance / interval * override end
@@ -130,6 +129,19 @@ local function park(promise)
   redis.call('ZADD', index, now, key)
   write_state({'line', string.format('%d', line)})
   return {7, now, 1, 0, math.ceil((promise - now_us) / 1000), -1, id}
+end
+
+-- Paused by an operator: the run parks with no promise yet, counted in 'p'; the poll
+-- promises those runs the starts at the end of the line once the pause ends.
+if paused then
+  local id = 'r:' .. redis.call('HINCRBY', counts, 'n', 1)
+  redis.call('HINCRBY', counts, 'p', 1)
+  redis.call('HSET', counts, 'k', keep, 'iv', string.format('%d', interval))
+  keep_parked(counts)
+  write_ref(key, run, 'w', ref and ref.since ~= '' and ref.since or string.format('%d', now),
+            id, '0')
+  redis.call('ZADD', index, now, key)
+  return {7, now, 1, 0, paused < 0 and -1 or paused - now, -1, id}
 end
 
 if moved then
