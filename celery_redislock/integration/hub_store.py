@@ -4,9 +4,9 @@
 A :class:`HubStore` is one connection to the lock store per worker, driven by kombu's
 event loop (the ``Hub`` that Celery's worker runs on, in its main process): the socket
 does not block, the hub calls back when it is readable (replies) or, once, writable
-(the connection made). A script call is written at once when no earlier call
-waits for its reply; else it waits for those replies, and every call queued meanwhile
-goes in one write (see :class:`~..engine.resp.Pipeline`). The release of a lease taken so
+(the connection made). A script call is written at the loop's next turn (with every
+call queued in the same turn) when no earlier call waits for its reply; else it waits
+for those replies, and every call queued meanwhile goes in one write (see :class:`~..engine.resp.Pipeline`). The release of a lease taken so
 (uncontended) goes with the next ask, or alone after :data:`RIDE`. A reply that does not come
 within :data:`~.execution.MAIN_PROCESS_TIMEOUT` fails every call in flight with a
 ``TimeoutError`` and drops the connection: each run is then handled as the blocking
@@ -66,6 +66,8 @@ class HubStore:
         self.retrying = False
         #: A release waits for an ask to go with (see :data:`RIDE`).
         self.riding = False
+        #: A write is due at the event loop's next turn.
+        self.flushing = False
         hub.call_repeatedly(max(0.05, deadline / 4), self._check_deadline)
 
     @staticmethod
@@ -112,10 +114,23 @@ class HubStore:
         if self.pipeline.overdue(now, self.deadline):  # should the loop's timer be gone
             self._fail(TimeoutError(f"the lock store did not answer within {self.deadline} s"))
         if self.pipeline.queue(packed, then, ask=ask, now=now):
-            self._flush()
+            self._flush_soon()
         elif not ask and not self.riding:
             self.riding = True
             self.hub.call_later(RIDE, self._ride_ended)
+
+    def _flush_soon(self) -> None:
+        """Write what is queued at the event loop's next turn, once: every ask and
+        release queued during this turn (the messages received, the results read) goes
+        in one write."""
+        if not self.flushing:
+            self.flushing = True
+            self.hub.call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self.flushing = False
+        if self.pipeline.outbox and self.pipeline.asks_unanswered == 0:
+            self._flush()
 
     def _ride_ended(self) -> None:
         self.riding = False
@@ -279,7 +294,7 @@ class HubStore:
             return self._fail(ConnectionError(str(exc)))
         _call_each(self.pipeline.answered(replies))
         if self.pipeline.due():
-            self._flush()
+            self._flush_soon()
         return None
 
     def _check_deadline(self) -> None:
