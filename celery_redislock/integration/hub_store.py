@@ -6,8 +6,9 @@ event loop (the ``Hub`` that Celery's worker runs on, in its main process): the 
 does not block, the hub calls back when it is readable (replies) or, once, writable
 (the connection made). A script call is written at the loop's next turn (with every
 call queued in the same turn) when no earlier call waits for its reply; else it waits
-for those replies, and every call queued meanwhile goes in one write (see :class:`~..engine.resp.Pipeline`). The release of a lease taken so
-(uncontended) goes with the next ask, or alone after :data:`RIDE`. A reply that does not come
+for those replies, and every call queued meanwhile goes in one write (see
+:class:`~..engine.resp.Pipeline`). The release of a lease taken so (uncontended) goes
+with the next ask, or alone after :data:`RIDE`. A reply that does not come
 within :data:`~.execution.MAIN_PROCESS_TIMEOUT` fails every call in flight with a
 ``TimeoutError`` and drops the connection: each run is then handled as the blocking
 gate handles a store that cannot be reached (sent back to wait, fail-closed). A
