@@ -97,7 +97,8 @@ def test_marks_are_those_of_parking_lua() -> None:
                           (parked_view.RESERVATIONS, "reservation number"),
                           (parked_view.CLAIMS, "holder token"),
                           (parked_view.SERVED, "served reference is forgotten")):
-        assert re.search(rf"'}}:{mark}:'\s+(hash|sorted set), [^']*{meaning}", header), mark
+        kinds = r"(hash|sorted set|list)[\s\S]{0,120}?"
+        assert re.search(rf"'}}:{mark}:'\s+" + kinds + meaning, header), mark
     assert "'w' references waiting, 'a' anonymous entries" in header
     assert "'<prefix>parked'" in header and "'parked'" in header
     assert "string.sub(key, 1, at) .. ':' .. mark .. ':'" in header

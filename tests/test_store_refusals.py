@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from celery_redislock import LimitedTask, LockStoreUnavailable, Semaphore
 from celery_redislock.admin.cli import redislock
 from celery_redislock.config.settings import redis_client
 from celery_redislock.engine.keys import companion_key, semaphore_key
-from celery_redislock.engine.refusal import acl_setuser
+from celery_redislock.engine.refusal import REQUIRED_COMMANDS, acl_setuser
 from celery_redislock.integration import handoff
 from celery_redislock.integration.startup import check_lock_store
 from celery_redislock.metrics import MemorySink, disable_metrics, enable_metrics
@@ -343,3 +344,12 @@ def test_scripts_fall_back_to_no_flags_on_a_redis_that_does_not_know_them():
     assert HOLDERS.run(client, ["k"], []) == 0
     assert client.calls[-2:] == [("EVALSHA", HOLDERS.plain_sha),
                                  ("EVAL", HOLDERS.plain_source)]
+
+
+def test_every_command_of_the_scripts_is_in_the_documented_acl() -> None:
+    """A command a Lua script calls is refused to the documented user unless it is
+    listed: every ``redis.call`` in ``engine/lua/`` must be in REQUIRED_COMMANDS."""
+    lua = Path(__file__).resolve().parents[1] / "celery_redislock" / "engine" / "lua"
+    called = {name.lower() for path in lua.glob("*.lua")
+              for name in re.findall(r"redis\.call\('([A-Za-z]+)'", path.read_text())}
+    assert called - set(REQUIRED_COMMANDS) == set()

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List
 
 import click
@@ -86,8 +87,6 @@ def clear_weight(ctx: click.Context, name: str, sub: str) -> None:
 def fair(ctx: click.Context, name: str, top: int, as_json: bool) -> None:
     """Show the sub-lines of the fair limit NAME waiting: how many, and the first TOP by
     turn (the next slot goes to the first), with their waiting runs and weights."""
-    import json
-
     store = _store(ctx)
     key = store.key_of(name, force=True)
     line = fair_control.fair_state(store.client, key, top=max(0, top), prefix=store.prefix)

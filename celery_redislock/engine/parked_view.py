@@ -10,8 +10,9 @@ in its header; this module reads them and writes nothing:
   copy has not claimed them yet (live ones: their end is still ahead);
 * ``'}:pc:'`` holder token -> the reference it claimed (moved, admitted, its body not
   started yet, or running under ``acks_late``);
-* ``'}:px:'`` served references (run -> when it is forgotten): kept so that a copy the
-  broker gives back ends unrun;
+* ``'}:px:'`` served references (a list, in the order they were served, of when each
+  is forgotten): kept so that a copy the broker gives back ends unrun; its length counts
+  those not yet pruned (a few are pruned at each call of the line's scripts);
 * the key space's index ``'<prefix>parked'`` (K -> when a run last parked there).
 
 The oldest waiter's age cannot be read here: a reference's ``since`` is in the hash
@@ -120,7 +121,7 @@ def add_reads(pipe: Any, key: str, now_ms: int) -> None:
     pipe.hmget(companion_key(key, COUNTS), ["w", "a"])
     pipe.zcount(companion_key(key, RESERVATIONS), now, "+inf")
     pipe.hlen(companion_key(key, CLAIMS))
-    pipe.zcount(companion_key(key, SERVED), now, "+inf")
+    pipe.llen(companion_key(key, SERVED))
     index = parked_index_of(key)
     if index is None:
         pipe.exists(key + ":no-index")  # keeps READS_PER_KEY replies per key

@@ -124,7 +124,7 @@ def decide(outcome: Any, situation: Situation = Situation()) -> Action:
         >>> from celery_redislock.engine.admission import Busy, ParkRef
         >>> decide(Busy(name="crawl", holders=1, slots=1, retry_hint=None,
         ...             average_hold=None, server_time_ms=0, park=ParkRef("k", "7:1")))
-        Park(ref=ParkRef(key='k', park_id='7:1'), name='crawl')
+        Park(ref=ParkRef(key='k', park_id='7:1', sub=''), name='crawl')
     """
     if isinstance(outcome, WouldAdmit):
         return Hold(ROOM_POLL, probed=True)
