@@ -4,6 +4,7 @@ and line setting) with tasks under a rate limit.
 ``rated``: 5 starts a second per key (burst 1), records as ``parking_app``'s tasks do
 (``started`` is the server time of each body's start, µs; ``admitted`` the start its
 lease counts from, ms: when it was admitted, or the start booked for it).
+``rated_slots``: the same rate and one slot per key (a run under a rate and slots).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from parking_app import create_app as create_parking_app
 from worker_app import BROKER_URL_ENV, AppUrls
 
 RATED = "parking_rate_app.rated"
+RATED_SLOTS = "parking_rate_app.rated_slots"
 RATED_PREFIX = "rated:"
 RATE = "5/s"
 BURST = 1
@@ -38,6 +40,13 @@ def create_app(urls: AppUrls) -> Celery:
         if lease is not None:  # the start the rate counted (admitted, or booked from)
             recorder.client.hset("admitted", self.request.id, lease.acquired_at_ms)
         return str(recorder.work(self, [RATED_PREFIX + key], seconds))
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=RATED_SLOTS, lock_rate=RATE,
+              lock_burst=BURST, lock_slots=1, lock_key=RATED_PREFIX + "{key}",
+              lock_lease=4.0)
+    def rated_slots(self: Any, seconds: float, key: str = "a") -> str:
+        """One at a time and at most 5 starts a second per key."""
+        return str(fault_recorder(urls.record).work(self, [RATED_PREFIX + key], seconds))
 
     return app
 
