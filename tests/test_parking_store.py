@@ -516,3 +516,26 @@ def free_by_prefix(client: Any, key: str, prefix: str) -> int:
 def test_handoffs_of_reads_moves_among_messages():
     assert handoffs_of(["!move 2 k", b"@h m:t\n{}", b"!move 1 j"]) == [
         ParkedMove("k"), ParkedMove("k"), b"@h m:t\n{}", ParkedMove("j")]
+
+
+def test_lines_that_wait_for_each_others_reservations_still_move(redis_client):
+    """A global cap of 2 and tenants a and b of 1: each tenant's slot is reserved for a run
+    that also needs the global cap, whose slots are reserved for runs that need a tenant.
+    A copy that took its home's reservation takes the other's (no body holds it) and
+    runs; the copy moved for that one parks again."""
+    overall, tenant_a, tenant_b = limit("all", 2), limit("a", 1), limit("b", 1)
+    holds_b = ask(redis_client, [tenant_b], "hb")
+    p = ask(redis_client, [overall, tenant_b], "p")
+    holds_a = ask(redis_client, [tenant_a], "ha")
+    q = ask(redis_client, [overall, tenant_a], "q")
+    holds_all = [ask(redis_client, [overall], f"h{i}") for i in (1, 2)]
+    x = ask(redis_client, [overall, tenant_b], "x")
+    y = ask(redis_client, [overall, tenant_a], "y")
+    assert (p.park.key, q.park.key) == (tenant_b.key, tenant_a.key)
+    assert (x.park.key, y.park.key) == (overall.key, overall.key)
+    for lease in (holds_b, holds_a, *holds_all):
+        lease.release()
+    assert isinstance(ask(redis_client, [overall, tenant_b], "x", parked=x.park), Lease)
+    assert isinstance(ask(redis_client, [overall, tenant_a], "y", parked=y.park), Lease)
+    again = ask(redis_client, [overall, tenant_b], "p", parked=p.park)
+    assert isinstance(again, Busy) and again.park.key == tenant_b.key

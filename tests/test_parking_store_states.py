@@ -179,7 +179,7 @@ class ParkedLine(RuleBasedStateMachine):
             assert count == waiting, f"{name}: count {count}, {waiting} waiting"
 
     def teardown(self) -> None:
-        for _ in range(400):
+        for _ in range(1000):
             if self.bodies:
                 body = self.bodies[0]
                 if not body.started:

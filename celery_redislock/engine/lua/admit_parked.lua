@@ -34,11 +34,11 @@
 --     the store lost (its park id's) counts down an anonymous entry and does the same
 --   * else as a newcomer: served -> status 4; claimed by a live holder -> status 7, its
 --     park id; a free slot and nobody else waiting (not in the grace) -> it passes (a
---     copy that took its home's reservation needs only the free slot); else it parks:
---     its reference (new park id, its first 'since' kept) is written, status 7.
+--     copy that took its home's reservation needs only a slot no body holds: free, or
+--     reserved for that line, which it takes); else it parks: its reference (new park
+--     id, its first 'since' kept) is written, status 7.
 -- A moved copy that takes no reservation at its home gives one back (it was moved for
 -- it), and the slot is handed over again: '!move' entries follow the reply's fields.
---
 -- Replies, as admit.lua's: "now_ms lease_end_ms fence contended last" admitted;
 --   {1, now, 0, lease_end, fence, contended, last, moves...} admitted
 --   {7, now, i, holders, ms_until_first_lease_end, average_hold_ms, park_id, moves...}
@@ -194,9 +194,10 @@ local function count_down_anonymous(l)
 end
 
 -- The home of a moved copy decides first: a copy that takes its reservation there had
--- its turn, and another semaphore only needs a slot free for it (not reserved for that
--- one's own line), whoever waits there: a run under a global cap and a tenant's key is
--- never held between two lines that each wait for the other.
+-- its turn, and another semaphore only needs a slot that no body holds (free, else one
+-- reserved for that semaphore's line, which it takes), whoever waits there: runs under
+-- a global cap and a tenant's key are never held between lines that wait for each
+-- other's reservations.
 local order, turn = {}, false
 if home >= 1 and home <= N and park_id ~= '' then order[1] = home end
 for i = 1, N do
@@ -235,9 +236,13 @@ for _, i in ipairs(order) do
     if i == home and ref and ref.state == 's' then return refuse(4, i) end
     if i == home and claimed_live(l) then return refuse(7, i, ref.park_id) end
     local others = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
-    if turn then others = 0 end
-    if grace or l.paused or l.free < 1 or others > 0 then return park(i) end
-    l.take = 'free'
+    if turn and l.free < 1 and not (grace or l.paused) and live_reservations(l.key, now) > 0 then
+      l.take = 'reserved'  -- a slot no body holds: the copy moved for it parks again
+    elseif grace or l.paused or l.free < 1 or (others > 0 and not turn) then
+      return park(i)
+    else
+      l.take = 'free'
+    end
   end
 end
 
