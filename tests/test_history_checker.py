@@ -129,6 +129,10 @@ def test_a_task_without_a_final_state_is_lost() -> None:
     events = [sent("a"), *body("a", "a1", 1 * S, 2 * S), SETTLE]
     verdict = check(events)
     assert verdict.lost == ["a"] and verdict.states == {"MISSING": 1}
+    served = check([*events, {"kind": "served", "t": 3 * S, "task": "a", "pid": 7}])
+    assert served.defects() == [
+        "lost: task a never reached a final state (a delivery of it ended as served by "
+        "another copy)"]
 
 
 def test_lost_runs_by_cause() -> None:

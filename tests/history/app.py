@@ -11,6 +11,7 @@ recorded too, each where it is sent.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -86,6 +87,7 @@ def create_app(urls: AppUrls) -> Celery:
         for acks_late in (True, False):
             _define(app, urls, kind, acks_late)
     _record_signals(app, urls)
+    _record_ends_unrun(urls)
     return app
 
 
@@ -132,6 +134,36 @@ def _record_signals(app: Celery, urls: AppUrls) -> None:
 
     for name in SIGNALS:
         getattr(signals, name).connect(receiver(name), weak=False)
+
+
+class _EndsUnrun(logging.Filter):
+    """Records ``served`` (task, pid) when a run ends without running because another copy
+    of its message ran it, which the package says only in a DEBUG line of its own: the
+    logger is let through DEBUG for this, every other DEBUG line is dropped as before."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) == 4 and args[2] == "served already":
+            recorder(self.url).event("served", task=str(args[1]), pid=os.getpid(),
+                                     key=str(args[3]))
+        return False
+
+
+def _record_ends_unrun(urls: AppUrls) -> None:
+    log = logging.getLogger(ENDS_UNRUN_LOGGER)
+    if not any(isinstance(f, _EndsUnrun) for f in log.filters):
+        log.addFilter(_EndsUnrun(urls.record))
+        log.setLevel(logging.DEBUG)
+
+
+#: The package's logger that says when a run ends as served by another copy.
+ENDS_UNRUN_LOGGER = "celery_redislock.integration.execution"
 
 
 #: The app of the worker processes, which find the URLs in their environment.

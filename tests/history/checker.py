@@ -20,6 +20,8 @@ A history is a list of event dicts (see :mod:`.events`), each with ``kind`` and 
              ``no_ttl`` (lock store keys without a time to live)
 ``run``      the run's set-up: ``persistence`` (``aof``: the lock store keeps its data)
 ``lease_lost`` a renewal found a running body's lease ended (the signal)
+``served``   a delivery of ``task`` ended without running, another copy of its message
+             having run it (the package's DEBUG line; read to say why a run was lost)
 ``lock_contended``, ``rate_limited``  a delivery of ``task`` was refused and sent back
              to wait (the signals, sent once the waiting copy is published and before
              the refused message is acknowledged), by process ``pid``
@@ -134,6 +136,8 @@ class Verdict:
     lost_by_celery: List[str] = field(default_factory=list)
     lost_known: List[str] = field(default_factory=list)
     lost: List[str] = field(default_factory=list)
+    #: Tasks lost (of :attr:`lost`) a delivery of which ended as served by another copy.
+    lost_served: List[str] = field(default_factory=list)
     #: Failures other than a killed body's ``WorkerLostError``: task id -> exception.
     failed: Dict[str, str] = field(default_factory=dict)
     #: Bodies beyond a task's first, by why they ran again (one entry per extra body).
@@ -157,7 +161,9 @@ class Verdict:
                  f"(runs {', '.join(peak.runs)})" for peak in self.peaks if peak.over]
         found += [f"{rate.key}: {rate.most} admissions in one period, of {rate.allowed}"
                   for rate in self.rates if rate.over]
-        found += [f"lost: task {task} never reached a final state" for task in self.lost]
+        found += [f"lost: task {task} never reached a final state"
+                  + (" (a delivery of it ended as served by another copy)"
+                     if task in self.lost_served else "") for task in self.lost]
         found += [f"failed: task {task} ({error})" for task, error in self.failed.items()]
         found += [f"ran again, unexplained: {run}" for run in self.repeated_unexplained]
         found += [f"body {run} never ended, and no fault killed it" for run in self.unended]
@@ -187,6 +193,8 @@ def check(events: Iterable[Event]) -> Verdict:
     verdict.keeps_data = any(event["kind"] == "run" and event.get("persistence") == "aof"
                              for event in history)
     check_final(verdict, history, sent, bodies, faults)
+    served = {event.get("task") for event in history if event["kind"] == "served"}
+    verdict.lost_served = [task for task in verdict.lost if task in served]
     refusals = [event for event in history if event["kind"] in REFUSALS]
     classify_repeats(verdict, sent, bodies, faults, refusals)
     for event in history:
