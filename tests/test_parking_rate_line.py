@@ -154,3 +154,29 @@ def test_a_rate_and_slots_task_keeps_todays_line(start_cluster: Any) -> None:
     starts = [int(value) for value in record.hgetall("started").values()]
     assert most_in_a_second(starts, 900_000) <= 5 + BURST
     assert 'keeps the "store" line' in cluster.logs()
+
+
+@pytest.mark.parametrize("restart", ["with data", "empty"])
+def test_store_restarted_while_runs_park(start_cluster: Any, restart: str) -> None:
+    """The lock store restarts while rated runs are parked: every run runs once (after a
+    loss, the poll finds the parking queue's messages no promise stands for and promises
+    them starts; each moved copy then asks as a newcomer), within the rate."""
+    from test_store_loss import restart_lock_store_empty
+    from test_store_restart import restart_lock_store_with_data
+
+    cluster = start_cluster(separate_lock_store=True)
+    record = record_store(cluster)
+    results = [cluster.app.tasks[RATED].delay(0.01, key="restart") for _ in range(20)]
+    key = rate_key(RATED_PREFIX + "restart")
+    broker = redis.Redis.from_url(cluster.urls.broker)
+    wait_until(lambda: broker.llen(parking_queue(key)) >= 10, TIMEOUT, "runs parked")
+    (restart_lock_store_with_data if restart == "with data" else restart_lock_store_empty)(
+        cluster)
+    wait_until(lambda: all(result.ready() for result in results), TIMEOUT, "20 results",
+               interval=0.1)
+    assert [int(record.get(f"runs:{result.id}") or 0) for result in results] == [1] * 20
+    admitted = [int(value) * 1000 for value in record.hgetall("admitted").values()]
+    print(f"\n{restart}: most admitted in a second {most_in_a_second(admitted)}")
+    if restart == "with data":
+        assert most_in_a_second(admitted) <= 5 + BURST
+    assert " deferred: " not in cluster.logs()
