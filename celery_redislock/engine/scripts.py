@@ -18,6 +18,7 @@ import hashlib
 from importlib import resources
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from redis import Redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
@@ -127,7 +128,7 @@ LEAVE_PARKED = LuaScript.load("leave_parked.lua", after=LINE)
 
 def is_cluster(client: Any) -> bool:
     """True for a Redis Cluster client, whose scripts must keep to one hash slot."""
-    return isinstance(client, RedisCluster)
+    return type(client) is not Redis and isinstance(client, RedisCluster)
 
 
 def by_hash_slot(client: Any, keys: Sequence[str]) -> List[List[str]]:

@@ -187,7 +187,9 @@ class _Attempt:
 
     @classmethod
     def of(cls, task: Any, setup: _Setup, args: Sequence[Any], kwargs: Mapping[str, Any],
-           request: Any) -> _Attempt:
+           request: Any, pid: Optional[int] = -1) -> _Attempt:
+        """The attempt of ``request``; its holders described with the process ``pid``
+        (this one; None: no process yet, see :func:`_describe_unadopted`)."""
         waited = WaitingRun.of(request)
         eager = bool(request.is_eager)
         promises = dict(waited.promises)
@@ -197,7 +199,7 @@ class _Attempt:
         return cls(
             task=task, setup=setup, request=request,
             limiters=setup.limits.limiters(args, kwargs, setup.settings.prefix),
-            description=_describe(task.name, request.hostname, request.id,
+            description=_describe(task.name, request.hostname, request.id, pid=pid,
                                   args=_args_of(request)),
             owner=owner_prefix(request.hostname or "", request.id or "",
                                this_start(request.hostname)),
@@ -373,15 +375,13 @@ def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool =
     if not setup.settings.enabled:
         return None
     args, kwargs = tuple(request.args or ()), dict(request.kwargs or {})
-    attempt = _Attempt.of(task, setup, args, kwargs, request)
+    attempt = _Attempt.of(task, setup, args, kwargs, request, pid=None)  # unadopted
     attempt.promises.update(promises or {})
     attempt.parking = broker_line.parks(setup.settings, setup.client, attempt.limiters,
                                         loop=loop, task_name=task.name,
                                         max_wait=limits.retry.max_wait)
     if time.monotonic() < _main_process_skips_until[0]:
         return _without_store(attempt, args, kwargs, None)
-    attempt.description = _describe_unadopted(task.name, request.hostname, request.id,
-                                              _args_of(request))
     asking = Asking(attempt, args, kwargs, room, may_wait)
     try:
         if attempt.waited.follows:
