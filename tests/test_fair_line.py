@@ -99,3 +99,19 @@ def test_a_low_priority_starts_within_the_aging_bound(start_cluster: Any) -> Non
     assert waited <= 3.0
     assert after > 0
     assert max(peaks(record, "prio")) == 1
+
+
+def test_the_lock_store_restarted_empty_while_tenants_wait(start_cluster: Any) -> None:
+    """The store loses its sub-lines' turns and counts: the runs parked in the tenants'
+    parking queues are counted again from the broker and each runs once."""
+    from test_store_loss import restart_lock_store_empty
+
+    cluster = start_cluster(separate_lock_store=True)
+    record = record_store(cluster)
+    task = cluster.app.tasks[FAIR]
+    results = [task.delay(0.5, tenant=f"t{n % 3}") for n in range(10)]
+    wait_until(lambda: int(record.hlen("started")) >= FAIR_SLOTS, TIMEOUT, "the first runs")
+    restart_lock_store_empty(cluster)
+    results_of(cluster, results)
+    assert [int(record.get(f"runs:{r.id}") or 0) for r in results] == [1] * len(results)
+    assert max(peaks(record, "fair")) <= FAIR_SLOTS

@@ -220,11 +220,19 @@ def owe(app: Any, moves: Iterable[ParkedMove]) -> None:
                            "of %s lapses and the poll hands it over again", move.key)
 
 
-def _moved(app: Any, key: str, late: bool, done: Done) -> None:
+def _moved(app: Any, key: str, late: bool, done: Done, tried: int = 0) -> None:
     """After a move (on the mover's thread): an empty parking queue gives the slot back
-    (none was reserved for a deadline move, ``late``)."""
+    (none was reserved for a deadline move, ``late``). A move out of a fair line's own
+    queue that found it empty (the lock store lost the sub-lines' counts: its moves are
+    of anonymous entries) first tries the sub-lines the poll last saw holding messages,
+    in turn (``tried`` of them so far)."""
     outcome = done.outcome
     if outcome is not None and not outcome.done and not late:
+        line = _sub_line_after_loss(key, tried)
+        if line is not None and mover(app).move(
+                parking_queue(line), functools.partial(_moved, app, key, late,
+                                                       tried=tried + 1)):
+            return
         try:
             store.moved_nothing(redis_client(app, read_settings(app)), key)
         except Exception as exc:  # the reservation lapses instead
@@ -234,6 +242,35 @@ def _moved(app: Any, key: str, late: bool, done: Done) -> None:
         logger.warning("celery-redislock: a move out of the parking queue of %s failed "
                        "(%r); its reservation lapses and the poll hands it over again", key,
                        done.error)
+
+
+#: The sub-lines of fair lines that held messages at this process's last poll, by key.
+_sub_lines: Dict[str, List[str]] = {}
+_sub_turn = [0]
+
+
+def _sub_line_after_loss(key: str, tried: int) -> Optional[str]:
+    """The next sub-line of ``key`` to move from after ``tried`` empty ones, or None."""
+    lines = _sub_lines.get(key)
+    if not lines or tried >= len(lines):
+        return None
+    if tried == 0:
+        _sub_turn[0] += 1
+    return lines[(_sub_turn[0] + tried) % len(lines)]
+
+
+def note_sub_lines(lines: Dict[str, int]) -> None:
+    """Keep the fair lines' sub-lines holding messages, from a count by line name.
+
+        >>> note_sub_lines({"k\x1fa": 2, "k\x1fb": 0, "j": 1}); _sub_lines
+        {'k': ['k\\x1fa']}
+    """
+    found: Dict[str, List[str]] = {}
+    for line, n in lines.items():
+        if n > 0 and key_of_line(line) != line:
+            found.setdefault(key_of_line(line), []).append(line)
+    _sub_lines.clear()
+    _sub_lines.update(found)
 
 
 def leave_soon(app: Any, request: Any) -> None:
@@ -294,7 +331,9 @@ class Poll:
     def once(self, broker: Any) -> List[ParkedMove]:
         """One poll: the moves owed now, handed to the mover."""
         client, prefix = redis_client(self.app, self.settings), self.settings.prefix
-        lengths = by_key(recount(broker), prefix)
+        counted = recount(broker)
+        note_sub_lines(counted)
+        lengths = by_key(counted, prefix)
         indexed = set(store.parked_keys(client, prefix)) - set(lengths)
         indexed |= set(parking_rate.rate_parked_keys(client, prefix)) - set(lengths)
         lengths.update(parked_lengths(broker, indexed))
