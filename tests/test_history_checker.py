@@ -234,6 +234,13 @@ def test_settle_figures_are_defects() -> None:
     assert "redislock:x: lock store key without a time to live" in defects
 
 
+def test_parking_leftovers_once_settled_are_defects() -> None:
+    events = [sent("a"), *body("a", "a1", 1 * S, 2 * S), final("a"),
+              {"kind": "settle", "t": 9 * S, "held": {}, "no_ttl": [],
+               "parked": {"k: parked line waiting": 2, "k: parked line reserved": 0}}]
+    assert check(events).defects() == ["k: parked line waiting: 2 left once settled"]
+
+
 def test_a_history_without_settling_is_a_defect() -> None:
     verdict = check([sent("a"), *body("a", "a1", 1 * S, 2 * S), final("a")])
     assert not verdict.settled and verdict.defects()

@@ -158,10 +158,13 @@ def _gate(conf: Any) -> str:
 #: The values of ``redislock_line``.
 LINES = ("store", "broker")
 
+#: ``redislock_line`` when not set.
+DEFAULT_LINE = "store"
+
 
 def _line(conf: Any) -> str:
     """``redislock_line``: one of :data:`LINES`."""
-    value = conf.get("redislock_line", "store")
+    value = conf.get("redislock_line", DEFAULT_LINE)
     if value not in LINES:
         raise LockConfigurationError(
             f"setting redislock_line must be 'store' or 'broker', not {value!r}")

@@ -40,6 +40,10 @@ TRANSPORT_OPTIONS = {"visibility_timeout": VISIBILITY_TIMEOUT, "unacked_restore_
 #: Short countdowns while a run waits, so that a run's backlog drains fast.
 RETRY = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.5}
 
+#: The environment variable that gives the workers' app its ``redislock_line`` (unset:
+#: the package's default).
+LINE_ENV = "REDISLOCK_HISTORY_LINE"
+
 SIGNALS = ("lock_acquired", "lock_released", "lease_lost", "lock_contended", "rate_limited")
 
 
@@ -73,9 +77,12 @@ def weight(cost: int) -> int:
     return cost
 
 
-def create_app(urls: AppUrls) -> Celery:
-    """The history app on ``urls``: every kind's two tasks, and the signals recorded."""
+def create_app(urls: AppUrls, line: Optional[str] = None) -> Celery:
+    """The history app on ``urls``: every kind's two tasks, and the signals recorded;
+    ``redislock_line`` is ``line`` when given (else the package's default)."""
     app = Celery("history", broker=urls.broker, backend=urls.backend, set_as_current=False)
+    if line:
+        app.conf.redislock_line = line
     app.conf.update(
         redislock_url=urls.lock,
         broker_connection_retry_on_startup=True,
@@ -168,5 +175,6 @@ ENDS_UNRUN_LOGGER = "celery_redislock.integration.execution"
 
 #: The app of the worker processes, which find the URLs in their environment.
 app: Optional[Celery] = (
-    create_app(AppUrls.from_environment()) if BROKER_URL_ENV in os.environ else None
+    create_app(AppUrls.from_environment(), os.environ.get(LINE_ENV) or None)
+    if BROKER_URL_ENV in os.environ else None
 )

@@ -17,7 +17,8 @@ A history is a list of event dicts (see :mod:`.events`), each with ``kind`` and 
              data)
 ``final``    ``task``, ``state``, ``error`` (the exception's name for a failure)
 ``settle``   once everything has settled: ``held`` (slots still held, per key),
-             ``no_ttl`` (lock store keys without a time to live)
+             ``no_ttl`` (lock store keys without a time to live), ``parked`` (the
+             parking line's leftovers: messages in parking lists, parked line counts)
 ``run``      the run's set-up: ``persistence`` (``aof``: the lock store keeps its data)
 ``lease_lost`` a renewal found a running body's lease ended (the signal)
 ``served``   a delivery of ``task`` ended without running, another copy of its message
@@ -153,6 +154,9 @@ class Verdict:
     keeps_data: bool = False
     held: Dict[str, int] = field(default_factory=dict)
     no_ttl: List[str] = field(default_factory=list)
+    #: The parking line's leftovers once settled (messages in parking lists, non-zero
+    #: counts of a parked line): what -> how many.
+    parked: Dict[str, int] = field(default_factory=dict)
     settled: bool = False
 
     def defects(self) -> List[str]:
@@ -172,6 +176,8 @@ class Verdict:
         found += [f"{key}: {count} slots still held once settled"
                   for key, count in self.held.items() if count]
         found += [f"{key}: lock store key without a time to live" for key in self.no_ttl]
+        found += [f"{what}: {count} left once settled"
+                  for what, count in self.parked.items() if count]
         if not self.settled:
             found.append("the history has no settle event (the run did not finish)")
         return found
@@ -202,6 +208,7 @@ def check(events: Iterable[Event]) -> Verdict:
             verdict.settled = True
             verdict.held = {key: int(count) for key, count in event["held"].items()}
             verdict.no_ttl = list(event["no_ttl"])
+            verdict.parked = {what: int(n) for what, n in event.get("parked", {}).items()}
     return verdict
 
 

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from celery_redislock.config.settings import DEFAULT_LINE, LINES
+
 from .checker import Verdict
 from .run import Options, Outcome, run
 from .table import render
@@ -39,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
     parse.add_argument("--persistence", choices=("aof", "none", "both"), default="aof",
                        help="the lock store keeps its data (aof), or not (none)")
     parse.add_argument("--pool", choices=("prefork", "gevent"), default="prefork")
+    parse.add_argument("--line", choices=(*LINES, "both"), default=DEFAULT_LINE,
+                       help="the workers' redislock_line: where a refused run waits "
+                            f"(default: the package's, {DEFAULT_LINE!r})")
     parse.add_argument("--log-dir", type=Path, default=None,
                        help="keep the workers' logs here (else kept only on a defect)")
     return parse
@@ -50,7 +55,8 @@ def summary(outcome: Outcome) -> str:
     facts = outcome.facts
     faults = sum(verdict.faults.values())
     violations = sum(p.over for p in verdict.peaks) + sum(r.over for r in verdict.rates)
-    cells = [facts["seed"], facts["persistence"], facts["pool"], verdict.tasks, faults,
+    cells = [facts["seed"], facts["persistence"], facts["line"], facts["pool"], verdict.tasks,
+             faults,
              violations, len(verdict.lost),
              f"{len(verdict.repeated_explained)}/{len(verdict.repeated_known)}/"
              f"{len(verdict.repeated_unexplained)}",
@@ -62,21 +68,25 @@ def summary(outcome: Outcome) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     modes = ("aof", "none") if args.persistence == "both" else (args.persistence,)
+    lines = LINES if args.line == "both" else (args.line,)
+    runs = [(seed, mode, line) for seed in args.seeds for mode in modes for line in lines]
     outcomes = []
-    for seed in args.seeds:
-        for mode in modes:
-            log_dir = args.log_dir / f"seed{seed}-{mode}" if args.log_dir else None
-            outcome = run(Options(seed=seed, tasks=args.tasks, faults_for=args.faults_for,
-                                  persistence=mode, pool=args.pool, log_directory=log_dir))
-            title = f"history check: seed {seed}, lock store {mode}, {args.pool}"
-            print(render(title, outcome.verdict, outcome.facts), flush=True)
-            if outcome.log_directory:
-                print(f"  workers' logs: {outcome.log_directory}", flush=True)
-            outcomes.append(outcome)
+    for seed, mode, line in runs:
+        name = f"seed{seed}-{mode}" + ("" if line == DEFAULT_LINE else f"-{line}")
+        log_dir = args.log_dir / name if args.log_dir else None
+        outcome = run(Options(seed=seed, tasks=args.tasks, faults_for=args.faults_for,
+                              persistence=mode, pool=args.pool, log_directory=log_dir,
+                              line=line))
+        title = (f"history check: seed {seed}, lock store {mode}, {line} line, "
+                 f"{args.pool}")
+        print(render(title, outcome.verdict, outcome.facts), flush=True)
+        if outcome.log_directory:
+            print(f"  workers' logs: {outcome.log_directory}", flush=True)
+        outcomes.append(outcome)
     if len(outcomes) > 1:
-        print("| seed | lock store | pool | tasks | faults | violations | lost "
+        print("| seed | lock store | line | pool | tasks | faults | violations | lost "
               "| repeated explained/known/unexplained | verdict | wall s |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(summary(outcome) for outcome in outcomes))
     return 1 if any(outcome.verdict.defects() for outcome in outcomes) else 0
 

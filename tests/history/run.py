@@ -16,6 +16,9 @@ from typing import Any, Dict, List, Optional
 from celery import Celery
 
 from celery_redislock import Semaphore
+from celery_redislock.config.settings import DEFAULT_LINE
+from celery_redislock.engine.parked_view import read_parked_lines
+from celery_redislock.integration.parking.naming import PARKING_PREFIX
 
 from .app import VISIBILITY_TIMEOUT, create_app
 from .checker import FINAL_STATES, Verdict, check, classify_lost, collect_bodies
@@ -43,6 +46,8 @@ class Options:
     persistence: str = "aof"
     pool: str = "prefork"
     log_directory: Optional[Path] = None
+    #: The workers' ``redislock_line``; None: the package's default.
+    line: Optional[str] = None
 
 
 @dataclass
@@ -57,13 +62,14 @@ def run(options: Options) -> Outcome:
     started = time.monotonic()
     logs = options.log_directory or Path(tempfile.mkdtemp(prefix="history-logs-"))
     servers = Servers(options.persistence)
-    workers = Workers(servers.urls, logs, options.pool)
+    workers = Workers(servers.urls, logs, options.pool, line=options.line)
     try:
         record = Recorder(servers.urls.record)
         record.event("run", seed=options.seed, persistence=options.persistence,
-                     pool=options.pool, tasks=options.tasks, faults_for=options.faults_for)
+                     pool=options.pool, tasks=options.tasks, faults_for=options.faults_for,
+                     line=line_of(options))
         workers.start()
-        app = create_app(servers.urls)
+        app = create_app(servers.urls, options.line)
         sent = drive(options, app, servers, workers, record)
         settle(app, servers, workers, record, sent)
         history = record.history()
@@ -72,6 +78,7 @@ def run(options: Options) -> Outcome:
         workers.stop()
         servers.stop()
     facts = {"seed": options.seed, "persistence": options.persistence, "pool": options.pool,
+             "line": line_of(options),
              "faults for (s)": options.faults_for,
              "wall time (s)": round(time.monotonic() - started, 1)}
     kept = None
@@ -145,7 +152,36 @@ def settle(app: Celery, servers: Servers, workers: Workers, record: Recorder,
     no_ttl = [key.decode() for key in lock.scan_iter(count=1000) if lock.ttl(key) == -1]
     broker = servers.broker.client()  # kombu's Redis transport: messages not yet acked
     record.event("settle", held=held, no_ttl=no_ttl, broker_unacked=broker.hlen("unacked"),
-                 broker_queued=broker.llen("celery"))
+                 broker_queued=broker.llen("celery"),
+                 parked=parked_leftovers(lock, broker, keys))
+
+
+def line_of(options: Options) -> str:
+    """The line the run's workers use: the option, else the package's default."""
+    return options.line or DEFAULT_LINE
+
+
+def parked_leftovers(lock: Any, broker: Any, keys: List[str]) -> Dict[str, int]:
+    """What the parking line still holds once settled: each parking list of the broker
+    (a Redis broker: ``redislock.parking.*`` lists, priority lists and the list of
+    unroutable copies included) that holds messages, and each of ``keys``'s parked line
+    (in the lock store) whose runs waiting, anonymous entries, live reservations or claims
+    are not zero. Empty when the line is clean, as it must be (and always on the store's
+    line)."""
+    found: Dict[str, int] = {}
+    for name in broker.scan_iter(match=PARKING_PREFIX + "*", count=1000):
+        if broker.type(name) == b"list" and broker.llen(name):
+            found[f"broker list {name.decode(errors='replace')!r}"] = broker.llen(name)
+    seconds, micros = lock.time()
+    full = {Semaphore(lock, key).key: key for key in keys}
+    for full_key, line in read_parked_lines(lock, list(full), seconds * 1000
+                                            + micros // 1000).items():
+        counts = {"waiting": line.references_waiting, "anonymous": line.anonymous,
+                  "reserved": line.reserved, "claimed": line.claimed}
+        for name, count in counts.items():
+            if count:
+                found[f"{full[full_key]}: parked line {name}"] = count
+    return found
 
 
 def final_states(app: Celery, tasks: List[str]) -> Dict[str, Any]:

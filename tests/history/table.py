@@ -33,6 +33,7 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
         ("lease_lost signals", str(verdict.lease_lost)),
         ("slots held once settled", str(sum(verdict.held.values()))),
         ("keys without a TTL", str(len(verdict.no_ttl))),
+        ("parking leftovers", str(sum(verdict.parked.values()))),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"== {title} ==", *(f"  {name:<{width}}  {value}" for name, value in rows)]
