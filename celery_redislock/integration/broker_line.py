@@ -19,6 +19,8 @@ parking queues (:mod:`.parking`) for the gate.
 
     >>> split([ParkedMove("k"), "message"])
     (['message'], [ParkedMove(key='k', sub='')])
+    >>> split([b"!move 2 k"])  # a script's reply passed through as it came
+    ([], [ParkedMove(key='k', sub=''), ParkedMove(key='k', sub='')])
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 from ..config.settings import Settings, read_settings, redis_client
 from ..engine import parking as store
 from ..engine import parking_rate
-from ..engine.admission import ParkedMove, ParkRef
+from ..engine.admission import ParkedMove, ParkRef, handoffs_of
 from .parking import (
     Done,
     LoopHop,
@@ -202,10 +204,13 @@ def park(app: Any, message: Any, ref: ParkRef, wait: WaitingRun,
 
 
 def split(handoffs: Iterable[Any]) -> Tuple[List[Any], List[ParkedMove]]:
-    """Messages to re-publish (today's line), and the moves owed (the parking line)."""
+    """Messages to re-publish (today's line), and the moves owed (the parking line),
+    as :class:`ParkedMove` entries or as a script's raw ``"!move <n> <key>"`` entries
+    (the callers that pass a script's reply through: freeing a dead run's slots, an
+    operator's wake)."""
     messages: List[Any] = []
     moves: List[ParkedMove] = []
-    for handoff in handoffs:
+    for handoff in handoffs_of(list(handoffs)):
         (moves if isinstance(handoff, ParkedMove) else messages).append(handoff)
     return messages, moves
 
