@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, List
 
 import pytest
 from celery.result import AsyncResult
-from parity_app import MAX_WAIT, WAITS, create_app
+from parity_app import HEAVY, MAX_WAIT, UNITS, WAITS, create_app
 
 from cluster_checks import record_store, wait_until
 from parking_app import LINE_ENV
@@ -66,5 +66,22 @@ def test_max_wait_fails_parked_runs_on_time_with_the_line_long(start_cluster: An
     assert [int(record.get(f"runs:{r.id}") or 0) for r in waiters] == [0] * len(waiters)
     wait_until(ready(cluster, [holder]), TIMEOUT, "the holder's end")
     assert holder.status == "SUCCESS"
+    logs = cluster.logs()
+    assert " parked: " in logs and "keeps the \"store\" line" not in logs
+
+
+def test_cost_two_runs_under_three_units_never_exceed_three(start_cluster: Any) -> None:
+    """Runs of cost 2 under 3 units, 6 pool processes, 14 runs: never more than 3 units
+    held at once (counted from inside the bodies), each run once, all parked on the
+    broker line."""
+    cluster = start_cluster()
+    record = record_store(cluster)
+    results = [cluster.app.tasks[HEAVY].delay(0.15) for _ in range(14)]
+    wait_until(ready(cluster, results), TIMEOUT, "the heavy runs")
+    assert [r.status for r in results] == ["SUCCESS"] * len(results)
+    held = [int(n) for n in record.lrange("unit_peaks", 0, -1)]
+    print(f"\nunits held as each body started: {held}")
+    assert len(held) == len(results) and max(held) <= UNITS
+    assert [int(record.get(f"runs:{r.id}") or 0) for r in results] == [1] * len(results)
     logs = cluster.logs()
     assert " parked: " in logs and "keeps the \"store\" line" not in logs

@@ -95,3 +95,60 @@ def test_a_claimed_run_leaves_the_deadlines(redis_client):
     lease = ask(redis_client, limiters, "w", parked=parked.park, max_wait=30)
     assert isinstance(lease, Lease)
     assert deadlines(redis_client, key) == []
+
+
+def heavy(name: str, slots: int = 3, cost: int = 2) -> SlotLimit:
+    return SlotLimit(name, slots, PREFIX, cost=cost)
+
+
+def units(client: Any, key: str) -> int:
+    return int(client.zcount(key, f"({int(time.time() * 1000)}", "+inf"))
+
+
+def test_weighted_runs_park_and_the_heavy_head_keeps_units_free(redis_client):
+    """3 units: a run of cost 2 holds, a second parks; a light run (cost 1) parks behind
+    it although one unit is free (nobody overtakes); the holder's release reserves 2
+    units for the heavy head and 1 for the light run; never over 3."""
+    two, one = [heavy("weighted")], [heavy("weighted", cost=1)]
+    key = two[0].key
+    first = ask(redis_client, two, "h0")
+    assert isinstance(first, Lease) and units(redis_client, key) == 2
+    second = ask(redis_client, two, "h1")
+    assert isinstance(second, Busy) and second.park
+    light = ask(redis_client, one, "l0")
+    assert isinstance(light, Busy) and light.park  # one unit free, but the line waits
+    assert units(redis_client, key) == 2
+    assert first.release()
+    # 3 units free: 2 reserved for the heavy head, 1 for the light run behind it.
+    assert len(first.handoffs) == 2
+    assert units(redis_client, key) == 3
+    moved = ask(redis_client, two, "h1", parked=second.park)
+    assert isinstance(moved, Lease) and units(redis_client, key) == 3
+    assert isinstance(ask(redis_client, one, "l0", parked=light.park), Lease)
+    assert units(redis_client, key) == 3
+    assert moved.release()
+    assert units(redis_client, key) == 1
+
+
+def test_a_heavy_head_waits_for_enough_units(redis_client):
+    """Three light holders of 3 units; a heavy run parks, then a light one behind it: a
+    release frees 1 unit, not enough for the head: nothing is reserved, nobody moves; a
+    second release frees 2: the head's reservation (2 units), one move."""
+    two, one = [heavy("head-waits")], [heavy("head-waits", cost=1)]
+    key = two[0].key
+    holders = [ask(redis_client, one, f"l{i}") for i in range(3)]
+    assert all(isinstance(h, Lease) for h in holders)
+    big = ask(redis_client, two, "big")
+    small = ask(redis_client, one, "small")
+    assert big.park and small.park
+    holders[0].release()
+    assert holders[0].handoffs == []
+    assert isinstance(ask(redis_client, one, "late"), Busy)  # the free unit is kept
+    holders[1].release()
+    assert len(holders[1].handoffs) == 1
+    assert isinstance(ask(redis_client, two, "big", parked=big.park), Lease)
+    assert units(redis_client, key) == 3
+    holders[2].release()  # one unit: the light run's turn
+    assert len(holders[2].handoffs) == 1
+    assert isinstance(ask(redis_client, one, "small", parked=small.park), Lease)
+    assert units(redis_client, key) == 3

@@ -91,7 +91,8 @@ def test_a_newcomer_takes_a_free_slot_and_a_refusal_parks(redis_client):
 
 
 def test_prepare_answers_none_off_the_parked_line(redis_client):
-    assert prepare_park_admit(redis_client, [SlotLimit("w", 3, PREFIX, cost=2)], lease=5,
+    from celery_redislock.engine.admission import RateLimit
+    assert prepare_park_admit(redis_client, [RateLimit("r", "1/s", PREFIX)], lease=5,
                               run="t:0") is None
     call = prepare_park_admit(redis_client, [limit()], lease=5, run="t:0")
     assert call is not None and call.script.name == "admit_parked.lua"

@@ -41,7 +41,8 @@ choices it does not make:
   would take a scan): its copy, given back by the broker, asks again and then parks or
   takes a free slot.
 
-Slots only, a cost of 1 per semaphore; not on Redis Cluster (the poll's index lives
+Slots only, of any cost (a slot handed to the line is reserved in units of its head's
+cost: ``lua/parked_cost.lua``); not on Redis Cluster (the poll's index lives
 outside the keys' hash slot). :func:`prepare_park_admit` answers None for anything
 else, which keeps today's path.
 
@@ -226,11 +227,10 @@ class ParkAdmitCall:
 
 
 def parks(client: Any, limiters: Sequence[Any]) -> bool:
-    """Whether a run under ``limiters`` can wait on the parked line: semaphores only,
-    each of cost 1, and not on Redis Cluster."""
+    """Whether a run under ``limiters`` can wait on the parked line: semaphores only (of
+    any cost: ``lua/parked_cost.lua``), and not on Redis Cluster."""
     return (bool(limiters) and not is_cluster(client)
-            and all(isinstance(limiter, SlotLimit) and limiter.cost == 1
-                    for limiter in limiters))
+            and all(isinstance(limiter, SlotLimit) for limiter in limiters))
 
 
 def prepare_park_admit(
@@ -276,12 +276,15 @@ def prepare_park_admit(
             parked.park_id if parked is not None and home else "", keep_served_ms,
             reserve_ms, *(limiter.slots for limiter in limiters), seen_incarnation(client),
             grace_bound_ms(client, lease), "1" if park_paused else "0"]
-    if any(limiter.fair for limiter in limiters) or max_wait is not None:
+    weighted = any(limiter.cost != 1 for limiter in limiters)
+    if any(limiter.fair for limiter in limiters) or max_wait is not None or weighted:
         args.extend(limiter.fair for limiter in limiters)  # fair lines' sub-lines (fair.lua)
-    if max_wait is not None or priority is not None:
+    if max_wait is not None or priority is not None or weighted:
         args.append(milliseconds(max_wait) if max_wait is not None else "")
-    if priority is not None:
-        args.append(milliseconds(priority_aging))
+    if priority is not None or weighted:
+        args.append(milliseconds(priority_aging) if priority is not None else "")
+    if weighted:  # each semaphore's cost (parked_cost.lua)
+        args.extend(limiter.cost for limiter in limiters)
     return ParkAdmitCall(client, list(limiters), token, lease, description, reserve_ms,
                          [*keys, parked_index(prefix)], args)
 
@@ -320,7 +323,7 @@ def park_admit(
                               park_paused=park_paused, max_wait=max_wait,
                               priority=priority, priority_aging=priority_aging)
     if call is None:
-        raise ValueError("park_admit: semaphores of cost 1 only, not on Redis Cluster")
+        raise ValueError("park_admit: semaphores only, not on Redis Cluster")
     return call.outcome(call.script.run(client, call.keys, call.args))
 
 

@@ -99,9 +99,11 @@ _PLAIN = "_redislock_plain_scripts"
 
 #: Shared functions put in front of the scripts that hand out slots: the store's
 #: incarnation (store.lua), weighted holders (units.lua), the parked line (parking.lua,
-#: with its fair sub-lines: fair.lua, and its runs' deadlines: deadline.lua),
+#: with its fair sub-lines: fair.lua, its weighted runs: parked_cost.lua, and its runs'
+#: deadlines: deadline.lua),
 #: then the waiting line (line.lua).
-LINE = ["store.lua", "units.lua", "fair.lua", "parking.lua", "deadline.lua", "line.lua"]
+LINE = ["store.lua", "units.lua", "fair.lua", "parked_cost.lua", "parking.lua", "deadline.lua",
+        "line.lua"]
 
 ADMIT = LuaScript.load("admit.lua", after=LINE)
 RELEASE = LuaScript.load("release.lua", after=LINE)
@@ -121,8 +123,9 @@ ADOPT = LuaScript.load("adopt.lua", after=["units.lua"])
 #: The parked line (parking.lua; see :mod:`.parking`).
 ADMIT_PARKED = LuaScript.load("admit_parked.lua", after=LINE)
 DUE = LuaScript.load("due.lua", after=LINE)
-MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=["fair.lua", "parking.lua"])
-STARTED = LuaScript.load("started.lua", after=["fair.lua", "parking.lua"])
+PARKED = ["units.lua", "fair.lua", "parked_cost.lua", "parking.lua"]
+MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=PARKED)
+STARTED = LuaScript.load("started.lua", after=PARKED)
 LEAVE_PARKED = LuaScript.load("leave_parked.lua", after=LINE)
 
 

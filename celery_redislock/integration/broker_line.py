@@ -3,7 +3,7 @@ lock store's references (:mod:`~celery_redislock.engine.parking`) and the broker
 parking queues (:mod:`.parking`) for the gate.
 
 * :func:`parks` says whether a run waits on this line: the setting, a worker with an
-  event loop (the gate's main process), semaphores only of cost 1, not Redis Cluster;
+  event loop (the gate's main process), semaphores only (any cost), not Redis Cluster;
   anything else keeps today's line, said once in the log;
 * :func:`prepare` is the admission's one script (a moved copy asks with its
   :class:`ParkRef`);
@@ -66,7 +66,7 @@ _said: Set[str] = set()
 def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: bool,
           task_name: str, max_wait: Optional[float] = None) -> bool:
     """Whether a run of ``task_name`` under ``limiters`` waits on the parking line; a task
-    that would, but cannot (a rate limit, a cost, Redis Cluster, no event loop), keeps
+    that would, but cannot (a rate limit, Redis Cluster, no event loop), keeps
     today's line, logged once per task. A ``lock_max_wait`` is kept: see
     :mod:`.parked_deadline`."""
     if settings.line != "broker":
@@ -79,7 +79,7 @@ def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: boo
         say_store_line(task_name, "its rate limit has a lock_max_wait (not kept by a rate "
                                   "limit's parked runs yet)")
         return False
-    say_store_line(task_name, "it parks runs of semaphores of cost 1 only, or of one rate "
+    say_store_line(task_name, "it parks runs of semaphores (of any cost), or of one rate "
                               "limit of cost 1 alone, not on Redis Cluster, on workers with "
                               "an event loop: prefork and solo")
     return False

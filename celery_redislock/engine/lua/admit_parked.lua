@@ -1,8 +1,9 @@
 -- Admit one run past N semaphores on the parked line (parking.lua), all or nothing, on
 -- the server's clock; a refusal writes the run's reference in the same call (it parks).
 -- (store.lua, units.lua, parking.lua and line.lua are put in front of this script.)
--- Slots only, a cost of 1 in each; the holders are admit.lua's ("token acquired_ms fence
--- description" scored by the end of the lease), so renew, adopt and release work as ever.
+-- Slots only, of any cost (units.lua, parked_cost.lua); the holders are admit.lua's
+-- ("token acquired_ms fence description" scored by the end of the lease), so renew,
+-- adopt and release work as ever.
 --
 -- KEYS[i]      semaphore i (1..N); KEYS[N+1] the key space's index of parked lines
 -- ARGV[1]      holder token        ARGV[2] lease (ms)        ARGV[3] holder description
@@ -24,6 +25,9 @@
 --              given up (status 5; deadline.lua)
 -- ARGV[13+2N]  how many ms of waiting are worth one step of priority (sub-lines with a
 --              band; fair.lua)
+-- ARGV[13+2N+i] the run's cost at semaphore i (missing: 1): it takes that many units,
+--              and a reservation of its line is made in units of its head's cost
+--              (parked_cost.lua)
 --
 -- Each semaphore decides in turn, a moved copy's home first (the first that refuses
 -- parks the run):
@@ -100,7 +104,8 @@ for i = 1, N do
   local slots, paused = semaphore_limit(key, tonumber(ARGV[8 + i]), now)
   if paused and not park_paused then return reply(3, i, paused, 0, 0, 0) end
   redis.call('ZREMRANGEBYSCORE', key, '0', now_text)
-  local l = {key = key, slots = slots, configured = ARGV[8 + i], paused = paused}
+  local l = {key = key, slots = slots, configured = ARGV[8 + i], paused = paused,
+             cost = cost_of(13 + 2 * N, i)}
   l.stats = redis.call('ZMSCORE', key, '#fence', '#hold', '#ttl')
   l.counts = parked_line(key)
   if l.counts then  -- else the key never had a parked line: no reference to read
@@ -112,6 +117,16 @@ for i = 1, N do
   l.used = redis.call('ZCOUNT', key, '(' .. now_text, '+inf')
   l.free = slots - l.used
   limiters[i] = l
+end
+
+-- Whether the reservation of `l` that ends first, with the units free, admits its cost.
+local function reservation_fits(l)
+  if live_reservations(l.key, now) == 0 then return false end
+  local first = redis.call('ZRANGEBYSCORE', parked_key(l.key, 'pv'), '(' .. now_text, '+inf',
+                           'LIMIT', 0, 1)
+  if #first == 0 then return false end
+  local reserved = reservation_cost(first[1])
+  return reserved >= l.cost or l.free >= l.cost - reserved
 end
 
 local function claimed_live(l)
@@ -166,6 +181,8 @@ end
 -- Park the run at semaphore i: its reference (a new park id, its first 'since' kept).
 local function park(i)
   local l, ref = limiters[i], limiters[i].ref
+  local ahead = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
+  cost_parked(l.key, l.cost, math.max(0, ahead - live_reservations(l.key, now)))
   local h = home >= 1 and home <= N and limiters[home]
   local since = ref and ref.since or (h and h.ref and h.ref.since ~= '' and h.ref.since)
   if past_deadline(since, max_wait, now) then return give_up(i, since) end
@@ -228,7 +245,7 @@ for _, i in ipairs(order) do
     elseif past_deadline(ref.since, max_wait, now) then
       return give_up(i, ref.since)
     end
-    if not (deadline_move or grace or l.paused) and live_reservations(l.key, now) > 0 then
+    if not (deadline_move or grace or l.paused) and reservation_fits(l) then
       l.take, decided, turn = 'reserved', true, true
     end
   end
@@ -236,9 +253,9 @@ for _, i in ipairs(order) do
     if i == home and ref and ref.state == 's' then return refuse(4, i) end
     if i == home and claimed_live(l) then return refuse(7, i, ref.park_id) end
     local others = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
-    if turn and l.free < 1 and not (grace or l.paused) and live_reservations(l.key, now) > 0 then
+    if turn and l.free < l.cost and not (grace or l.paused) and reservation_fits(l) then
       l.take = 'reserved'  -- a slot no body holds: the copy moved for it parks again
-    elseif grace or l.paused or l.free < 1 or (others > 0 and not turn) then
+    elseif grace or l.paused or l.free < l.cost or (others > 0 and not turn) then
       return park(i)
     else
       l.take = 'free'
@@ -252,7 +269,7 @@ for i = 1, N do
   local l = limiters[i]
   if l.stats[1] then fence = math.max(fence, 1 - tonumber(l.stats[1])) end
   if l.stats[2] or l.ref or l.counts[1] + l.counts[2] > 0 then contended = 1 end
-  if l.take == 'free' and l.free <= 1 then last = 1 end
+  if l.take == 'free' and l.free <= l.cost then last = 1 end
 end
 local fence_text = string.format('%d', fence)
 local lease_end = now + lease
@@ -275,6 +292,7 @@ for i = 1, N do
   end
   redis.call('ZADD', l.key, lease_end_text, member, '-' .. fence_text, '#fence',
              '-' .. l.configured, '#slots')
+  add_units(l.key, token, l.cost, lease_end_text)  -- a weighted run's units (units.lua)
   local ttl_end = ttl_recorded(l.key, l.stats[3], now)
   if ttl_end < lease_end then
     local ttl = math.max(math.floor(lease * 1.5), 60000)

@@ -58,6 +58,7 @@ local function deadline_moves(key, now, hold_ms, out)
   if (tonumber(flight[2] or '0') or 0) > now then in_flight = tonumber(flight[1] or '0') or 0 end
   if late <= in_flight then return end
   redis.call('HSET', counts, 'd', late, 'dt', now + hold_ms)
+  for _ = 1, late - in_flight do cost_moved(key) end  -- the heads leave (parked_cost.lua)
   out[#out + 1] = '!late ' .. (late - in_flight) .. ' ' .. key
 end
 

@@ -94,6 +94,7 @@ for i = 1, N do
       counts[2] = length
     elseif length == 0 then
       redis.call('ZREM', KEYS[N + 1], key)
+      redis.call('DEL', cost_fifo(key))  -- nothing parked: no cost to keep (parked_cost.lua)
     end
   end
   if counts[1] + counts[2] > 0 and not grace then

@@ -131,14 +131,17 @@ local function live_reservations(key, now)
   return redis.call('ZCARD', reservations)
 end
 
--- Take the live reservation of `key` that ends first: true if there was one.
+-- Take the live reservation of `key` that ends first: its cost (parked_cost.lua) if
+-- there was one, else false.
 local function take_reservation(key, now)
   local reservations = parked_key(key, 'pv')
   local first = redis.call('ZRANGEBYSCORE', reservations, '(' .. now, '+inf', 'LIMIT', 0, 1)
   if #first == 0 then return false end
   redis.call('ZREM', reservations, first[1])
-  redis.call('ZREM', key, PARKED_RESERVED .. first[1])
-  return true
+  local cost, number = reservation_cost(first[1])
+  redis.call('ZREM', key, PARKED_RESERVED .. number)
+  remove_units(key, PARKED_RESERVED .. number, cost)
+  return cost
 end
 
 -- Reserve for the parked line of `key` as many of its `free` slots as it has waiters
@@ -148,16 +151,20 @@ end
 local function hand_over_parked(key, free, now, reserve_ms, out, counts)
   counts = counts or parked_line(key)
   if not counts or free <= 0 or reserve_ms <= 0 then return free end
-  local moves = math.min(free, counts[1] + counts[2] - live_reservations(key, now))
+  local costs = parked_costs(key, free, counts[1] + counts[2] - live_reservations(key, now))
+  local moves = #costs
   if moves <= 0 then return free end
   local last = redis.call('HINCRBY', parked_key(key, 'pn'), 'v', moves)
   local until_ms = now + reserve_ms
   local members, numbers = {'ZADD', key}, {'ZADD', parked_key(key, 'pv')}
-  for number = last - moves + 1, last do
+  for index, cost in ipairs(costs) do  -- a weighted head: its units too (parked_cost.lua)
+    local number = last - moves + index
     members[#members + 1] = until_ms
     members[#members + 1] = PARKED_RESERVED .. number
     numbers[#numbers + 1] = until_ms
-    numbers[#numbers + 1] = number
+    numbers[#numbers + 1] = cost > 1 and (number .. '*' .. cost) or number
+    add_units(key, PARKED_RESERVED .. number, cost, until_ms)
+    free = free - cost + 1
   end
   redis.call(unpack(members))
   redis.call(unpack(numbers))
