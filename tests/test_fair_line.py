@@ -115,3 +115,36 @@ def test_the_lock_store_restarted_empty_while_tenants_wait(start_cluster: Any) -
     results_of(cluster, results)
     assert [int(record.get(f"runs:{r.id}") or 0) for r in results] == [1] * len(results)
     assert max(peaks(record, "fair")) <= FAIR_SLOTS
+
+
+def test_rabbitmq_as_the_broker(start_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same with RabbitMQ as the broker: a parking queue per tenant (a move: get,
+    publish, acknowledge); each run once, never over the cap."""
+    import uuid
+
+    from test_rabbitmq import rabbitmq_answers
+
+    from celery_redislock.engine.keys import semaphore_key
+    from celery_redislock.integration.parking import line_name, parking_queue
+
+    from parking_app import RABBIT_ENV
+    if not rabbitmq_answers():
+        pytest.skip("no RabbitMQ answers")
+    monkeypatch.setenv(RABBIT_ENV, "1")
+    cluster = start_cluster()
+    record = record_store(cluster)
+    tenants = [f"r{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    try:
+        results = [cluster.app.tasks[FAIR].delay(0.2, tenant=tenants[n % 3])
+                   for n in range(12)]
+        results_of(cluster, results)
+        assert [int(record.get(f"runs:{r.id}") or 0) for r in results] == [1] * 12
+        assert max(peaks(record, "fair")) == FAIR_SLOTS
+        assert " parked: " in cluster.logs()
+    finally:
+        with cluster.app.connection_for_write() as connection:
+            channel = connection.default_channel
+            channel.queue_delete(cluster.app.conf.task_default_queue)
+            key = semaphore_key("fair", "redislock:")
+            for tenant in tenants:
+                channel.queue_delete(parking_queue(line_name(key, f"tenant:{tenant}")))
