@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from .admission import (
+    SUB_MARK,
     Busy,
     Lease,
     Outcome,
@@ -145,8 +146,8 @@ class DeadlineMove(ParkedMove):
     ``key``'s parking queue is moved with no slot reserved for it (a move that finds the
     queue empty gives nothing back). See ``lua/deadline.lua``.
 
-        >>> moves_of([b"!late 1 redislock:{ab}:s:x"])
-        [DeadlineMove(key='redislock:{ab}:s:x', sub='')]
+        >>> moves_of([b"!late 1 k", b"!late 1 k\x1fa"])
+        [DeadlineMove(key='k', sub=''), DeadlineMove(key='k', sub='a')]
     """
 
 
@@ -160,8 +161,9 @@ def moves_of(entries: Sequence[Any]) -> List[ParkedMove]:
     for entry in entries:
         text = entry.decode("utf-8", "surrogateescape") if isinstance(entry, bytes) else entry
         if isinstance(text, str) and text.startswith(_LATE_MARK):
-            _, count, key = text.split(" ", 2)
-            moves.extend(DeadlineMove(key) for _ in range(int(count)))
+            _, count, line = text.split(" ", 2)
+            key, _, sub = line.partition(SUB_MARK)
+            moves.extend(DeadlineMove(key, sub) for _ in range(int(count)))
         else:
             moves.extend(move for move in handoffs_of([entry])
                          if isinstance(move, ParkedMove))

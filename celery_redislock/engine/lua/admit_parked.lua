@@ -167,12 +167,12 @@ end
 
 -- Given up at semaphore i (its max wait passed): its references dropped, nothing held.
 local function give_up(i, since)
-  for _, l in ipairs(limiters) do
+  for index, l in ipairs(limiters) do
     if l.ref and l.ref.state == 'w' then
       redis.call('HDEL', parked_key(l.key, 'pr'), run)
       count_down_waiting(l.key, l.counts)
     end
-    drop_deadline(l.key, run)
+    drop_deadline(l.key, run, ARGV[11 + N + index])
   end
   give_back()
   return reply(5, i, since, 0, 0, 0)
@@ -181,14 +181,12 @@ end
 -- Park the run at semaphore i: its reference (a new park id, its first 'since' kept).
 local function park(i)
   local l, ref = limiters[i], limiters[i].ref
-  local ahead = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
-  cost_parked(l.key, l.cost, math.max(0, ahead - live_reservations(l.key, now)))
   local h = home >= 1 and home <= N and limiters[home]
   local since = ref and ref.since or (h and h.ref and h.ref.since ~= '' and h.ref.since)
   if past_deadline(since, max_wait, now) then return give_up(i, since) end
-  if (ARGV[11 + N + i] or '') == '' then  -- a fair line's: checked when moved
-    parked_deadline(l.key, run, since or now_text, max_wait)
-  end
+  parked_deadline(l.key, run, since or now_text, max_wait, ARGV[11 + N + i])
+  local ahead = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
+  cost_parked(l.key, l.cost, math.max(0, ahead - live_reservations(l.key, now)))
   local counts = parked_key(l.key, 'pn')
   local id = born .. ':' .. redis.call('HINCRBY', counts, 'n', 1)
   if not (ref and ref.state == 'w') then redis.call('HINCRBY', counts, 'w', 1) end
@@ -283,7 +281,7 @@ for i = 1, N do
     local claims = parked_key(l.key, 'pc')
     if ref.state == 'w' then
       count_down_waiting(l.key, l.counts)
-      drop_deadline(l.key, run)
+      drop_deadline(l.key, run, ARGV[11 + N + i])
     end
     if ref.state == 'c' then redis.call('HDEL', claims, ref.holder) end
     write_ref(l.key, run, 'c', ref.since, ref.park_id, token)

@@ -4,32 +4,43 @@
 --
 -- Companions of a semaphore K (same hash tag, see parking.lua):
 --
---   '}:pd:'  sorted set, run -> its deadline (ms): its first 'since' + its max wait;
---            written when it parks (not for a fair line's sub-lines), dropped when its
---            reference stops waiting (claimed, left, given up), or found so by the poll
+--   '}:pd:'  sorted set, run (with its sub-line, for a fair line's: '<run>\031<sub>') ->
+--            its deadline (ms): its first 'since' + its max wait; written when it parks,
+--            dropped when its reference stops waiting (claimed, left, given up), or
+--            found so by the poll; put 2 s ahead while a deadline move is in flight
 --   '}:pn:'  fields 'd': how many deadline moves of K are in flight, 'dt' until when
 --
--- The poll (due.lua) counts the deadlines passed (ZCOUNT: O(log n)) and owes as many
--- *deadline moves* ('!late <count> K') as are not in flight: the head of K's parking
--- queue is moved with no slot reserved for it, once per move. The parking queue is
+-- The poll (due.lua) reads the deadlines passed (ZRANGEBYSCORE, O(log n) + those due)
+-- and owes one *deadline move* per run due that is not in flight ('!late <count> K',
+-- out of the run's sub-line's parking queue for a fair line): the head of that parking
+-- queue is moved with no slot reserved for it. The parking queue is
 -- FIFO and the deadlines of one max wait follow it, so the head is the run due. Its
 -- admission (admit_parked.lua, as the copy's home) answers it given up (status 5): its
 -- reference and deadline dropped, nothing held. A moved copy whose deadline has not
 -- passed (mixed max waits on one key: a run with a longer one, or none, parked before)
 -- asks as a newcomer: it takes a free slot if nobody else waits, else it parks again at
 -- the end of the line (its 'since', hence its deadline, kept); the next poll moves the
--- next head. So with mixed max waits on one key, a run is given up about a poll later
--- per run with a later deadline parked before it: give one key one max wait.
+-- next head, once the run's deadline move has been in flight 2 s. So with mixed max
+-- waits on one key, a run is given up about 2 s later per run with a later deadline
+-- parked before it: give one key one max wait. (A fair line's count of messages per
+-- sub-line, fair.lua, does not see a deadline move: the move it later owes there finds
+-- the parking queue empty and gives its reservation back, moved_nothing.lua.)
 
-local function parked_deadline(key, run, since, max_wait)
+-- The member of a run's deadline: the run, and its sub-line for a fair line's.
+local function deadline_member(run, sub)
+  if sub == nil or sub == '' then return run end
+  return run .. '\031' .. sub
+end
+
+local function parked_deadline(key, run, since, max_wait, sub)
   if not max_wait then return end
   local name = parked_key(key, 'pd')
-  redis.call('ZADD', name, (tonumber(since) or 0) + max_wait, run)
+  redis.call('ZADD', name, (tonumber(since) or 0) + max_wait, deadline_member(run, sub))
   keep_parked(name)
 end
 
-local function drop_deadline(key, run)
-  redis.call('ZREM', parked_key(key, 'pd'), run)
+local function drop_deadline(key, run, sub)
+  redis.call('ZREM', parked_key(key, 'pd'), deadline_member(run, sub))
 end
 
 -- Whether a run first refused at `since` (ms, text) has waited its max wait by `now`.
@@ -38,28 +49,44 @@ local function past_deadline(since, max_wait, now)
   return max_wait ~= nil and first ~= nil and first + max_wait <= now
 end
 
--- The poll: the deadline moves of `key` owed to `out` ('!late <count> <key>'): one per
--- run whose deadline passed (ZCOUNT, at most LATE_MOVES a poll), less those in flight
--- (until now + hold_ms). Heads that no longer wait are dropped first (a few a call).
+-- The poll: a deadline move of `key` owed to `out` ('!late <count> <key>[\031<sub>]')
+-- per run whose deadline passed (at most LATE_MOVES a poll) and that still waits; its
+-- deadline is then put LATE_HOLD_MS ahead (the move in flight: owed again after that,
+-- had its copy not come). Entries of runs that no longer wait are dropped.
 local LATE_MOVES = 100
+local LATE_HOLD_MS = 2000
 
-local function deadline_moves(key, now, hold_ms, out)
+local function deadline_moves(key, now, out)
   local name, counts = parked_key(key, 'pd'), parked_key(key, 'pn')
-  for _ = 1, 8 do
-    local first = redis.call('ZRANGE', name, 0, 0, 'WITHSCORES')
-    if #first == 0 or tonumber(first[2]) > now then return end
-    local ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), first[1]))
-    if ref and ref.state == 'w' then break end
-    redis.call('ZREM', name, first[1])  -- it no longer waits: claimed, left, served
+  local due_now = redis.call('ZRANGEBYSCORE', name, '-inf', now, 'LIMIT', 0, LATE_MOVES)
+  if #due_now == 0 then return end
+  local refs = parked_key(key, 'pr')
+  local subs, order, moved, again = {}, {}, 0, {'ZADD', name}
+  for _, member in ipairs(due_now) do
+    local at = string.find(member, '\031', 1, true)
+    local run = at and string.sub(member, 1, at - 1) or member
+    local sub = at and string.sub(member, at + 1) or ''
+    local ref = parse_ref(redis.call('HGET', refs, run))
+    if ref and ref.state == 'w' then
+      if not subs[sub] then order[#order + 1] = sub end
+      subs[sub] = (subs[sub] or 0) + 1
+      moved = moved + 1
+      again[#again + 1] = now + LATE_HOLD_MS
+      again[#again + 1] = member
+    else
+      redis.call('ZREM', name, member)  -- it no longer waits: claimed, left, served
+    end
   end
-  local late = math.min(redis.call('ZCOUNT', name, '-inf', now), LATE_MOVES)
-  local flight = redis.call('HMGET', counts, 'd', 'dt')
-  local in_flight = 0
-  if (tonumber(flight[2] or '0') or 0) > now then in_flight = tonumber(flight[1] or '0') or 0 end
-  if late <= in_flight then return end
-  redis.call('HSET', counts, 'd', late, 'dt', now + hold_ms)
-  for _ = 1, late - in_flight do cost_moved(key) end  -- the heads leave (parked_cost.lua)
-  out[#out + 1] = '!late ' .. (late - in_flight) .. ' ' .. key
+  if moved == 0 then return end
+  redis.call(unpack(again))
+  redis.call('HINCRBY', counts, 'd', moved)
+  redis.call('HSET', counts, 'dt', now + LATE_HOLD_MS)
+  for _, sub in ipairs(order) do
+    local line = key
+    if sub ~= '' then line = key .. '\031' .. sub end
+    out[#out + 1] = '!late ' .. subs[sub] .. ' ' .. line
+  end
+  for _ = 1, moved do cost_moved(key) end  -- the heads leave (parked_cost.lua)
 end
 
 -- A copy moved out of `key`'s parking queue reached its admission: true if a deadline

@@ -107,7 +107,7 @@ for i = 1, N do
     end
   end
   if counts[1] > 0 and not grace then
-    deadline_moves(key, now, reserve, out)  -- a run parked past its max wait (deadline.lua)
+    deadline_moves(key, now, out)  -- runs parked past their max wait (deadline.lua)
   end
 end
 return out
