@@ -164,3 +164,12 @@ def test_a_higher_priority_goes_first_and_a_lower_one_ages(redis_client):
         send_priority(line, f"late-high{n}", 5, 0.2)
     served = [line.finish_one() for _ in range(6)]
     assert served == ["\x1e0"] * 3 + ["\x1e5"] * 3
+
+
+def test_a_sub_lines_state_keeps_a_time_to_live_once_its_last_run_is_moved(redis_client):
+    line = Line(redis_client)
+    assert isinstance(line.send("tenant:a", "first"), Lease)
+    assert isinstance(line.send("tenant:a", "second"), Busy)
+    assert line.finish_one() == "tenant:a"  # its sub-line empties: its state is written anew
+    state = line.key.replace("}:s:", "}:fn:")
+    assert redis_client.exists(state) and redis_client.pttl(state) > 0

@@ -111,6 +111,7 @@ local function fair_moves(key, moves, out)
         redis.call('HDEL', state, 'w:' .. sub)
         redis.call('HSET', state, 'v', turn, 'l:' .. sub, next_turn)
       end
+      fair_keep(state)  -- the HDEL above may have emptied it: written anew, no TTL
       out[#out + 1] = '!move 1 ' .. key .. FAIR_MARK .. fair_band(key, sub)
       left = left - 1
     end
