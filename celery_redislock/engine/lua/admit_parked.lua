@@ -1,6 +1,7 @@
 -- Admit one run past N semaphores on the parked line (parking.lua), all or nothing, on
 -- the server's clock; a refusal writes the run's reference in the same call (it parks).
--- (store.lua, units.lua, parking.lua and line.lua are put in front of this script.)
+-- (store.lua, units.lua, fair.lua, parked_cost.lua, parking.lua, deadline.lua, line.lua
+-- and parked_admit.lua are put in front of this script.)
 -- Slots only, of any cost (units.lua, parked_cost.lua); the holders are admit.lua's
 -- ("token acquired_ms fence description" scored by the end of the lease), so renew,
 -- adopt and release work as ever.
@@ -82,55 +83,12 @@ if marker and seen >= 0 then
   end
 end
 
--- Whether the holder with `token` has a live lease in `key` (a walk of its live
--- holders, bounded by its slots: only for a copy that finds its reference claimed).
-local function holder_live(key, holder)
-  if holder == '' then return false end
-  local start = 0
-  while true do
-    local members = redis.call('ZRANGEBYSCORE', key, '(' .. now_text, '+inf', 'LIMIT', start, 100)
-    if #members == 0 then return false end
-    for _, member in ipairs(members) do
-      if token_of(member) == holder and string.find(member, ' ', 1, true) then return true end
-    end
-    start = start + 100
-  end
-end
-
 -- Phase 1: read every semaphore.
 local limiters = {}
 for i = 1, N do
-  local key = KEYS[i]
-  local slots, paused = semaphore_limit(key, tonumber(ARGV[8 + i]), now)
-  if paused and not park_paused then return reply(3, i, paused, 0, 0, 0) end
-  redis.call('ZREMRANGEBYSCORE', key, '0', now_text)
-  local l = {key = key, slots = slots, configured = ARGV[8 + i], paused = paused,
-             cost = cost_of(13 + 2 * N, i)}
-  l.stats = redis.call('ZMSCORE', key, '#fence', '#hold', '#ttl')
-  l.counts = parked_line(key)
-  if l.counts then  -- else the key never had a parked line: no reference to read
-    prune_served(key, now)
-    l.ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), run))
-  else
-    l.counts = {0, 0}
-  end
-  l.used = redis.call('ZCOUNT', key, '(' .. now_text, '+inf')
-  l.free = slots - l.used
+  local l = read_semaphore(KEYS[i], ARGV[8 + i], cost_of(13 + 2 * N, i), run, now)
+  if l.paused and not park_paused then return reply(3, i, l.paused, 0, 0, 0) end
   limiters[i] = l
-end
-
--- Whether the reservation of `l` that ends first, with the units free, admits its cost.
-local function reservation_fits(l)
-  if live_reservations(l.key, now) == 0 then return false end
-  local first = redis.call('ZRANGEBYSCORE', parked_key(l.key, 'pv'), '(' .. now_text, '+inf',
-                           'LIMIT', 0, 1)
-  if #first == 0 then return false end
-  local reserved = reservation_cost(first[1])
-  return reserved >= l.cost or l.free >= l.cost - reserved
-end
-
-local function claimed_live(l)
-  return l.ref and l.ref.state == 'c' and holder_live(l.key, l.ref.holder)
 end
 
 -- A moved copy that takes no reservation at its home gives one back, handed over again.
@@ -156,13 +114,8 @@ local function refuse(status, i, id)
   if status == 4 then return reply(4, i, 0, 0, 0, 0) end
   -- its copy is published to its sub-line's queue (fair.lua)
   fair_parked(l.key, ARGV[11 + N + i], (l.ref and l.ref.since) or now_text, ARGV[13 + 2 * N])
-  local first = redis.call('ZRANGEBYSCORE', l.key, '(' .. now_text, '+inf', 'WITHSCORES',
-                           'LIMIT', 0, 1)
-  local until_first_end = first[2] and tonumber(first[2]) - now or 0
-  if grace then until_first_end = math.max(until_first_end, grace - now) end
-  if l.paused then until_first_end = l.paused < 0 and -1 or l.paused - now end
-  local hold = l.stats[2] and -tonumber(l.stats[2]) - 1 or -1
-  return reply(7, i, l.used, until_first_end, hold >= 0 and hold or -1, id)
+  local used, until_first_end, hold = refusal_fields(l, now, grace)
+  return reply(7, i, used, until_first_end, hold, id)
 end
 
 -- Given up at semaphore i (its max wait passed): its references dropped, nothing held.
@@ -187,27 +140,12 @@ local function park(i)
   parked_deadline(l.key, run, since or now_text, max_wait, ARGV[11 + N + i])
   local ahead = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
   cost_parked(l.key, l.cost, math.max(0, ahead - live_reservations(l.key, now)))
-  local counts = parked_key(l.key, 'pn')
-  local id = born .. ':' .. redis.call('HINCRBY', counts, 'n', 1)
-  if not (ref and ref.state == 'w') then redis.call('HINCRBY', counts, 'w', 1) end
-  if ref and ref.state == 'c' then redis.call('HDEL', parked_key(l.key, 'pc'), ref.holder) end
-  write_ref(l.key, run, 'w', ref and ref.since or now_text, id, '')
-  redis.call('HSET', counts, 'k', keep, 's', l.configured)
-  keep_parked(counts)
-  mark_parked(l.key, now)  -- contended: releases hand over
-  redis.call('ZADD', KEYS[N + 1], now, l.key)  -- the poll's index of parked lines
+  local id = park_reference(l, run, born, ref and ref.since or now_text, keep, KEYS[N + 1], now)
   return refuse(7, i, id)
 end
 
 -- Phase 2: each semaphore decides (a moved copy's home first); the first that refuses
 -- parks the run.
-local function count_down_anonymous(l)
-  if l.counts[2] > 0 then
-    redis.call('HINCRBY', parked_key(l.key, 'pn'), 'a', -1)
-    l.counts[2] = l.counts[2] - 1
-  end
-end
-
 -- The home of a moved copy decides first: a copy that takes its reservation there had
 -- its turn, and another semaphore only needs a slot that no body holds (free, else one
 -- reserved for that semaphore's line, which it takes), whoever waits there: runs under
@@ -224,7 +162,7 @@ end
 for i = 1, N do
   local ref = limiters[i].ref
   if i ~= home and ref and ref.state == 's' then return refuse(4, i) end
-  if i ~= home and claimed_live(limiters[i]) then return refuse(7, i, ref.park_id) end
+  if i ~= home and claimed_live(limiters[i], now) then return refuse(7, i, ref.park_id) end
 end
 
 for _, i in ipairs(order) do
@@ -238,20 +176,20 @@ for _, i in ipairs(order) do
     elseif not ref or ref.park_id ~= park_id or ref.state == 's' then
       count_down_anonymous(l)
       return refuse(4, i)
-    elseif claimed_live(l) then
+    elseif claimed_live(l, now) then
       return refuse(7, i, ref.park_id)
     elseif past_deadline(ref.since, max_wait, now) then
       return give_up(i, ref.since)
     end
-    if not (deadline_move or grace or l.paused) and reservation_fits(l) then
+    if not (deadline_move or grace or l.paused) and reservation_fits(l, now) then
       l.take, decided, turn = 'reserved', true, true
     end
   end
   if not decided then
     if i == home and ref and ref.state == 's' then return refuse(4, i) end
-    if i == home and claimed_live(l) then return refuse(7, i, ref.park_id) end
+    if i == home and claimed_live(l, now) then return refuse(7, i, ref.park_id) end
     local others = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
-    if turn and l.free < l.cost and not (grace or l.paused) and reservation_fits(l) then
+    if turn and l.free < l.cost and not (grace or l.paused) and reservation_fits(l, now) then
       l.take = 'reserved'  -- a slot no body holds: the copy moved for it parks again
     elseif grace or l.paused or l.free < l.cost or (others > 0 and not turn) then
       return park(i)
@@ -274,29 +212,8 @@ local lease_end = now + lease
 local lease_end_text = string.format('%d', lease_end)
 local member = token .. ' ' .. now_text .. ' ' .. fence_text .. ' ' .. description
 for i = 1, N do
-  local l, ref = limiters[i], limiters[i].ref
-  if l.take == 'reserved' then take_reservation(l.key, now) end
-  if ref and (ref.state == 'w' or ref.state == 'c') then
-    -- Claimed by this holder until its body starts (default acks) or ends (acks late).
-    local claims = parked_key(l.key, 'pc')
-    if ref.state == 'w' then
-      count_down_waiting(l.key, l.counts)
-      drop_deadline(l.key, run, ARGV[11 + N + i])
-    end
-    if ref.state == 'c' then redis.call('HDEL', claims, ref.holder) end
-    write_ref(l.key, run, 'c', ref.since, ref.park_id, token)
-    redis.call('HSET', claims, token, run)
-    keep_parked(claims)
-  end
-  redis.call('ZADD', l.key, lease_end_text, member, '-' .. fence_text, '#fence',
-             '-' .. l.configured, '#slots')
-  add_units(l.key, token, l.cost, lease_end_text)  -- a weighted run's units (units.lua)
-  local ttl_end = ttl_recorded(l.key, l.stats[3], now)
-  if ttl_end < lease_end then
-    local ttl = math.max(math.floor(lease * 1.5), 60000)
-    redis.call('ZADD', l.key, ttl_score(now + ttl), TTL_END)
-    redis.call('PEXPIRE', l.key, ttl)
-  end
+  hold_slot(limiters[i], run, token, member, fence_text, lease, lease_end, now,
+            ARGV[11 + N + i])
 end
 if #handed > 0 then return reply(1, 0, lease_end, fence_text, contended, last) end
 return string.format('%s %s %s %d %d', now_text, lease_end_text, fence_text, contended, last)
