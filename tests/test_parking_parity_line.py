@@ -62,7 +62,7 @@ def test_max_wait_fails_parked_runs_on_time_with_the_line_long(start_cluster: An
     took = time.monotonic() - sent
     print(f"\n20 parked runs failed {took:.2f} s after they were sent (max wait {MAX_WAIT} s)")
     assert [type(r.result).__name__ for r in waiters] == ["LockWaitTimeout"] * len(waiters)
-    assert took < MAX_WAIT + 1.0
+    assert took < MAX_WAIT + 1.5
     assert [int(record.get(f"runs:{r.id}") or 0) for r in waiters] == [0] * len(waiters)
     wait_until(ready(cluster, [holder]), TIMEOUT, "the holder's end")
     assert holder.status == "SUCCESS"

@@ -79,7 +79,7 @@ def test_a_run_whose_deadline_has_not_passed_parks_again_keeping_its_since(redis
     again = ask(redis_client, limiters, "long", parked=long.park, max_wait=60)
     assert isinstance(again, Busy) and again.park and again.park.park_id != long.park.park_id
     assert again.handoffs == []
-    # Once the first deadline move has been in flight 2 s, the poll moves the next
+    # Once the first deadline move has been in flight 0.5 s, the poll moves the next
     # head: the run due, given up.
     assert due(redis_client, {key: 2}) == []
     until = time.monotonic() + 5

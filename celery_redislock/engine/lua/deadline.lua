@@ -7,7 +7,7 @@
 --   '}:pd:'  sorted set, run (with its sub-line, for a fair line's: '<run>\031<sub>') ->
 --            its deadline (ms): its first 'since' + its max wait; written when it parks,
 --            dropped when its reference stops waiting (claimed, left, given up), or
---            found so by the poll; put 2 s ahead while a deadline move is in flight
+--            found so by the poll; put 0.5 s ahead while a deadline move is in flight
 --   '}:pn:'  fields 'd': how many deadline moves of K are in flight, 'dt' until when
 --
 -- The poll (due.lua) reads the deadlines passed (ZRANGEBYSCORE, O(log n) + those due)
@@ -20,8 +20,8 @@
 -- passed (mixed max waits on one key: a run with a longer one, or none, parked before)
 -- asks as a newcomer: it takes a free slot if nobody else waits, else it parks again at
 -- the end of the line (its 'since', hence its deadline, kept); the next poll moves the
--- next head, once the run's deadline move has been in flight 2 s. So with mixed max
--- waits on one key, a run is given up about 2 s later per run with a later deadline
+-- next head, once the run's deadline move has been in flight 0.5 s. So with mixed max
+-- waits on one key, a run is given up about 0.5 s later per run with a later deadline
 -- parked before it: give one key one max wait. (A fair line's count of messages per
 -- sub-line, fair.lua, does not see a deadline move: the move it later owes there finds
 -- the parking queue empty and gives its reservation back, moved_nothing.lua.)
@@ -54,7 +54,7 @@ end
 -- deadline is then put LATE_HOLD_MS ahead (the move in flight: owed again after that,
 -- had its copy not come). Entries of runs that no longer wait are dropped.
 local LATE_MOVES = 100
-local LATE_HOLD_MS = 2000
+local LATE_HOLD_MS = 500
 
 local function deadline_moves(key, now, out)
   local name, counts = parked_key(key, 'pd'), parked_key(key, 'pn')
