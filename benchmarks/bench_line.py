@@ -73,6 +73,12 @@ class Case:
     line: str
     size: int
     keys: int = 1
+    #: How many runs the drain is timed over (the first ones; 0: all of them).
+    drain: int = 0
+
+    @property
+    def drained(self) -> int:
+        return min(self.drain, self.size) if self.drain else self.size
 
 
 def run_case(case: Case, timeout: float, settle: float, window: float,
@@ -127,20 +133,21 @@ def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: 
     cpu, released_us = cpu_seconds(servers.lock), _server_us(servers.records)
     for semaphore, lease in held:
         semaphore.release(lease)
-    wait_for(lambda: servers.records.llen(bench.ENDS) >= case.size, timing.timeout,
-             f"{case.size} runs to drain", workers)
-    runs = [tuple(map(int, value.split())) for value in servers.records.lrange(bench.ENDS, 0, -1)]
+    wait_for(lambda: servers.records.llen(bench.ENDS) >= case.drained, timing.timeout,
+             f"{case.drained} runs to drain", workers)
+    runs = [tuple(map(int, value.split()))
+            for value in servers.records.lrange(bench.ENDS, 0, case.drained - 1)]
     seconds = (max(end for _, _, end in runs) - released_us) / 1e6
     lock_calls = sum(calls_delta(calls, command_calls(servers.lock)).values())
     publishes = calls_delta(broker_calls, command_calls(servers.broker))
     handoffs = _handoff_ms(runs, released_us)
     return {"line": case.line, "size": case.size, "keys": case.keys, **parked,
-            "drain_seconds": seconds, "rate": case.size / seconds,
+            "drained": case.drained, "drain_seconds": seconds, "rate": case.drained / seconds,
             "handoff_p50_ms": percentile(handoffs, 50), "handoff_p95_ms": percentile(handoffs, 95),
-            "lock_cpu_per_1000": (cpu_seconds(servers.lock) - cpu) / case.size * 1000,
-            "commands_per_handoff": lock_calls / case.size,
+            "lock_cpu_per_1000": (cpu_seconds(servers.lock) - cpu) / case.drained * 1000,
+            "commands_per_handoff": lock_calls / case.drained,
             "publishes_per_task": (publishes.get("lpush", 0) + publishes.get("rpush", 0))
-            / case.size}
+            / case.drained}
 
 
 def _hold(lock: redis.Redis, name: str) -> Tuple[Semaphore, Any]:
@@ -233,14 +240,15 @@ def _server_us(client: redis.Redis) -> int:
 
 
 def report(results: List[Dict[str, Any]]) -> str:
-    rows = [(r["line"], r["size"], r["keys"], f"{r['parked_worker_mb']:.1f}",
+    rows = [(r["line"], r["size"], r["keys"], r["drained"], f"{r['parked_worker_mb']:.1f}",
              f"{r['parked_broker_mb']:.1f}", f"{r['parked_lock_mb']:.1f}",
              f"{r['parked_broker_cps']:.1f}", f"{r['parked_lock_cps']:.1f}",
              f"{r['rate']:.1f}", f"{r['handoff_p50_ms']:.2f}", f"{r['handoff_p95_ms']:.2f}",
              f"{r['commands_per_handoff']:.1f}", f"{r['publishes_per_task']:.2f}")
             for r in results]
     return markdown_table(
-        ("line", "N", "keys", "worker MB beyond idle", "broker MB", "lock store MB",
+        ("line", "N", "keys", "drain timed over", "worker MB beyond idle", "broker MB",
+         "lock store MB",
          "broker cmd/s parked", "lock store cmd/s parked", "drain /s", "hand-off p50 ms",
          "hand-off p95 ms", "lock-store commands per hand-off", "publishes per task"), rows)
 
@@ -253,12 +261,14 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--settle", type=float, default=5.0)
     parser.add_argument("--window", type=float, default=10.0)
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # one case "line:size:keys", as JSON
+    parser.add_argument("--drain", type=int, default=0,
+                        help="time the drain over the first N runs only (0: all)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # "line:size:keys:drain", as JSON
     args = parser.parse_args(argv)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-line-"))
     if args.one:
-        line, size, keys = args.one.split(":")
-        case = Case(line, int(size), int(keys))
+        line, size, keys, drain = args.one.split(":")
+        case = Case(line, int(size), int(keys), int(drain))
         print(json.dumps(run_case(case, args.timeout, args.settle, args.window, log_dir)))
         return []
     results = []
@@ -267,7 +277,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
             for line in args.line:
                 output = subprocess.run(
                     [sys.executable, "-m", "benchmarks.bench_line", "--one",
-                     f"{line}:{size}:{keys}", "--timeout", str(args.timeout),
+                     f"{line}:{size}:{keys}:{args.drain}", "--timeout", str(args.timeout),
                      "--settle", str(args.settle), "--window", str(args.window)],
                     check=True, capture_output=True, text=True).stdout
                 results.append(json.loads(output.strip().splitlines()[-1]))
