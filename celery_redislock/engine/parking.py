@@ -42,7 +42,9 @@ choices it does not make:
   takes a free slot.
 
 Slots only, of any cost (a slot handed to the line is reserved in units of its head's
-cost: ``lua/parked_cost.lua``); not on Redis Cluster (the poll's index lives
+cost: ``lua/parked_cost.lua``); on Redis Cluster a run whose limits lie in one hash slot
+(the poll's index, in another slot, is written by a command of its own after each
+script, :func:`local_index`) (the poll's index lives
 outside the keys' hash slot). :func:`prepare_park_admit` answers None for anything
 else, which keeps today's path.
 
@@ -87,6 +89,7 @@ from .scripts import (
     MOVED_NOTHING,
     STARTED,
     LuaScript,
+    by_hash_slot,
     is_cluster,
 )
 
@@ -206,6 +209,8 @@ class ParkAdmitCall:
             return self._lease(now_ms, int(a), int(b), int(c), int(d), handoffs)
         if status == 7:
             park_id = d.decode() if isinstance(d, bytes) else str(d)
+            if is_cluster(self.client):  # the key space's index: one command of its own
+                self.client.zadd(parked_index(limiter.prefix), {limiter.key: now_ms})
             return Busy(name=limiter.name, holders=int(a), slots=limiter.slots,
                         retry_hint=max(0, int(b)) / 1000.0,
                         average_hold=None if int(c) < 0 else int(c) / 1000.0,
@@ -230,9 +235,32 @@ class ParkAdmitCall:
 
 def parks(client: Any, limiters: Sequence[Any]) -> bool:
     """Whether a run under ``limiters`` can wait on the parked line: semaphores only (of
-    any cost: ``lua/parked_cost.lua``), and not on Redis Cluster."""
-    return (bool(limiters) and not is_cluster(client)
-            and all(isinstance(limiter, SlotLimit) for limiter in limiters))
+    any cost: ``lua/parked_cost.lua``); on Redis Cluster, all in one hash slot (one
+    limit, or limits whose keys share a hash tag: the admission is one script)."""
+    return (bool(limiters) and all(isinstance(limiter, SlotLimit) for limiter in limiters)
+            and len(by_hash_slot(client, [limiter.key for limiter in limiters])) == 1)
+
+
+def local_index(key: str) -> str:
+    """On Redis Cluster, the index entry of semaphore ``key`` kept in its own hash slot
+    (the scripts write it there; the key space's index, in another slot, is written
+    after them by one command of its own).
+
+        >>> local_index("redislock:{ab}:s:reports")
+        'redislock:{ab}:pi:reports'
+    """
+    return key.replace("}:s:", "}:pi:", 1)
+
+
+def _index_of(client: Any, prefix: str, key: str) -> str:
+    """The index key the scripts of ``key`` write: the key space's, or on Redis Cluster
+    the key's own (:func:`local_index`)."""
+    return local_index(key) if is_cluster(client) else parked_index(prefix)
+
+
+def _seen(client: Any) -> int:
+    """The incarnation to pass: on Redis Cluster -1 (its marker lies in another slot)."""
+    return -1 if is_cluster(client) else seen_incarnation(client)
 
 
 def prepare_park_admit(
@@ -276,7 +304,7 @@ def prepare_park_admit(
     prefix = limiters[0].prefix
     args = [token, milliseconds(lease), description, run, home,
             parked.park_id if parked is not None and home else "", keep_served_ms,
-            reserve_ms, *(limiter.slots for limiter in limiters), seen_incarnation(client),
+            reserve_ms, *(limiter.slots for limiter in limiters), _seen(client),
             grace_bound_ms(client, lease), "1" if park_paused else "0"]
     weighted = any(limiter.cost != 1 for limiter in limiters)
     if any(limiter.fair for limiter in limiters) or max_wait is not None or weighted:
@@ -288,7 +316,7 @@ def prepare_park_admit(
     if weighted:  # each semaphore's cost (parked_cost.lua)
         args.extend(limiter.cost for limiter in limiters)
     return ParkAdmitCall(client, list(limiters), token, lease, description, reserve_ms,
-                         [*keys, parked_index(prefix)], args)
+                         [*keys, _index_of(client, prefix, keys[0])], args)
 
 
 def park_admit(
@@ -325,7 +353,7 @@ def park_admit(
                               park_paused=park_paused, max_wait=max_wait,
                               priority=priority, priority_aging=priority_aging)
     if call is None:
-        raise ValueError("park_admit: semaphores only, not on Redis Cluster")
+        raise ValueError("park_admit: semaphores only (on Redis Cluster, in one hash slot)")
     return call.outcome(call.script.run(client, call.keys, call.args))
 
 
@@ -359,6 +387,8 @@ def due(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "redisl
     """
     moves: List[ParkedMove] = []
     keys = list(parked_lengths)
+    if is_cluster(client):
+        return _due_on_cluster(client, parked_lengths, prefix, reserve_ms, lease)
     for start in range(0, len(keys), 500):
         batch = keys[start:start + 500]
         reply = DUE.run(client, [*batch, parked_index(prefix)],
@@ -367,6 +397,26 @@ def due(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "redisl
                          *(int(parked_lengths[key]) for key in batch)])
         saw_incarnation(client, int(reply[0]))
         moves.extend(moves_of(reply[1:]))
+    return moves
+
+
+def _due_on_cluster(client: Any, parked_lengths: Mapping[str, int], prefix: str,
+                    reserve_ms: int, lease: float) -> List[ParkedMove]:
+    """:func:`due` on Redis Cluster: one script per key (its own hash slot, its own
+    index entry, :func:`local_index`), then the key space's index brought in line with
+    that entry by one command."""
+    moves: List[ParkedMove] = []
+    index = parked_index(prefix)
+    for key in parked_lengths:
+        reply = DUE.run(client, [key, local_index(key)],
+                        [reserve_ms, -1, grace_bound_ms(client, lease or 0.001),
+                         int(parked_lengths[key])])
+        moves.extend(moves_of(reply[1:]))
+        when = client.zscore(local_index(key), key)
+        if when is None:
+            client.zrem(index, key)
+        else:
+            client.zadd(index, {key: when})
     return moves
 
 

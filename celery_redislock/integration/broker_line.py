@@ -3,7 +3,8 @@ lock store's references (:mod:`~celery_redislock.engine.parking`) and the broker
 parking queues (:mod:`.parking`) for the gate.
 
 * :func:`parks` says whether a run waits on this line: the setting, a worker with an
-  event loop (the gate's main process), semaphores only (any cost), not Redis Cluster;
+  event loop (the gate's main process), semaphores only (any cost; on Redis Cluster in
+  one hash slot);
   anything else keeps today's line, said once in the log;
 * :func:`prepare` is the admission's one script (a moved copy asks with its
   :class:`ParkRef`);
@@ -79,9 +80,9 @@ def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: boo
         say_store_line(task_name, "its rate limit has a lock_max_wait (not kept by a rate "
                                   "limit's parked runs yet)")
         return False
-    say_store_line(task_name, "it parks runs of semaphores (of any cost), or of one rate "
-                              "limit of cost 1 alone, not on Redis Cluster, on workers with "
-                              "an event loop: prefork and solo")
+    say_store_line(task_name, "it parks runs of semaphores (of any cost; on Redis Cluster "
+                              "in one hash slot), or of one rate limit of cost 1 alone, on "
+                              "workers with an event loop: prefork and solo")
     return False
 
 
