@@ -28,9 +28,15 @@ class _Task:
         self.name = name
 
 
+class _Message:
+    def __init__(self, headers: Any) -> None:
+        self.headers = headers
+
+
 class _Request:
-    def __init__(self, task: str) -> None:
+    def __init__(self, task: str, headers: Any = None) -> None:
         self.task = _Task(task)
+        self.message = _Message(headers or {})
 
 
 @pytest.fixture
@@ -109,6 +115,17 @@ def test_only_an_admission_with_slots_to_spare_lets_the_next_runs_ahead(
     assert gate._spare["noted"] is spare
     task._redislock_settings = type("S", (), {"gate": "blocking"})()  # type: ignore[attr-defined]
     assert gate._note_spare(_Consumer(), task, _Limits(), answer) is False  # type: ignore[arg-type]
+
+
+def test_a_copy_of_a_waiting_run_is_never_asked_for_ahead() -> None:
+    """A moved or sent-back copy may claim a reservation: it waits for a free process."""
+    gate._spare["t"] = True
+    try:
+        assert gate._may_go_ahead(_Request("t"))
+        assert not gate._may_go_ahead(_Request("t", {"redislock_wait": {"attempts": 1}}))
+        assert not gate._may_go_ahead(_Request("other"))
+    finally:
+        gate._spare.clear()
 
 
 def test_no_look_ahead_without_a_prefork_pool() -> None:

@@ -240,7 +240,7 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     with _held_lock:
         free = _free_processes(consumer)
     room = free >= 0
-    ahead = not room and _spare.get(task.name, False) and free >= -_lookahead(consumer)
+    ahead = not room and _may_go_ahead(request) and free >= -_lookahead(consumer)
     loop = getattr(consumer, "hub", None) is not None
     if not room and not ahead and (hold.may_wait_unprobed() or _parks(task, limits, loop)):
         return _wait_for_room(consumer, request, handle, hold)
@@ -268,6 +268,14 @@ def _lookahead(consumer: Any) -> int:
     if getattr(consumer, "hub", None) is None or not type(pool).__module__.endswith("prefork"):
         return 0
     return int(getattr(pool, "num_processes", None) or 0)
+
+
+def _may_go_ahead(request: Any) -> bool:
+    """Whether ``request`` may be asked for ahead of a free pool process: its task's key
+    had slots to spare at its last admission here, and it is a newcomer (a copy of a
+    waiting or parked run, which may claim a reservation, never gives it back unused)."""
+    return _spare.get(request.task.name, False) and not carries_wait(
+        getattr(getattr(request, "message", None), "headers", None))
 
 
 def _note_spare(consumer: Any, task: Any, limits: TaskLimits, answer: BeforePool) -> bool:
@@ -563,7 +571,7 @@ def _take_from(consumer: Any, room: _Room) -> List[Tuple[Any, Callable[[Any], An
         if free <= 0:
             if ahead is None:
                 ahead = _lookahead(consumer)
-            if free <= -ahead or not _spare.get(room.queue[0][0].task.name, False):
+            if free <= -ahead or not _may_go_ahead(room.queue[0][0]):
                 break
         taken.append(room.queue.popleft())
         free -= 1
