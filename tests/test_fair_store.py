@@ -13,7 +13,7 @@ import pytest
 from celery_redislock.config.limit import TaskLimits
 from celery_redislock.engine.admission import Busy, Lease, ParkedMove, ParkRef, SlotLimit
 from celery_redislock.engine.fair import check_weight, fair_view, set_weight, weights
-from celery_redislock.engine.parking import park_admit, run_id
+from celery_redislock.engine.parking import due, moved_nothing, park_admit, run_id
 
 PREFIX = "redislock:"
 
@@ -173,3 +173,26 @@ def test_a_sub_lines_state_keeps_a_time_to_live_once_its_last_run_is_moved(redis
     assert line.finish_one() == "tenant:a"  # its sub-line empties: its state is written anew
     state = line.key.replace("}:s:", "}:fn:")
     assert redis_client.exists(state) and redis_client.pttl(state) > 0
+
+
+@pytest.mark.xfail(strict=True, reason="a move that finds its sub-line's parking queue "
+                   "empty gives the slot back but not the sub-line's turn: later moves "
+                   "go to the line's own queue and the parked run waits for ever")
+def test_a_move_that_found_its_sub_lines_queue_empty_is_owed_again_from_it(redis_client):
+    """The race the history check found on the broker line: a run is refused (its
+    reference and its sub-line's turn written), and a release owes a move for it before
+    its worker published the parked copy; the move finds the queue empty and gives the
+    reservation back (``moved_nothing``). Once the copy is in its queue, the poll must
+    owe a move out of that sub-line's queue."""
+    line = Line(redis_client, name="race")
+    assert isinstance(send_priority(line, "holder", 0, 10.0), Lease)
+    parked = send_priority(line, "late", 0, 10.0)
+    assert isinstance(parked, Busy) and parked.park is not None
+    sub = parked.park.sub
+    _, lease = line.holders.popleft()
+    lease.release()
+    owed = [h for h in lease.handoffs if isinstance(h, ParkedMove)]
+    assert owed == [ParkedMove(line.key, sub)]
+    assert moved_nothing(redis_client, line.key)  # the copy was not published yet
+    moves = due(redis_client, {line.key: 1}, prefix=PREFIX)  # now it is: 1 in its queue
+    assert moves == [ParkedMove(line.key, sub)]

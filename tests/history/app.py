@@ -44,6 +44,10 @@ RETRY = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.5}
 #: the package's default).
 LINE_ENV = "REDISLOCK_HISTORY_LINE"
 
+#: Loggers whose debug lines the workers' logs keep: the parked line's poll says there
+#: why one of its rounds failed.
+DEBUG_LOGGERS = ("celery_redislock.integration.broker_line",)
+
 SIGNALS = ("lock_acquired", "lock_released", "lease_lost", "lock_contended", "rate_limited")
 
 
@@ -172,6 +176,10 @@ def _record_ends_unrun(urls: AppUrls) -> None:
 #: The package's logger that says when a run ends as served by another copy.
 ENDS_UNRUN_LOGGER = "celery_redislock.integration.execution"
 
+
+if BROKER_URL_ENV in os.environ:
+    for _name in DEBUG_LOGGERS:
+        logging.getLogger(_name).setLevel(logging.DEBUG)
 
 #: The app of the worker processes, which find the URLs in their environment.
 app: Optional[Celery] = (

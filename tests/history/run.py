@@ -72,6 +72,7 @@ def run(options: Options) -> Outcome:
         app = create_app(servers.urls, options.line)
         sent = drive(options, app, servers, workers, record)
         settle(app, servers, workers, record, sent)
+        dump_lock_store(servers.lock_client(), logs / "lock-store.txt")
         history = record.history()
         verdict = check(history)
     finally:
@@ -154,6 +155,20 @@ def settle(app: Celery, servers: Servers, workers: Workers, record: Recorder,
     record.event("settle", held=held, no_ttl=no_ttl, broker_unacked=broker.hlen("unacked"),
                  broker_queued=broker.llen("celery"),
                  parked=parked_leftovers(lock, broker, keys))
+
+
+def dump_lock_store(lock: Any, path: Path) -> None:
+    """Write every key the lock store holds once settled, its type, time to live and
+    value, into ``path`` (kept with the workers' logs)."""
+    lines = []
+    for key in sorted(lock.scan_iter(count=1000)):
+        kind = lock.type(key).decode()
+        read = {"string": lock.get, "hash": lock.hgetall, "list": lambda k: lock.lrange(k, 0, -1),
+                "set": lock.smembers,
+                "zset": lambda k: lock.zrange(k, 0, -1, withscores=True)}.get(kind)
+        value = read(key) if read else "?"
+        lines.append(f"{key.decode(errors='replace')} {kind} ttl={lock.pttl(key)} {value!r}")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def line_of(options: Options) -> str:
