@@ -21,6 +21,9 @@ from parking_app import LEASE, RETRY
 from parking_app import create_app as create_parking_app
 from worker_app import BROKER_URL_ENV, AppUrls
 
+#: Set: ``redislock_admit_before_pool = False`` (the pool process asks, and parks).
+POOL_ASKS_ENV = "REDISLOCK_TEST_POOL_ASKS"
+
 WAITS = "parity_app.waits"
 HEAVY = "parity_app.heavy"
 WAITS_PREFIX = "waits:"
@@ -33,6 +36,8 @@ UNITS, COST = 3, 2
 def create_app(urls: AppUrls) -> Celery:
     """:mod:`parking_app`'s app with this module's tasks."""
     app = create_parking_app(urls)
+    if os.environ.get(POOL_ASKS_ENV):
+        app.conf.redislock_admit_before_pool = False
 
     def record() -> Any:
         return fault_recorder(urls.record)

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, List
 
 import pytest
 from celery.result import AsyncResult
-from parity_app import HEAVY, MAX_WAIT, UNITS, WAITS, create_app
+from parity_app import HEAVY, MAX_WAIT, POOL_ASKS_ENV, UNITS, WAITS, create_app
 
-from cluster_checks import record_store, wait_until
-from parking_app import LINE_ENV
+from cluster_checks import peaks, record_store, wait_until
+from parking_app import LINE_ENV, ONE, ONE_PREFIX
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
@@ -29,8 +29,10 @@ def start_cluster(worker_cluster_factory: WorkerClusterFactory,
                   monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., WorkerCluster]]:
     """Start workers of :mod:`parity_app` on the parking line."""
 
-    def start(**options: Any) -> WorkerCluster:
+    def start(pool_asks: bool = False, **options: Any) -> WorkerCluster:
         monkeypatch.setenv(LINE_ENV, "broker")
+        if pool_asks:
+            monkeypatch.setenv(POOL_ASKS_ENV, "1")
         options.setdefault("workers", 2)
         options.setdefault("concurrency", 3)
         return worker_cluster_factory(app_module="parity_app", app_factory=create_app,
@@ -85,3 +87,25 @@ def test_cost_two_runs_under_three_units_never_exceed_three(start_cluster: Any) 
     assert [int(record.get(f"runs:{r.id}") or 0) for r in results] == [1] * len(results)
     logs = cluster.logs()
     assert " parked: " in logs and "keeps the \"store\" line" not in logs
+
+
+@pytest.mark.parametrize("how", ["gevent", "pool asks"])
+def test_runs_decided_where_they_run_park_and_run_once(start_cluster: Any, how: str) -> None:
+    """A gevent worker (no event loop: each run asks in its greenlet), and prefork with
+    ``redislock_admit_before_pool = False`` (the pool process asks): refused runs park
+    from there, on the process's own mover; one slot, each run once, never two at once."""
+    if how == "gevent":
+        pytest.importorskip("gevent")
+        cluster = start_cluster(workers=2, concurrency=4, pool="gevent")
+    else:
+        cluster = start_cluster(pool_asks=True)
+    record = record_store(cluster)
+    task = cluster.app.tasks[ONE]
+    results = [task.delay(0.1, key=how.replace(" ", "-")) for _ in range(12)]
+    wait_until(ready(cluster, results), TIMEOUT, "the runs")
+    assert [r.status for r in results] == ["SUCCESS"] * len(results)
+    assert max(peaks(record, ONE_PREFIX + how.replace(" ", "-"))) == 1
+    assert [int(record.get(f"runs:{r.id}") or 0) for r in results] == [1] * len(results)
+    logs = cluster.logs()
+    assert " parked: " in logs and "keeps the \"store\" line" not in logs
+    assert " deferred: " not in logs

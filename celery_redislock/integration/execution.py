@@ -53,7 +53,7 @@ from ..engine.refusal import (
 )
 from ..engine.scripts import is_cluster
 from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable, LockWaitTimeout
-from . import broker_line, handoff, parked_deadline, signals
+from . import broker_line, handoff, parked_deadline, pool_park, signals
 from .decide import Action, End, Hold, Park, Run, SendBack, Situation, WaitHere, decide
 from .recovery import longest_lease, this_start
 from .waiting import (
@@ -209,7 +209,18 @@ class _Attempt:
 
     def admit(self, probe: bool = False, book_ms: int = 0) -> Outcome:
         """One admission attempt (a probe, a booking: see :func:`admit`); the hand-offs
-        it brings are published at once."""
+        it brings are published at once. On the parking line (``parking``: a pool
+        process, see :mod:`.pool_park`), its one script."""
+        if self.parking:
+            call = broker_line.prepare(
+                self.setup.client, self.limiters, lease=self.setup.limits.lease,
+                task_id=self.request.id, attempt=self.request.retries or 0,
+                waited=self.waited, description=self.description, owner=self.owner,
+                keep_served_ms=broker_line.keep_served_ms(self.task),
+                max_wait=self.setup.limits.retry.max_wait)
+            if call is not None:
+                return self.published(call.outcome(
+                    call.script.run(self.setup.client, call.keys, call.args)))
         return self.published(admit(
             self.setup.client, self.limiters, lease=self.setup.limits.lease,
             description=self.description, promises=self.promises, owner=self.owner,
@@ -251,6 +262,8 @@ def run_limited(
         return _run_holding(task, request, Lease.of_handover(setup.client, handed), body,
                             since=WaitingRun.of(request).since)
     attempt = _Attempt.of(task, setup, args, kwargs, request)
+    attempt.parking = not attempt.eager and pool_park.parks_here(setup.settings, setup.client,
+                                                                 attempt.limiters)
     if handed:
         lease = _adopt(attempt, handed)
         if lease is not None:
@@ -377,6 +390,8 @@ def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool =
     args, kwargs = tuple(request.args or ()), dict(request.kwargs or {})
     attempt = _Attempt.of(task, setup, args, kwargs, request, pid=None)  # unadopted
     attempt.promises.update(promises or {})
+    if not loop and pool_park.parks_here(setup.settings, setup.client, attempt.limiters):
+        return None  # no event loop: it parks in the process (greenlet) that runs it
     attempt.parking = broker_line.parks(setup.settings, setup.client, attempt.limiters,
                                         loop=loop, task_name=task.name,
                                         max_wait=limits.retry.max_wait)
@@ -646,7 +661,14 @@ def _carry_out(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any]
                      action.name)
         raise Ignore()
     assert not isinstance(action, Hold)
-    if isinstance(action, Park):  # only the main process parks: here it waits as today
+    if isinstance(outcome, GaveUp):  # parked past its max wait
+        raise LockWaitTimeout(parked_deadline.gave_up(task, request, outcome,
+                                                      limits.retry.max_wait).message)
+    if isinstance(action, Park):  # parked from here (pool_park), else it waits as today
+        parked = _parked(attempt, action, outcome_time(outcome))
+        if attempt.parking and pool_park.park_here(task, request, args, kwargs, parked.ref,
+                                                   parked.wait):
+            raise Ignore()
         action = SendBack(outcome)
     if not isinstance(action, WaitHere) and action.look_for_earlier:
         _follow_an_earlier_run(attempt, args, kwargs, outcome)

@@ -108,9 +108,7 @@ def limited_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Call
     """Celery's default strategy for ``task``, with admission before the pool (unless
     ``redislock_admit_before_pool`` is False: then the pool process asks)."""
     settings = read_settings(app)
-    if not settings.admit_before_pool:
-        if settings.line == "broker":
-            broker_line.say_store_line(task.name, "redislock_admit_before_pool is False")
+    if not settings.admit_before_pool:  # the pool process asks (and parks: pool_park)
         return default_strategy(task, app, consumer, **options)
     gated = _GatedConsumer(consumer)
     handler = default_strategy(task, app, gated, **options)
