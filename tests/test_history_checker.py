@@ -213,10 +213,19 @@ def test_a_worker_killed_between_a_refusals_copy_and_the_ack_is_known() -> None:
             history("d", kill_at=1 * S + 300_000, kill_pids=(70,)),  # another worker
             history("e", kill_at=1 * S + 300_000, again_redelivered=False),  # not redelivered
             history("f", kill_at=1 * S + 300_000, again_redelivered=None),  # not recorded
-            history("g", kill_at=1 * S + 300_000, again_copy=True),  # a copy, not the message
+            history("g", kill_at=1 * S + 300_000, again_copy=None),  # not recorded
             history("h", kill_at=1 * S + 300_000, acks_late=True)):  # acks late: not this
         verdict = check([*unproven, SETTLE])
         assert verdict.repeated_known == [] and len(verdict.repeated_unexplained) == 1, unproven
+    # A copy redelivered: refused by worker1 (its third refusal there) 59 ms before the
+    # kill; the copy that refusal published ran, and the refused copy again.
+    copy = [sent("j", acks_late=False), refused("j", 1 * S, 50), refused("j", 1 * S + 50_000, 50),
+            refused("j", 1 * S + 116_000, 50),
+            fault(1 * S + 175_000, "kill_worker", pids=[50, 51], worker="worker1"),
+            *body("j", "j1", 2 * S, 3 * S, pid=60, copy=True, redelivered=False),
+            *body("j", "j2", 41 * S, 42 * S, pid=61, copy=True, redelivered=True),
+            final("j"), SETTLE]
+    assert check(copy).known_causes == {"j2": KILLED_BEFORE_ACK}
     # Only the task's first refusal is the refusal of the message it was sent as.
     later = [sent("i", acks_late=False), refused("i", 1 * S, 50), refused("i", 5 * S, 52),
              fault(5 * S + 10, "kill_worker", pids=[52], worker="worker3"),

@@ -406,27 +406,30 @@ def why_again(sent: Event, earlier: Sequence[Body], again: Body,
 
 def killed_before_ack(sent: Event, again: Body, faults: Sequence[Event],
                       refusals: Sequence[Event]) -> bool:
-    """Whether ``again`` is the message its task was sent as, delivered a second time
-    because the worker that refused it was killed whole before acknowledging it (default
-    acks): a refused run is sent back to wait as a copy, published before the original
-    is acknowledged, so both run. The history proves it only with all of these:
+    """Whether ``again`` ran from a message delivered a second time because the worker
+    that refused it was killed whole before acknowledging it (default acks): a refused
+    run is sent back to wait as a copy, published before the refused message is
+    acknowledged, so both run. The history proves it only with all of these:
 
     * the task acks early (Celery's default: a message acknowledged is never redelivered);
-    * ``again`` started from the message the task was sent as (no copy of the package's),
-      redelivered by the broker (it was never acknowledged);
-    * the task's first refusal record, which is that message's (copies exist only once it
-      was refused), was written by a process that a whole-worker kill killed at most
-      :data:`ACK_WINDOW` later (the acknowledgement follows the record at once), before
-      ``again`` started.
+    * ``again`` started from a message the broker redelivered (never acknowledged);
+    * a refusal record of that message, written by a process that a whole-worker kill
+      killed at most :data:`ACK_WINDOW` later (the acknowledgement follows the record at
+      once), before ``again`` started. For the message the task was sent as (no copy of
+      the package's), that is the task's first refusal record (copies exist only once
+      it was refused); for a copy, a refusal of the task by that worker in that window
+      (the copy it held unacknowledged when killed).
     """
-    if sent.get("acks_late") or again.redelivered is not True or again.copy is not False:
+    if sent.get("acks_late") or again.redelivered is not True or again.copy is None:
         return False
     if not refusals:
         return False
-    first = min(refusals, key=lambda event: int(event["t"]))
-    refused_at, pid = int(first["t"]), first.get("pid")
+    if again.copy:
+        candidates = list(refusals)
+    else:
+        candidates = [min(refusals, key=lambda event: int(event["t"]))]
     return any(
-        fault.get("worker") and pid in set(fault.get("pids") or ())
-        and refused_at <= int(fault["t"]) <= refused_at + ACK_WINDOW
+        fault.get("worker") and refusal.get("pid") in set(fault.get("pids") or ())
+        and int(refusal["t"]) <= int(fault["t"]) <= int(refusal["t"]) + ACK_WINDOW
         and int(fault["t"]) < again.start
-        for fault in faults)
+        for refusal in candidates for fault in faults)
