@@ -4,7 +4,8 @@ and line setting) with tasks under a rate limit.
 ``rated``: 5 starts a second per key (burst 1), records as ``parking_app``'s tasks do
 (``started`` is the server time of each body's start, µs; ``admitted`` the start its
 lease counts from, ms: when it was admitted, or the start booked for it).
-``rated_slots``: the same rate and one slot per key (a run under a rate and slots).
+``rated_slots``: the same rate and one slot per key (a run under a rate and slots);
+``rated_two_slots``: the same rate and two slots per key (records ``admitted`` too).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from worker_app import BROKER_URL_ENV, AppUrls
 
 RATED = "parking_rate_app.rated"
 RATED_SLOTS = "parking_rate_app.rated_slots"
+RATED_TWO_SLOTS = "parking_rate_app.rated_two_slots"
 RATED_PREFIX = "rated:"
 RATE = "5/s"
 BURST = 1
@@ -47,6 +49,17 @@ def create_app(urls: AppUrls) -> Celery:
     def rated_slots(self: Any, seconds: float, key: str = "a") -> str:
         """One at a time and at most 5 starts a second per key."""
         return str(fault_recorder(urls.record).work(self, [RATED_PREFIX + key], seconds))
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=RATED_TWO_SLOTS, lock_rate=RATE,
+              lock_burst=BURST, lock_slots=2, lock_key=RATED_PREFIX + "{key}",
+              lock_lease=4.0)
+    def rated_two_slots(self: Any, seconds: float, key: str = "a") -> str:
+        """Two at a time and at most 5 starts a second per key."""
+        recorder = fault_recorder(urls.record)
+        lease = getattr(self.request, "redislock_lease", None)
+        if lease is not None:  # the start the rate counted
+            recorder.client.hset("admitted", self.request.id, lease.acquired_at_ms)
+        return str(recorder.work(self, [RATED_PREFIX + key], seconds))
 
     return app
 

@@ -141,9 +141,10 @@ def test_a_paused_rate_parks_runs_until_it_ends(start_cluster: Any) -> None:
     assert " deferred: " not in cluster.logs()
 
 
-def test_a_rate_and_slots_task_keeps_todays_line(start_cluster: Any) -> None:
-    """A run under a rate and slots at once is not parked by the rate's line yet: it keeps
-    today's line (said once in the log), within both limits, each run once."""
+def test_a_rate_and_slots_task_parks_too(start_cluster: Any) -> None:
+    """A run under a rate and slots at once waits on the parked line too (all or nothing
+    in one script; see test_parking_mixed_line.py): within both limits, each run once,
+    none sent back with a countdown, nobody keeps today's line."""
     cluster = start_cluster()
     record = record_store(cluster)
     results = [cluster.app.tasks[RATED_SLOTS].delay(0.05, key="mixed") for _ in range(12)]
@@ -153,7 +154,8 @@ def test_a_rate_and_slots_task_keeps_todays_line(start_cluster: Any) -> None:
     assert max(peaks(record, RATED_PREFIX + "mixed")) == 1
     starts = [int(value) for value in record.hgetall("started").values()]
     assert most_in_a_second(starts, 900_000) <= 5 + BURST
-    assert 'keeps the "store" line' in cluster.logs()
+    logs = cluster.logs()
+    assert 'keeps the "store" line' not in logs and " deferred: " not in logs
 
 
 @pytest.mark.parametrize("restart", ["with data", "empty"])

@@ -41,12 +41,13 @@ choices it does not make:
   would take a scan): its copy, given back by the broker, asks again and then parks or
   takes a free slot.
 
-Slots only, of any cost (a slot handed to the line is reserved in units of its head's
-cost: ``lua/parked_cost.lua``); on Redis Cluster a run whose limits lie in one hash slot
-(the poll's index, in another slot, is written by a command of its own after each
-script, :func:`local_index`) (the poll's index lives
-outside the keys' hash slot). :func:`prepare_park_admit` answers None for anything
-else, which keeps today's path.
+Slots of any cost (a slot handed to the line is reserved in units of its head's
+cost: ``lua/parked_cost.lua``), and rate limits of any cost with them or alone
+(``lua/parked_rates.lua``: a far start parks the run at the rate's line with its
+promised start; see :mod:`.parking_rate`; not on Redis Cluster); on Redis Cluster a run
+of semaphores whose limits lie in one hash slot (the poll's index, in another slot, is
+written by a command of its own after each script, :func:`local_index`).
+:func:`prepare_park_admit` answers None for anything else, which keeps today's path.
 
 Cost (``benchmarks/bench_parking_store.py``: one private redis-server, the scripts'
 own µs per call from ``INFO commandstats``, median of 3 rounds, 100 slots, task ids of
@@ -71,6 +72,7 @@ from .admission import (
     ParkedMove,
     ParkRef,
     Paused,
+    RateLimit,
     Served,
     SlotLimit,
     _lease,
@@ -119,6 +121,11 @@ def run_id(task_id: str, attempt: int) -> str:
 def parked_index(prefix: str = "redislock:") -> str:
     """The key of the index of semaphores with a parked line, for the key ``prefix``."""
     return f"{prefix}parked"
+
+
+def rate_index(prefix: str = "redislock:") -> str:
+    """The key of the index of rate keys with a parked line, for the key ``prefix``."""
+    return f"{prefix}parked:rate"
 
 
 @dataclass(frozen=True)
@@ -180,7 +187,7 @@ class ParkAdmitCall:
     reply. Built by :func:`prepare_park_admit`."""
 
     client: Any
-    limiters: Sequence[SlotLimit]
+    limiters: Sequence[Union[SlotLimit, RateLimit]]
     token: str
     lease: float
     description: str
@@ -211,7 +218,7 @@ class ParkAdmitCall:
             park_id = d.decode() if isinstance(d, bytes) else str(d)
             if is_cluster(self.client):  # the key space's index: one command of its own
                 self.client.zadd(parked_index(limiter.prefix), {limiter.key: now_ms})
-            return Busy(name=limiter.name, holders=int(a), slots=limiter.slots,
+            return Busy(name=limiter.name, holders=int(a), slots=getattr(limiter, "slots", 0),
                         retry_hint=max(0, int(b)) / 1000.0,
                         average_hold=None if int(c) < 0 else int(c) / 1000.0,
                         server_time_ms=now_ms, key=limiter.key, handoffs=handoffs,
@@ -234,11 +241,14 @@ class ParkAdmitCall:
 
 
 def parks(client: Any, limiters: Sequence[Any]) -> bool:
-    """Whether a run under ``limiters`` can wait on the parked line: semaphores only (of
-    any cost: ``lua/parked_cost.lua``); on Redis Cluster, all in one hash slot (one
-    limit, or limits whose keys share a hash tag: the admission is one script)."""
-    return (bool(limiters) and all(isinstance(limiter, SlotLimit) for limiter in limiters)
-            and len(by_hash_slot(client, [limiter.key for limiter in limiters])) == 1)
+    """Whether a run under ``limiters`` can wait on the parked line: semaphores (of any
+    cost: ``lua/parked_cost.lua``; on Redis Cluster, all in one hash slot: one limit, or
+    limits whose keys share a hash tag), and rate limits of any cost with them or alone
+    (``lua/parked_rates.lua``; not on Redis Cluster)."""
+    if limiters and all(isinstance(limiter, SlotLimit) for limiter in limiters):
+        return len(by_hash_slot(client, [limiter.key for limiter in limiters])) == 1
+    return (bool(limiters) and not is_cluster(client)
+            and all(isinstance(limiter, (SlotLimit, RateLimit)) for limiter in limiters))
 
 
 def local_index(key: str) -> str:
@@ -294,19 +304,24 @@ def prepare_park_admit(
     run has the lowest ``since - priority x priority_aging`` (s)."""
     if not parks(client, limiters):
         return None
+    rates = [limiter for limiter in limiters if isinstance(limiter, RateLimit)]
+    limiters = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
     if priority is not None:
         limiters = [with_band(limiter, priority) for limiter in limiters]
     keys = [limiter.key for limiter in limiters]
+    prefix = (limiters or rates)[0].prefix
+    rate_keys = [rate.key for rate in rates] + ([rate_index(prefix)] if rates else [])
     home = 0
     if parked is not None and parked.key in keys:
         home = keys.index(parked.key) + 1
+    elif parked is not None and parked.key in rate_keys:  # KEYS[N + 1 + j]
+        home = len(keys) + 1 + rate_keys.index(parked.key) + 1
     token = owner + new_token()
-    prefix = limiters[0].prefix
     args = [token, milliseconds(lease), description, run, home,
             parked.park_id if parked is not None and home else "", keep_served_ms,
             reserve_ms, *(limiter.slots for limiter in limiters), _seen(client),
             grace_bound_ms(client, lease), "1" if park_paused else "0"]
-    weighted = any(limiter.cost != 1 for limiter in limiters)
+    weighted = bool(rates) or any(limiter.cost != 1 for limiter in limiters)
     if any(limiter.fair for limiter in limiters) or max_wait is not None or weighted:
         args.extend(limiter.fair for limiter in limiters)  # fair lines' sub-lines (fair.lua)
     if max_wait is not None or priority is not None or weighted:
@@ -315,8 +330,12 @@ def prepare_park_admit(
         args.append(milliseconds(priority_aging) if priority is not None else "")
     if weighted:  # each semaphore's cost (parked_cost.lua)
         args.extend(limiter.cost for limiter in limiters)
-    return ParkAdmitCall(client, list(limiters), token, lease, description, reserve_ms,
-                         [*keys, _index_of(client, prefix, keys[0])], args)
+    for rate in rates:  # each rate's interval, tolerance (us) and cost (parked_rates.lua)
+        interval = rate.rate.interval * 1_000_000
+        args.extend([repr(interval), repr(interval * rate.rate.burst), rate.cost])
+    index = _index_of(client, prefix, keys[0]) if keys else parked_index(prefix)
+    return ParkAdmitCall(client, [*limiters, *rates], token, lease, description, reserve_ms,
+                         [*keys, index, *rate_keys], args)
 
 
 def park_admit(

@@ -18,8 +18,21 @@ describes the keys).
 
 The GCRA is admit.lua's: a start counts in ``tat`` when admitted or booked, a newcomer
 passes only when no promised start is ahead of it, each start is promised to one run.
-One rate limiter of cost 1 and nothing else, not on Redis Cluster (:func:`rate_parks`);
-other runs keep their line.
+One rate limiter of cost 1 and nothing else, not on Redis Cluster (:func:`rate_parks`).
+
+Other runs with a rate limit (with semaphores, several rate limits, a cost above 1) park
+on the same rate lines through :func:`.parking.park_admit` (``admit_parked.lua`` with
+``lua/parked_rates.lua``): all or nothing across every limit in one script, on the
+server's clock. The semaphores decide first; admitted by them, the rates decide, and a
+start not allowed now parks the run at the rate whose start is latest, promised that
+start, which every rate's line moves past (nobody else is promised it); a semaphore
+reservation the copy took is given back and handed over at once: it holds nothing while it
+waits, as one message. The moved copy has its turn: it asks the semaphores as a newcomer,
+and refused there parks at the semaphore *keeping* its turn (its rate reference becomes
+``t``): when a slot moves it, it needs only each rate's GCRA, and gets no new start at the
+end of the line. A copy with a turn that a GCRA still refuses (moved early, within the
+poll's lead) parks again at the head of that rate's FIFO. No booking on that path (a start
+is never held with a slot): a near start parks and the poll moves it within a poll.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ from .admission import (
     milliseconds,
     new_token,
 )
-from .parking import KEEP_SERVED_MS
+from .parking import KEEP_SERVED_MS, rate_index
 from .scripts import LINE, LuaScript, is_cluster
 
 __all__ = ["LEAD_MS", "RateAdmitCall", "due_rate", "is_rate_key", "prepare_rate_admit",
@@ -57,11 +70,6 @@ LEAD_MS = 400
 
 #: The most moves owed per rate key and poll.
 MOST_MOVES = 200
-
-
-def rate_index(prefix: str = "redislock:") -> str:
-    """The key of the index of rate keys with a parked line, for the key ``prefix``."""
-    return f"{prefix}parked:rate"
 
 
 def is_rate_key(key: str) -> bool:

@@ -121,7 +121,8 @@ OWNED = LuaScript.load("owned.lua")
 FOLLOW = LuaScript.load("follow.lua", after=["units.lua", "line.lua"], flags="no-writes")
 ADOPT = LuaScript.load("adopt.lua", after=["units.lua"])
 #: The parked line (parking.lua; see :mod:`.parking`).
-ADMIT_PARKED = LuaScript.load("admit_parked.lua", after=[*LINE, "parked_admit.lua"])
+ADMIT_PARKED = LuaScript.load("admit_parked.lua",
+                              after=[*LINE, "parked_admit.lua", "parked_rates.lua"])
 DUE = LuaScript.load("due.lua", after=LINE)
 PARKED = ["units.lua", "fair.lua", "parked_cost.lua", "parking.lua"]
 MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=PARKED)

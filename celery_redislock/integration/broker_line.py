@@ -38,7 +38,7 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 from ..config.settings import Settings, read_settings, redis_client
 from ..engine import parking as store
 from ..engine import parking_rate
-from ..engine.admission import ParkedMove, ParkRef, handoffs_of
+from ..engine.admission import ParkedMove, ParkRef, RateLimit, handoffs_of
 from .parking import (
     Done,
     LoopHop,
@@ -66,34 +66,32 @@ _said: Set[str] = set()
 
 def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: bool,
           task_name: str, max_wait: Optional[float] = None) -> bool:
-    """Whether a run of ``task_name`` under ``limiters`` waits on the parking line; a task
-    that would, but cannot (a rate limit, Redis Cluster, no event loop), keeps
-    today's line, logged once per task. A ``lock_max_wait`` is kept: see
-    :mod:`.parked_deadline`."""
+    """Whether a run of ``task_name`` under ``limiters`` waits on the parking line:
+    semaphores and rate limits of any cost, all or nothing in one script (one rate limit
+    of cost 1 alone: :mod:`..engine.parking_rate`, else ``lua/parked_rates.lua``). A task
+    that would, but cannot (a rate limit with a ``lock_max_wait``, Redis Cluster, no event
+    loop), keeps today's line, logged once per task. A ``lock_max_wait`` of semaphores is
+    kept: see :mod:`.parked_deadline`."""
     if settings.line != "broker":
         return False
-    if loop and store.parks(client, limiters):
-        return True
-    if loop and parking_rate.rate_parks(client, limiters):
-        if max_wait is None:
-            return True
+    rated = any(isinstance(limiter, RateLimit) for limiter in limiters)
+    if loop and rated and max_wait is not None and store.parks(client, limiters):
         say_store_line(task_name, "its rate limit has a lock_max_wait (not kept by a rate "
                                   "limit's parked runs yet)")
         return False
+    if loop and store.parks(client, limiters):
+        return True
     say_store_line(task_name, "it parks runs of semaphores (of any cost; on Redis Cluster "
-                              "in one hash slot), or of one rate limit of cost 1 alone, on "
-                              "workers with an event loop: prefork and solo")
+                              "in one hash slot) and of rate limits (not on Redis Cluster), "
+                              "on workers with an event loop: prefork and solo")
     return False
 
 
 def may_park(rules: Sequence[Any], max_wait: Optional[float] = None) -> bool:
     """Whether runs under these limit rules may wait on the parking line (the gate then
-    asks only when a pool process is free, and never probes): semaphores only, or one
-    rate limit alone (of cost 1, without a ``lock_max_wait``)."""
-    if all(rule.rate is None for rule in rules):
-        return True
-    return (max_wait is None and len(rules) == 1 and rules[0].slots is None
-            and not callable(rules[0].cost) and rules[0].cost == 1)
+    asks only when a pool process is free, and never probes): semaphores, and rate limits
+    without a ``lock_max_wait``."""
+    return all(rule.rate is None for rule in rules) or max_wait is None
 
 
 def say_store_line(task_name: str, why: str) -> None:
@@ -113,7 +111,10 @@ def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,
     semaphore parks the run too (one message, handed over once the pause ends), rather
     than sending it back with a countdown. A run of one rate limit whose start is
     within ``book_ms`` is booked it (held here, no broker round trip), else it parks in
-    the rate key's parking queue (:mod:`..engine.parking_rate`). ``priority``
+    the rate key's parking queue (:mod:`..engine.parking_rate`). Any other mix
+    (semaphores and rate limits, several rates, a cost above 1) is decided all or nothing
+    in one script (``lua/parked_rates.lua``): a far start parks the run at its rate's
+    line, promised that start, and it holds no slot while it waits. ``priority``
     (:func:`priority_of`): the band it waits in, higher first, ``priority_aging`` s of
     waiting worth one step."""
     parked = ParkRef(waited.line, waited.park_id) if waited.parked else None

@@ -1,8 +1,9 @@
 -- Admit one run past N semaphores on the parked line (parking.lua), all or nothing, on
 -- the server's clock; a refusal writes the run's reference in the same call (it parks).
 -- (store.lua, units.lua, fair.lua, parked_cost.lua, parking.lua, deadline.lua, line.lua
--- and parked_admit.lua are put in front of this script.)
--- Slots only, of any cost (units.lua, parked_cost.lua); the holders are admit.lua's
+-- parked_admit.lua and parked_rates.lua are put in front of this script.)
+-- Semaphores of any cost (units.lua, parked_cost.lua), and rate limits of any cost
+-- (parked_rates.lua: their keys and arguments follow); the holders are admit.lua's
 -- ("token acquired_ms fence description" scored by the end of the lease), so renew,
 -- adopt and release work as ever.
 --
@@ -53,7 +54,9 @@
 --   {5, now, i, since, 0, 0, 0, moves...}      given up at semaphore i: it waited its
 --        max wait since `since` (ms); its reference is dropped, nothing held
 
-local N = #KEYS - 1
+local R = 0  -- rate keys (parked_rates.lua): '...}:r:...', after KEYS[N+1]
+for _, key in ipairs(KEYS) do R = R + (string.find(key, '}:r:', 1, true) and 1 or 0) end
+local N = #KEYS - 1 - (R > 0 and R + 1 or 0)
 local token, lease, description, run = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local home, park_id = tonumber(ARGV[5]) or 0, ARGV[6]
 local keep, reserve = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -90,6 +93,10 @@ for i = 1, N do
   if l.paused and not park_paused then return reply(3, i, l.paused, 0, 0, 0) end
   limiters[i] = l
 end
+local rates = read_rates(N + 2, R, 14 + 3 * N, run, now, now_us)
+local home_rate = home > N + 1 and home - N - 1 or 0
+local promised = rate_turn(rates, home_rate, park_id)  -- a turn at the rates
+if promised == 'stale' then return reply(4, N + math.max(home_rate, 1), 0, 0, 0, 0) end
 
 -- A moved copy that takes no reservation at its home gives one back, handed over again.
 local function give_back()
@@ -141,6 +148,7 @@ local function park(i)
   local ahead = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
   cost_parked(l.key, l.cost, math.max(0, ahead - live_reservations(l.key, now)))
   local id = park_reference(l, run, born, ref and ref.since or now_text, keep, KEYS[N + 1], now)
+  if promised then keep_turn(rates, run) end
   return refuse(7, i, id)
 end
 
@@ -199,6 +207,21 @@ for _, i in ipairs(order) do
   end
 end
 
+-- Phase 2b: the rates decide (parked_rates.lua); refused, the run parks at a rate and a
+-- reference it waited with at its home semaphore is dropped.
+local start, at = rates_start(rates, promised, now_us)
+if at > 0 then
+  local h = home >= 1 and home <= N and limiters[home]
+  if h and h.ref and h.ref.state == 'w' and h.ref.park_id == park_id then
+    redis.call('HDEL', parked_key(h.key, 'pr'), run)
+    count_down_waiting(h.key, h.counts)
+    drop_deadline(h.key, run, ARGV[11 + N + home])
+  end
+  give_back()
+  local id, wait = rates_park(rates, at, start, promised, run, keep, KEYS[#KEYS], now, now_us)
+  return reply(7, N + at, 0, wait, -1, id)
+end
+
 -- Phase 3: admitted by every semaphore. One fencing number above every one's last.
 local fence, contended, last = now_us, 0, 0
 for i = 1, N do
@@ -215,5 +238,6 @@ for i = 1, N do
   hold_slot(limiters[i], run, token, member, fence_text, lease, lease_end, now,
             ARGV[11 + N + i])
 end
+rates_admit(rates, run, keep, now, now_us)
 if #handed > 0 then return reply(1, 0, lease_end, fence_text, contended, last) end
 return string.format('%s %s %s %d %d', now_text, lease_end_text, fence_text, contended, last)
