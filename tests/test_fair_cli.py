@@ -10,10 +10,11 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
 from celery_redislock.admin import fair_control
-from celery_redislock.admin.cli import redislock
+from celery_redislock.admin.cli import LockStore, redislock
 from celery_redislock.admin.control import LimitControlError
 from celery_redislock.engine.admission import SlotLimit
 from celery_redislock.engine.parking import park_admit, run_id
+from celery_redislock.web.state import Dashboard
 
 from cli_app import create_app
 from support import LOCK_DB
@@ -54,7 +55,7 @@ def test_set_weight_then_fair_shows_the_sub_lines(app, lock_client):
     assert "2 sub-line(s) waiting" in shown.output
     rows = [line.split() for line in shown.output.splitlines()[2:]]
     assert [row[0] for row in rows] == ["tenant:a", "tenant:b"]
-    assert rows[0][2:] == ["3", "3"] and rows[1][2:] == ["1", "1"]
+    assert rows[0][2:] == ["3", "3", "-"] and rows[1][2:] == ["1", "1", "-"]
     data = json.loads(invoke(app, "fair", NAME, "--json", "--top", "1").output)
     assert data["sub_lines_waiting"] == 2 and len(data["first"]) == 1
     inspected = invoke(app, "inspect", NAME)
@@ -73,3 +74,31 @@ def test_a_bad_weight_is_refused(app, lock_client):
     assert "above 0" in (result.stderr if hasattr(result, "stderr") else result.output)
     with pytest.raises(LimitControlError):
         fair_control.set_weight(lock_client, NAME, "tenant:a", -2)
+
+
+def test_status_counts_the_sub_lines_and_fair_shows_the_oldest_in_bands(app, lock_client):
+    park(lock_client, "tenant:a", "holder")
+    for n in range(2):  # priority 0, the default aging (10 s): since = the band's score
+        park_admit(lock_client, [SlotLimit(NAME, 1, "redislock:", 1, "tenant:a")], lease=30,
+                   run=run_id(f"a{n}", 0), priority=0)
+    park(lock_client, "tenant:b", "b0")  # no priority: its oldest waiter is not kept
+    park(lock_client, "tenant:c", "c0")
+    status = json.loads(invoke(app, "status", "--json").output)
+    row = next(row for row in status if row["name"] == NAME)
+    assert row["parked"]["fair_sub_lines"] == 3 and row["waiting"] == 4
+    text = invoke(app, "status", "--wide").output.splitlines()
+    assert text[0].split()[-1] == "SUB-LINES"
+    assert next(line for line in text if line.startswith(NAME)).split()[-1] == "3"
+
+    data = json.loads(invoke(app, "fair", NAME, "--json", "--top", "2").output)
+    assert data["sub_lines_waiting"] == 3 and len(data["first"]) == 2  # top N, never all
+    ages = {sub["sub"]: sub["oldest_age_seconds"] for sub in data["first"]}
+    assert 0 <= ages["tenant:a"] < 30 and ages["tenant:b"] is None
+    shown = invoke(app, "inspect", NAME).output
+    assert "OLDEST" in shown and "fair: 3 sub-line(s) waiting" in shown
+
+    keys = {row["name"]: row for row in Dashboard(LockStore(app), min_interval=0).state()["keys"]}
+    fair = keys[NAME]["fair"]
+    assert fair["sub_lines_waiting"] == 3 and [sub["sub"] for sub in fair["first"]][:1] == [
+        "tenant:a"]
+    assert all(row["fair"] is None for name, row in keys.items() if name != NAME)

@@ -12,7 +12,14 @@ import pytest
 
 from celery_redislock.config.limit import TaskLimits
 from celery_redislock.engine.admission import Busy, Lease, ParkedMove, ParkRef, SlotLimit
-from celery_redislock.engine.fair import check_weight, fair_view, set_weight, weights
+from celery_redislock.engine.fair import (
+    check_weight,
+    fair_view,
+    oldest_waiters,
+    set_weight,
+    weights,
+)
+from celery_redislock.engine.parked_view import read_parked_lines
 from celery_redislock.engine.parking import due, moved_nothing, park_admit, run_id
 
 PREFIX = "redislock:"
@@ -196,3 +203,53 @@ def test_a_move_that_found_its_sub_lines_queue_empty_is_owed_again_from_it(redis
     assert moved_nothing(redis_client, line.key)  # the copy was not published yet
     moves = due(redis_client, {line.key: 1}, prefix=PREFIX)  # now it is: 1 in its queue
     assert moves == [ParkedMove(line.key, sub)]
+
+
+def server_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+def test_the_oldest_waiter_of_a_tenant_is_read_from_its_bands_heads(redis_client):
+    """A tenant whose runs wait in priority bands: its oldest waiter's age is the least
+    'score + band x aging' over its bands' heads; a tenant without bands: unknown."""
+    line = Line(redis_client, name="ages")
+    assert isinstance(line.send("tenant:x", "holder"), Lease)
+    before = server_ms(redis_client)
+    first = park_admit(redis_client, line.limiters("tenant:a"), lease=30,
+                       run=run_id("a1", 0), priority=0, priority_aging=0.2)
+    after = server_ms(redis_client)
+    assert isinstance(first, Busy)
+    later = park_admit(redis_client, line.limiters("tenant:a"), lease=30,
+                       run=run_id("a2", 0), priority=5, priority_aging=0.2)
+    assert isinstance(later, Busy)  # band 5: score = since - 1 s, yet younger than a1
+    assert isinstance(line.send("tenant:b", "b1"), Busy)  # no priority: no band
+
+    ages = oldest_waiters(redis_client, line.key, ["tenant:a", "tenant:b"], aging=0.2)
+    now = server_ms(redis_client)
+    assert set(ages) == {"tenant:a"}
+    assert (now - after) / 1000 <= ages["tenant:a"] <= (now - before) / 1000 + 0.001
+    wrong = oldest_waiters(redis_client, line.key, ["tenant:a"], aging=0.0)
+    assert wrong["tenant:a"] >= 1.0  # a2's head read without its band's 5 x 0.2 s
+
+    view = fair_view(redis_client, line.key, top=5, aging=0.2)
+    shown = {sub.sub: sub.oldest_age for sub in view.first}
+    assert shown["tenant:b"] is None and shown["tenant:a"] is not None
+    assert view.waiting == 2
+
+
+def test_the_parked_view_counts_the_sub_lines_waiting(redis_client):
+    line = Line(redis_client, name="count")
+    assert isinstance(line.send("tenant:x", "holder"), Lease)
+    for tenant in ("tenant:a", "tenant:b", "tenant:c"):
+        assert isinstance(line.send(tenant, f"{tenant}-1"), Busy)
+    assert isinstance(line.send("tenant:a", "tenant:a-2"), Busy)
+    key = line.key
+    found = read_parked_lines(redis_client, [key], server_ms(redis_client))[key]
+    assert (found.fair_sub_lines, found.waiting) == (3, 4)
+
+    plain = Line(redis_client, name="plain-bands")  # not fair, runs in bands
+    assert isinstance(send_priority(plain, "holder", 0, 0.2), Lease)
+    assert isinstance(send_priority(plain, "low", 0, 0.2), Busy)
+    found = read_parked_lines(redis_client, [plain.key], server_ms(redis_client))[plain.key]
+    assert (found.fair_sub_lines, found.waiting) == (0, 1)

@@ -230,7 +230,7 @@ def test_status_shows_the_parked_line_and_its_parking_queue(parked: Dict[str, An
         "waiting": 3, "references": 3, "anonymous": 0, "reserved": 0, "claimed": 0,
         "served": 0, "last_parked_age_seconds": row["parked"]["last_parked_age_seconds"],
         "oldest_age_seconds": None, "queue": parking_queue(parked["key"]),
-        "queue_length": 3}
+        "queue_length": 3, "fair_sub_lines": 0}
     assert 0 <= row["parked"]["last_parked_age_seconds"] < 30
 
     text = invoke(parked["app"], "status", "--wide")

@@ -81,7 +81,8 @@ JSON schema of `status --json`: a list with one object per key:
  "parked": PARKED (only for a key with a parked line, redislock_line = "broker")}
 PARKED = {"waiting": int, "references": int, "anonymous": int, "reserved": int,
  "claimed": int, "served": int, "last_parked_age_seconds": float or null,
- "oldest_age_seconds": null, "queue": str, "queue_length": int or null}.
+ "oldest_age_seconds": null, "queue": str, "queue_length": int or null,
+ "fair_sub_lines": int}.
 "used" = the slots of live "holders" + "reserved" (slots kept for waiters);
 "waiting" counts both lines: today's and the parked line's "waiting" (its
 "references" waiting + "anonymous" entries, counted from the broker after the
@@ -89,6 +90,8 @@ lock store lost its data); "claimed": moved runs admitted, not yet started;
 "served": references kept so that a copy given back ends unrun; the parked
 line's oldest waiter's age is not kept (null); "queue_length" is the parking
 queue's length in the broker, null when the broker could not be asked;
+"fair_sub_lines": sub-lines of a fair limit (fair_by) with runs waiting, 0 if none
+(the column SUB-LINES; `fair NAME` lists the first by turn);
 "holders" counts runs, a weighted run (lock_cost) using several slots; "limit" is the
 count admission applies now: "slots_override" if set, else "configured_limit"
 (null when unknown); "paused_until" is Unix seconds on the Redis server's clock,
@@ -335,7 +338,7 @@ def parked_json(state: LimitState) -> Dict[str, Any]:
             "claimed": line.claimed, "served": line.served,
             "last_parked_age_seconds": None if age is None else round(age, 3),
             "oldest_age_seconds": line.oldest_age, "queue": parking_queue(state.key),
-            "queue_length": state.parked_messages}
+            "queue_length": state.parked_messages, "fair_sub_lines": line.fair_sub_lines}
 
 
 @redislock.command(help="List every key, sorted by name: slots used/limit, waiting runs, "
@@ -371,6 +374,8 @@ def status_lines(entries: Sequence[Tuple[LimitState, Dict[str, Any]]], rules: Ru
               ["NAME", "USED", "WAITING", "PAUSED", "OVERRIDE", "OLDEST", "RATE"])
     if any(state.parked is not None for state, _ in entries):
         header += ["PARKED", "SERVED"] if wide else ["PARKED"]
+    if any(state.parked is not None and state.parked.fair_sub_lines for state, _ in entries):
+        header += ["SUB-LINES"]
     rows = []
     for state, row in entries:
         oldest = row["oldest_age_seconds"]
@@ -384,9 +389,21 @@ def status_lines(entries: Sequence[Tuple[LimitState, Dict[str, Any]]], rules: Ru
             "RATE": rate_column(state, rules),
             "PARKED": parked_cell(state),
             "SERVED": "-" if state.parked is None else str(state.parked.served),
+            "SUB-LINES": sub_lines_cell(state),
         }
         rows.append([cells[column] for column in header])
     return text_table(header, rows, width=None if wide else terminal_width(), shrink=[0])
+
+
+def sub_lines_cell(state: LimitState) -> str:
+    """The SUB-LINES column: how many sub-lines of a fair limit have runs waiting (the
+    count only, never the sub-lines: ``fair NAME --top N`` lists them); ``-`` for none.
+
+        >>> sub_lines_cell(LimitState("n", "k", 0))
+        '-'
+    """
+    line = state.parked
+    return str(line.fair_sub_lines) if line is not None and line.fair_sub_lines else "-"
 
 
 def _broker_note(store: LockStore, states: Sequence[LimitState]) -> None:
@@ -433,7 +450,8 @@ def inspect(ctx: click.Context, name: str, as_json: bool, wide: bool) -> None:
     now = store.now_ms()
     state = store.states([key], now, waiters=None)[0]
     _broker_note(store, [state])
-    fair_line = fair_view(store.client, key, top=10)  # a fair limit's sub-lines (fair_by)
+    fair_line = fair_view(store.client, key, top=10,  # a fair limit's sub-lines (fair_by)
+                          aging=fair_cli.aging_of(store, state.name))
     if as_json:
         shown_json = inspect_json(state, store.rules)
         if fair_line.waiting:

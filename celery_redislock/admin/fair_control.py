@@ -64,7 +64,10 @@ def weights(app_or_client: Any, name: str, *, prefix: Optional[str] = None
 
 
 def fair_state(app_or_client: Any, name: str, *, top: int = 10,
-               prefix: Optional[str] = None) -> FairLine:
-    """The sub-lines of ``name`` waiting: how many, and the ``top`` first by turn."""
+               prefix: Optional[str] = None,
+               aging: Optional[float] = fair.DEFAULT_AGING) -> FairLine:
+    """The sub-lines of ``name`` waiting: how many, and the ``top`` first by turn, with
+    their oldest waiter's age where kept (``aging``: the limit's
+    ``lock_priority_aging``, s; see :func:`~..engine.fair.oldest_waiters`)."""
     client, prefix, _ = _target(app_or_client, prefix)
-    return fair.fair_view(client, limit_keys(name, prefix)[0], top)
+    return fair.fair_view(client, limit_keys(name, prefix)[0], top, aging)

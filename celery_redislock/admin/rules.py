@@ -98,12 +98,23 @@ def task_rules(app: Any) -> Iterable[Tuple[Any, Any]]:
             yield task, rule
 
 
+def _aging(task: Any) -> Optional[float]:
+    """``task``'s ``lock_priority_aging`` (s), None if it cannot be read."""
+    try:
+        limits = limits_of(task)
+    except Exception:
+        return None
+    return None if limits is None else float(limits.retry.priority_aging)
+
+
 @dataclass(frozen=True)
 class _Rule:
     task: str
     key: Any  # its KeyTemplate
     slots: Optional[int]
     rate: Optional[Rate]
+    #: The task's ``lock_priority_aging`` (s) when the rule is fair (``fair_by``).
+    aging: Optional[float] = None
 
     def makes(self, name: str) -> bool:
         return self.key.could_render(name) is True
@@ -133,7 +144,14 @@ class Rules:
     def __init__(self, app: Any) -> None:
         self.rules: List[_Rule] = []
         for task, rule in task_rules(app):
-            self.rules.append(_Rule(task.name, rule.key, rule.slots, rule.rate))
+            aging = _aging(task) if getattr(rule, "fair_by", None) is not None else None
+            self.rules.append(_Rule(task.name, rule.key, rule.slots, rule.rate, aging))
+
+    def aging_of(self, name: str) -> Optional[float]:
+        """The ``lock_priority_aging`` (s) of the fair limit ``name`` (what one priority
+        band is worth on its line); None if no fair rule makes it, or they disagree."""
+        found = {rule.aging for rule in self.matching(name) if rule.aging is not None}
+        return next(iter(found)) if len(found) == 1 else None
 
     def matching(self, name: str, tasks: Collection[str] = ()) -> List[_Rule]:
         """The rules whose key can make ``name``; only those of ``tasks`` (the tasks seen

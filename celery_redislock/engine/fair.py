@@ -22,14 +22,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .scripts import LuaScript
 
-__all__ = ["BAND_MARK", "FairLine", "SubLine", "fair_key", "fair_view", "set_weight",
-           "weights", "with_band"]
+__all__ = ["BAND_MARK", "FairLine", "SubLine", "fair_key", "fair_view", "oldest_waiters",
+           "set_weight", "weights", "with_band"]
 
 FAIR_VIEW = LuaScript.load("fair_view.lua", after=["fair.lua"], flags="no-writes")
+FAIR_OLDEST = LuaScript.load("fair_oldest.lua", after=["fair.lua"], flags="no-writes")
+
+#: The most bands of one tenant :func:`oldest_waiters` reads (the first by head score).
+MOST_BANDS = 16
+
+#: The default ``lock_priority_aging`` (s): what one band is worth when none is given.
+DEFAULT_AGING = 10.0
 
 #: Between a sub-line's tenant and its priority band (``lua/fair.lua``).
 BAND_MARK = "\x1e"
@@ -109,12 +116,14 @@ def weights(client: Any, key: str) -> Dict[str, float]:
 @dataclass(frozen=True)
 class SubLine:
     """One sub-line waiting: its ``sub`` key, ``turn``, messages ``waiting`` in its
-    parking queue that no move was owed for yet, and ``weight``."""
+    parking queue that no move was owed for yet, and ``weight``; ``oldest_age`` (s) of
+    its oldest waiter when known (:func:`oldest_waiters`), else None."""
 
     sub: str
     turn: float
     waiting: int
     weight: float
+    oldest_age: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -126,9 +135,12 @@ class FairLine:
     first: Tuple[SubLine, ...]
 
 
-def fair_view(client: Any, key: str, top: int = 10) -> FairLine:
+def fair_view(client: Any, key: str, top: int = 10,
+              aging: Optional[float] = DEFAULT_AGING) -> FairLine:
     """The fair line of semaphore ``key``: the number of sub-lines waiting and the
-    ``top`` first by turn (one read-only script, O(top)).
+    ``top`` first by turn (one read-only script, O(top)), each with its oldest waiter's
+    age where it is kept (:func:`oldest_waiters`, a second read-only script, O(top x
+    log bands); ``aging``: the limit's ``lock_priority_aging``, s; None: not read).
 
         >>> import redis
         >>> fair_view(redis.Redis.from_url(redis_url), "doc:{v}:s:nobody")
@@ -139,7 +151,43 @@ def fair_view(client: Any, key: str, top: int = 10) -> FairLine:
     for at in range(2, len(reply), 4):
         rows.append(SubLine(_text(reply[at]), float(reply[at + 1]), int(reply[at + 2]),
                             float(reply[at + 3])))
+    if rows and aging is not None:
+        ages = oldest_waiters(client, key, [row.sub for row in rows], aging)
+        rows = [dataclasses.replace(row, oldest_age=ages.get(row.sub)) for row in rows]
     return FairLine(int(reply[0]), float(reply[1]), tuple(rows))
+
+
+def oldest_waiters(client: Any, key: str, tenants: Sequence[str],
+                   aging: float = DEFAULT_AGING) -> Dict[str, float]:
+    """``{tenant: age (s) of its oldest waiter}`` for those of ``tenants`` (sub-lines of
+    semaphore ``key``) whose runs wait in priority bands, on the server's clock.
+
+    ``lua/fair.lua`` keeps, per band of a tenant, the FIFO of its runs' scores
+    (``since - band x aging``) and the tenant's bands by their head's score: a band's
+    head is its oldest run, so the tenant's oldest is the least ``score + band x aging``
+    over its bands (the first :data:`MOST_BANDS` by head score are read). Runs that
+    wait without a priority (no ``lock_priority``, no message priority) keep no FIFO:
+    their tenant is left out (its oldest waiter is not known). ``aging`` (s) is the
+    limit's ``lock_priority_aging``; it cancels out for a tenant with one band, 0.
+
+        >>> import redis
+        >>> oldest_waiters(redis.Redis.from_url(redis_url), "doc:{o}:s:none", ["t:a"])
+        {}
+    """
+    if not tenants:
+        return {}
+    reply = FAIR_OLDEST.run(client, [key], [MOST_BANDS, *tenants])
+    now_ms, at = int(reply[0]), 1
+    ages: Dict[str, float] = {}
+    for tenant in tenants:
+        count = int(reply[at])
+        pairs = reply[at + 1: at + 1 + 2 * count]
+        at += 1 + 2 * count
+        since = [float(pairs[i + 1]) + float(pairs[i]) * aging * 1000
+                 for i in range(0, len(pairs), 2)]
+        if since:
+            ages[tenant] = max(0.0, now_ms - min(since)) / 1000
+    return ages
 
 
 def _text(value: Any) -> str:

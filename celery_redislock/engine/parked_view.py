@@ -13,11 +13,17 @@ in its header; this module reads them and writes nothing:
 * ``'}:px:'`` served references (a list, in the order they were served, of when each
   is forgotten): kept so that a copy the broker gives back ends unrun; its length counts
   those not yet pruned (a few are pruned at each call of the line's scripts);
-* the key space's index ``'<prefix>parked'`` (K -> when a run last parked there).
+* the key space's index ``'<prefix>parked'`` (K -> when a run last parked there);
+* for a fair limit (``fair_by``), ``'}:ft:'`` its sub-lines waiting (``lua/fair.lua``):
+  only their number is read here (``ZCARD``, less the tenant ``""`` of a line that is
+  not fair but whose runs wait in priority bands); :func:`.fair.fair_view` reads the
+  first by turn.
 
-The oldest waiter's age cannot be read here: a reference's ``since`` is in the hash
-``'}:pr:'``, and no structure orders waiting references by it (finding the oldest would
-walk the line). :attr:`ParkedLine.oldest_age` is therefore always None.
+The oldest waiter's age of the whole line cannot be read here: a reference's
+``since`` is in the hash ``'}:pr:'``, and no structure orders waiting references by it
+(finding the oldest would walk the line). :attr:`ParkedLine.oldest_age` is therefore
+always None. (A fair line's sub-lines whose runs wait in priority bands do keep theirs:
+:func:`.fair.oldest_waiters`.)
 
     >>> import redis
     >>> client = redis.Redis.from_url(redis_url)
@@ -31,11 +37,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
+from .fair import fair_key
 from .keys import companion_key
 
 __all__ = [
     "CLAIMS",
     "COUNTS",
+    "FAIR_TURNS",
     "READS_PER_KEY",
     "RESERVATIONS",
     "SERVED",
@@ -51,12 +59,15 @@ __all__ = [
 #: ``tests/test_parked_view.py`` reads that header and fails if they drift.
 COUNTS, CLAIMS, SERVED, RESERVATIONS = "pn", "pc", "px", "pv"
 
+#: A fair line's sorted set of sub-lines waiting, as ``lua/fair.lua`` names it.
+FAIR_TURNS = "ft"
+
 #: The name of the key space's index of parked lines after the prefix
 #: (``parked_index`` in ``lua/parking.lua``, :func:`~.parking.parked_index`).
 INDEX_NAME = "parked"
 
 #: How many commands :func:`add_reads` queues per key.
-READS_PER_KEY = 5
+READS_PER_KEY = 7
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,8 @@ class ParkedLine:
     served: int = 0
     #: When a run last parked on this key (ms), from the index; None if not indexed.
     last_parked_ms: Optional[int] = None
+    #: Sub-lines of a fair limit (``fair_by``) with runs waiting (0: none, or not fair).
+    fair_sub_lines: int = 0
 
     @property
     def waiting(self) -> int:
@@ -127,6 +140,8 @@ def add_reads(pipe: Any, key: str, now_ms: int) -> None:
         pipe.exists(key + ":no-index")  # keeps READS_PER_KEY replies per key
     else:
         pipe.zscore(index, key)
+    pipe.zcard(fair_key(key, FAIR_TURNS))
+    pipe.zscore(fair_key(key, FAIR_TURNS), "")  # a line that is not fair, in bands
 
 
 def _int(value: Any) -> int:
@@ -139,14 +154,16 @@ def _int(value: Any) -> int:
 def line_of(key: str, replies: Sequence[Any], now_ms: int) -> Optional[ParkedLine]:
     """The :class:`ParkedLine` of ``key`` from the replies :func:`add_reads` queued, or
     None when the key has no parked line (nothing counted, reserved, claimed or kept)."""
-    counts, reserved, claimed, served, indexed = replies[:READS_PER_KEY]
+    counts, reserved, claimed, served, indexed, turns, unfair = replies[:READS_PER_KEY]
+    sub_lines = _int(turns) - (0 if unfair is None else 1)
     if all(value is None for value in counts) and not (reserved or claimed or served):
         return None
     last = None if indexed is None or isinstance(indexed, int) else int(float(indexed))
     return ParkedLine(key=key, server_time_ms=int(now_ms),
                       references_waiting=_int(counts[0]), anonymous=_int(counts[1]),
                       reserved=_int(reserved), claimed=_int(claimed),
-                      served=_int(served), last_parked_ms=last)
+                      served=_int(served), last_parked_ms=last,
+                      fair_sub_lines=max(0, sub_lines))
 
 
 def read_parked_lines(client: Any, keys: Sequence[str], now_ms: int) -> Dict[str, ParkedLine]:

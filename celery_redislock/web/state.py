@@ -19,8 +19,13 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 from ..admin.cli import LockStore, inspect_json, status_row
+from ..admin.fair_cli import fair_json
 from ..admin.rules import Rules, rate_column, used_text
 from ..admin.state import LimitState
+from ..engine.fair import fair_view
+
+#: How many sub-lines of a fair limit the dashboard shows, first by turn.
+FAIR_TOP = 10
 
 #: One history sample: (Unix seconds on the Redis server's clock, used, waiting).
 Sample = Tuple[float, int, int]
@@ -92,6 +97,14 @@ class Dashboard:
                 self._last = (now, self._read())
             return self._last[1]
 
+    def _fair(self, state: LimitState) -> Optional[Dict[str, Any]]:
+        """A fair limit's sub-lines waiting (``fair --json``: how many, the first
+        :data:`FAIR_TOP` by turn with their weights), None for a key without any (one
+        read-only script, O(top), only for keys whose count says some wait)."""
+        if state.parked is None or not state.parked.fair_sub_lines:
+            return None
+        return fair_json(fair_view(self.store.client, state.key, top=FAIR_TOP))
+
     def _read(self) -> Dict[str, Any]:
         store = self.store
         now_ms = store.now_ms()
@@ -103,6 +116,7 @@ class Dashboard:
         for state in states:
             row = key_json(state, store.rules, self.history.of(state.key))
             row["holders"] = row["holders"][: self.rows]
+            row["fair"] = self._fair(state)
             keys.append(row)
         return {
             "server_time": at,

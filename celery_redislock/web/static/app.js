@@ -197,6 +197,23 @@
       el("p", {class: "muted mono"}, `Parking queue ${p.queue}: ${queue}`));
   }
 
+  // A fair limit's sub-lines (fair_by): how many wait, the first by turn; null for none.
+  function fairLine(f) {
+    if (!f) return null;
+    const more = f.sub_lines_waiting - f.first.length;
+    return el("div", {class: "fair"},
+      el("h3", {}, `Fair sub-lines waiting (${f.sub_lines_waiting})`),
+      el("table", {}, el("thead", {}, el("tr", {},
+        ...["Sub-line", "Turn", "Waiting", "Weight", "Oldest"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...f.first.map((s) => el("tr", {},
+          el("td", {class: "mono"}, s.sub),
+          el("td", {class: "num"}, String(s.turn)),
+          el("td", {class: "num"}, String(s.waiting)),
+          el("td", {class: "num"}, String(s.weight)),
+          el("td", {class: "num"}, s.oldest_age_seconds == null ? "-" : seconds(s.oldest_age_seconds)))))),
+      more > 0 ? el("p", {class: "muted"}, `… and ${more} more sub-line(s), next by turn`) : null);
+  }
+
   function keyActions(row) {
     const button = (label, body, ask) => el("button", {onclick: (e) => {
       e.stopPropagation();
@@ -224,7 +241,7 @@
       el("div", {class: "muted"}, "Slots: " + limits.join(", ")),
       el("h3", {}, `Holders (${row.holder_count})`), holdersTable(row, actions),
       el("h3", {}, `Waiting line (${row.waiting - (row.parked ? row.parked.waiting : 0)})`),
-      waitersTable(row), parkedLine(row.parked),
+      waitersTable(row), parkedLine(row.parked), fairLine(row.fair),
       actions ? keyActions(row) : null));
   }
 
