@@ -148,3 +148,20 @@ def test_forty_runs_under_two_slots_and_five_per_second(redis_client: Any) -> No
     worst = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
     assert worst <= 5 + 1, worst
     assert not queues[slots.key] and not queues[per_s.key]
+
+
+def test_a_paused_rate_parks_the_run_with_no_promise_until_it_ends(redis_client: Any) -> None:
+    slots, per_s = SlotLimit("paused", 2, PREFIX), rate("paused", "5/s")
+    control = per_s.key.replace("}:r:", "}:cr:", 1)
+    redis_client.hset(control, "paused_until", "forever")
+    parked = park_admit(redis_client, [slots, per_s], lease=5, run="p:0")
+    assert isinstance(parked, Busy) and parked.park is not None
+    assert parked.park.key == per_s.key and holders(redis_client, slots.key) == 0
+    assert not due_rate(redis_client, {per_s.key: 1}, prefix=PREFIX)  # no start yet
+    redis_client.hdel(control, "paused_until")
+    deadline = time.monotonic() + 3
+    while not due_rate(redis_client, {per_s.key: 1}, prefix=PREFIX):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    moved = park_admit(redis_client, [slots, per_s], lease=5, run="p:0", parked=parked.park)
+    assert isinstance(moved, Lease) and moved.release()

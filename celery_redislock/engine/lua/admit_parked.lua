@@ -113,10 +113,7 @@ end
 -- dropped (it no longer waits there).
 local function refuse(status, i, id)
   local l, h = limiters[i], home >= 1 and home <= N and home ~= i and limiters[home]
-  if h and park_id ~= '' and h.ref and h.ref.state == 'w' and h.ref.park_id == park_id then
-    redis.call('HDEL', parked_key(h.key, 'pr'), run)
-    count_down_waiting(h.key, h.counts)
-  end
+  leave_home(h, run, park_id)
   give_back()
   if status == 4 then return reply(4, i, 0, 0, 0, 0) end
   -- its copy is published to its sub-line's queue (fair.lua)
@@ -211,11 +208,8 @@ end
 -- reference it waited with at its home semaphore is dropped.
 local start, at = rates_start(rates, promised, now_us)
 if at > 0 then
-  local h = home >= 1 and home <= N and limiters[home]
-  if h and h.ref and h.ref.state == 'w' and h.ref.park_id == park_id then
-    redis.call('HDEL', parked_key(h.key, 'pr'), run)
-    count_down_waiting(h.key, h.counts)
-    drop_deadline(h.key, run, ARGV[11 + N + home])
+  if leave_home(home >= 1 and home <= N and limiters[home], run, park_id) then
+    drop_deadline(KEYS[home], run, ARGV[11 + N + home])
   end
   give_back()
   local id, wait = rates_park(rates, at, start, promised, run, keep, KEYS[#KEYS], now, now_us)
@@ -223,13 +217,7 @@ if at > 0 then
 end
 
 -- Phase 3: admitted by every semaphore. One fencing number above every one's last.
-local fence, contended, last = now_us, 0, 0
-for i = 1, N do
-  local l = limiters[i]
-  if l.stats[1] then fence = math.max(fence, 1 - tonumber(l.stats[1])) end
-  if l.stats[2] or l.ref or l.counts[1] + l.counts[2] > 0 then contended = 1 end
-  if l.take == 'free' and l.free <= l.cost then last = 1 end
-end
+local fence, contended, last = admission_marks(limiters, now_us)
 local fence_text = string.format('%d', fence)
 local lease_end = now + lease
 local lease_end_text = string.format('%d', lease_end)

@@ -53,6 +53,17 @@ local function claimed_live(l, now)
   return l.ref and l.ref.state == 'c' and holder_live(l.key, l.ref.holder, now)
 end
 
+-- A moved copy's reference at its home `h` (false: none), if it waits under park id
+-- `id`, is dropped: the run parks elsewhere or ends. True if it was.
+local function leave_home(h, run, id)
+  if not (h and id ~= '' and h.ref and h.ref.state == 'w' and h.ref.park_id == id) then
+    return false
+  end
+  redis.call('HDEL', parked_key(h.key, 'pr'), run)
+  count_down_waiting(h.key, h.counts)
+  return true
+end
+
 -- One anonymous entry of `l` less (a moved copy the store did not know).
 local function count_down_anonymous(l)
   if l.counts[2] > 0 then
@@ -86,6 +97,18 @@ local function refusal_fields(l, now, grace)
   if l.paused then until_first_end = l.paused < 0 and -1 or l.paused - now end
   local hold = l.stats[2] and -tonumber(l.stats[2]) - 1 or -1
   return l.used, until_first_end, hold >= 0 and hold or -1
+end
+
+-- Admitted by every semaphore of `limiters`: a fencing number above every one's last,
+-- 1 if any is contended (holders in a line, or a parked line), 1 if it takes a last slot.
+local function admission_marks(limiters, now_us)
+  local fence, contended, last = now_us, 0, 0
+  for _, l in ipairs(limiters) do
+    if l.stats[1] then fence = math.max(fence, 1 - tonumber(l.stats[1])) end
+    if l.stats[2] or l.ref or l.counts[1] + l.counts[2] > 0 then contended = 1 end
+    if l.take == 'free' and l.free <= l.cost then last = 1 end
+  end
+  return fence, contended, last
 end
 
 -- Admitted at `l`: its reservation taken (if it takes one), the run's reference there
