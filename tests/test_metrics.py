@@ -327,3 +327,48 @@ def test_workers_on_one_machine_take_one_port_each_from_a_range(tmp_path: Any,
     app.conf.redislock_metrics_port = "9818-9809"
     with pytest.raises(LockConfigurationError, match="or a range of them such as"):
         exporter_options(app)
+
+
+@pytest.mark.usefixtures("lock_client")
+def test_fair_limits_waits_by_tenant_quantile_without_a_series_per_tenant(
+        celery_app: Any) -> None:
+    """A limit with ``fair_by``: each admission's wait goes into the limit's histogram
+    (labels task and limit only) and its tenant's recent mean; the gauge holds the
+    quantiles of those means across tenants, one series per quantile."""
+
+    @celery_app.task(base=LimitedTask, lock_key="exports", lock_slots=2,
+                     lock_fair_by="tenant:{tenant}", shared=False)
+    def export(tenant: str) -> str:
+        return tenant
+
+    recorder = enable_metrics(celery_app, max_limit_labels=5)
+    try:
+        assert [export.apply((t,)).get() for t in ("a", "b")] == ["a", "b"]  # eager: 0 s
+        labels = {"task": export.name, "limit": "exports"}
+        assert recorder.sink.histogram("fair_wait_seconds", **labels).count == 2
+        assert recorder.tenant_waits[(export.name, "exports")].means() == {
+            "tenant:a": 0.0, "tenant:b": 0.0}  # the tenant from the run's request
+
+        class Held:
+            name, holds_slots = "exports", False
+
+        task = export._get_current_object()  # the task, not its proxy: as signals send it
+        waits = {f"tenant:{n}": float(n) for n in range(300)}  # more tenants than are kept
+        for tenant, waited in waits.items():
+            task.push_request(args=(tenant.split(":")[1],), kwargs={})
+            try:
+                recorder.on_acquired(sender=task, lease=Held(), waited=waited)
+            finally:
+                task.pop_request()
+        histogram = recorder.sink.histogram("fair_wait_seconds", **labels)
+        assert (histogram.count, histogram.sum) == (302, sum(waits.values()))
+        kept = recorder.tenant_waits[(export.name, "exports")].means()
+        assert len(kept) == 200 and min(kept.values()) == 100.0  # the last 200 admitted
+        assert "tenant:a" not in kept
+        gauge = {q: recorder.sink.value("fair_tenant_wait_seconds", **labels, quantile=q)
+                 for q in ("0.5", "0.9", "0.99", "1")}
+        assert gauge == {"0.5": 199.0, "0.9": 279.0, "0.99": 297.0, "1": 299.0}
+        series = recorder.sink.snapshot()["fair_tenant_wait_seconds"]
+        assert len(series) == 4  # one per quantile, whatever the number of tenants
+    finally:
+        disable_metrics(celery_app)

@@ -41,6 +41,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 from ..errors import LockConfigurationError
 from ..integration import signals
 from ..integration.recovery import limits_of
+from .fair import QUANTILES, TenantWaits, quantile_label
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class MetricSpec:
     help: str
     labels: Tuple[str, ...] = ("task", "limit")
     buckets: Tuple[float, ...] = ()
+    #: How the Prometheus exporter adds up a gauge across a worker's processes.
+    mode: str = "livesum"
 
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -101,9 +104,20 @@ STORE_ERRORS = MetricSpec("lock_store_errors_total", "counter",
                           "messages dropped because they failed their check "
                           "(rejected_entry).", labels=("task", "kind"))
 
+FAIR_WAIT = MetricSpec("fair_wait_seconds", "histogram",
+                       "Time from a run's first refusal to its admission, for runs under a "
+                       "limit with fair_by (labelled by the limit, never the tenant).",
+                       buckets=WAIT_BUCKETS)
+FAIR_TENANT_WAIT = MetricSpec("fair_tenant_wait_seconds", "gauge",
+                              "Quantiles across the recently admitted tenants of a fair "
+                              "limit of each tenant's recent mean wait (max over live "
+                              "processes).", labels=("task", "limit", "quantile"),
+                              mode="livemax")
+
 #: Every metric recorded, in the order they are documented.
 METRICS: Tuple[MetricSpec, ...] = (ACQUISITIONS, CONTENTIONS, RATE_LIMITED, LEASES_LOST,
-                                   WAIT, HOLD, COUNTDOWN, HOLDING, STORE_ERRORS)
+                                   WAIT, HOLD, COUNTDOWN, HOLDING, STORE_ERRORS, FAIR_WAIT,
+                                   FAIR_TENANT_WAIT)
 
 
 # --- where the numbers go -------------------------------------------------------------
@@ -121,6 +135,9 @@ class Sink:
 
     def observe(self, metric: MetricSpec, labels: Mapping[str, str], value: float) -> None:
         raise NotImplementedError
+
+    def set(self, metric: MetricSpec, labels: Mapping[str, str], value: float) -> None:
+        """Set a gauge to ``value`` (the fair limits' quantiles); by default not kept."""
 
 
 @dataclass
@@ -169,6 +186,11 @@ class MemorySink(Sink):
         with self._lock:
             series = self._histograms.setdefault(metric.name, {})
             series.setdefault(key, HistogramValue(metric.buckets)).add(value)
+
+    def set(self, metric: MetricSpec, labels: Mapping[str, str], value: float) -> None:
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            self._values.setdefault(metric.name, {})[key] = value
 
     def value(self, name: str, **labels: str) -> float:
         """A counter's or gauge's value for ``labels`` (0 if never recorded)."""
@@ -402,6 +424,8 @@ class MetricsRecorder:
             (signals.lock_store_error, self.on_lock_store_error),
         ]
         self._label_failed = False
+        #: Per (task, limit label) of a fair limit: its tenants' recent mean waits.
+        self.tenant_waits: Dict[Tuple[str, str], TenantWaits] = {}
 
     def connect(self) -> MetricsRecorder:
         """Start recording (connect the receivers). Returns itself."""
@@ -445,6 +469,37 @@ class MetricsRecorder:
         self.sink.observe(WAIT, labels, max(0.0, float(waited or 0.0)))
         if _holds_slots(lease):
             self.sink.inc(HOLDING, labels)
+        self._fair_waits(sender, max(0.0, float(waited or 0.0)))
+
+    def _fair_waits(self, task: Any, waited: float) -> None:
+        """For each limit of ``task`` with ``fair_by``: ``waited`` into its histogram,
+        and into its tenant's recent mean, then that limit's quantiles across tenants
+        (bounded: :mod:`.fair`). The tenant is the key ``fair_by`` renders from the
+        run's arguments (``task.request``)."""
+        try:
+            limits = limits_of(task)
+        except Exception:
+            return
+        fair_rules = [(rule, rule.fair_by) for rule in (limits.rules if limits else ())
+                      if rule.fair_by is not None]
+        if not fair_rules:
+            return
+        request = getattr(task, "request", None)
+        args = getattr(request, "args", None) or ()
+        kwargs = getattr(request, "kwargs", None) or {}
+        for rule, fair_by in fair_rules:
+            try:
+                name, tenant = rule.key.render(args, kwargs), fair_by.render(args, kwargs)
+            except Exception:
+                continue
+            labels = self.labels(task, name)
+            self.sink.observe(FAIR_WAIT, labels, waited)
+            waits = self.tenant_waits.setdefault((labels["task"], labels["limit"]),
+                                                 TenantWaits())
+            waits.add(tenant, waited)
+            for q, value in waits.quantiles(QUANTILES).items():
+                self.sink.set(FAIR_TENANT_WAIT, {**labels, "quantile": quantile_label(q)},
+                              value)
 
     def on_released(self, sender: Any = None, lease: Any = None, held: float = 0.0,
                     **_: Any) -> None:

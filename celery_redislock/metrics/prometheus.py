@@ -169,6 +169,9 @@ class PrometheusSink(Sink):
     def observe(self, metric: MetricSpec, labels: Mapping[str, str], value: float) -> None:
         self.metrics[metric.name].labels(**labels).observe(value)
 
+    def set(self, metric: MetricSpec, labels: Mapping[str, str], value: float) -> None:
+        self.metrics[metric.name].labels(**labels).set(value)
+
 
 def _make(spec: MetricSpec, namespace: str) -> Any:
     common: Dict[str, Any] = {"namespace": namespace, "registry": None}
@@ -178,7 +181,8 @@ def _make(spec: MetricSpec, namespace: str) -> Any:
         return prometheus_client.Histogram(spec.name, spec.help, spec.labels,
                                            buckets=spec.buckets, **common)
     return prometheus_client.Gauge(spec.name, spec.help, spec.labels,
-                                   multiprocess_mode="livesum", **common)
+                                   multiprocess_mode=spec.mode,  # type: ignore[arg-type]
+                                   **common)
 
 
 _Collector: Any = multiprocess.MultiProcessCollector if prometheus_client else object
