@@ -35,6 +35,7 @@ RATED = "metrics_app.rated"
 PER_CUSTOMER = "metrics_app.per_customer"
 TEMPLATED = "metrics_app.templated"
 SHORT_LEASE = "metrics_app.short_lease"
+FAIR = "metrics_app.fair"
 
 #: The most distinct values of the ``limit`` label the workers let through.
 MAX_LIMIT_LABELS = 8
@@ -122,6 +123,12 @@ def create_app(urls: AppUrls) -> Celery:
     def short_lease(self: Any, seconds: float) -> str:
         records.run(self.request.id, seconds)
         return self.request.id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=FAIR, lock_slots=1,
+              lock_fair_by="tenant:{tenant}", **FAST_RETRY)
+    def fair(self: Any, tenant: str, seconds: float) -> str:
+        records.run(self.request.id, seconds)
+        return tenant
 
     return app
 

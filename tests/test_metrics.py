@@ -154,6 +154,25 @@ def test_metrics_from_a_real_prefork_worker(cluster: WorkerCluster) -> None:
     assert len(pids) == 2, f"the tasks ran in {len(pids)} pool process(es), not both"
 
 
+def test_a_fair_limits_waits_by_tenant_from_a_real_prefork_worker(
+        cluster: WorkerCluster) -> None:
+    """Runs of a limit with ``fair_by`` in two pool children: every wait is in the
+    limit's histogram, and the tenants' quantiles are four series, not one per tenant."""
+    url = exporter(cluster)
+    fair = cluster.app.tasks[metrics_app.FAIR]
+    wait_for_results(cluster, [fair.delay(f"t{n % 5}", 0.1) for n in range(10)])
+    samples = scrape(url)
+    labels = {"task": metrics_app.FAIR, "limit": metrics_app.FAIR}
+    assert total(samples, "celery_redislock_fair_wait_seconds_count", **labels) == 10
+    assert total(samples, "celery_redislock_fair_wait_seconds_sum", **labels) > 0
+    quantiles = {found["quantile"]: value for found, value
+                 in samples["celery_redislock_fair_tenant_wait_seconds"]
+                 if found.get("task") == metrics_app.FAIR}
+    assert set(quantiles) == {"0.5", "0.9", "0.99", "1"}  # one series per quantile
+    assert 0 <= quantiles["0.5"] <= quantiles["0.9"] <= quantiles["1"]
+    assert quantiles["1"] > 0  # one slot, ten runs of 0.1 s: someone waited
+
+
 def test_a_killed_pool_child_leaves_no_live_gauge(cluster: WorkerCluster) -> None:
     """A pool child killed while it holds a slot: its ``holding`` gauge goes away with it,
     its counters stay, and the child that replaces it records on."""
