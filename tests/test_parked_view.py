@@ -310,6 +310,22 @@ def test_prometheus_gauges_one_series_per_limit_label(parked: Dict[str, Any],
     assert found["celery_redislock_parked_lines"]["fetch:{site}"] == 2
     assert found["celery_redislock_parked_queue_messages"]["fetch:{site}"] == 3
     assert found["celery_redislock_parked_reserved"]["fetch:{site}"] == 0
+    assert found["celery_redislock_parked_fair_sub_lines"]["fetch:{site}"] == 0
+
+
+def test_prometheus_gauge_of_the_fair_sub_lines_waiting(parked: Dict[str, Any],
+                                                       lock_client: Any) -> None:
+    """A fair limit's sub-lines waiting, added up under its label: a count only."""
+    def send(tenant: str, task: str) -> Any:
+        return park_admit(lock_client, [SlotLimit("fetch:f", 1, PREFIX, 1, tenant)],
+                          lease=30, run=run_id(task, 0))
+
+    assert isinstance(send("tenant:x", "holder"), Lease)
+    for n in range(5):
+        assert isinstance(send(f"tenant:{n % 3}", f"run-{n}"), Busy)
+    found = samples(ParkedLinesCollector(parked["app"]))
+    assert found["celery_redislock_parked_fair_sub_lines"]["fetch:{site}"] == 3
+    assert found["celery_redislock_parked_waiting"]["fetch:{site}"] == 3 + 5
 
 
 def test_prometheus_gauges_without_a_lock_store(redis_server: Any, closed_port: int) -> None:

@@ -8,7 +8,7 @@ name itself within the ``redislock_metrics_max_limits`` budget (the rest under
 ``other``). Every worker reads the same lock store, so every exporter serves the same
 values: aggregate them with ``max by (limit)``, not ``sum``.
 
-Cost per scrape (at most once per :data:`MIN_INTERVAL`): the index of parked lines, five
+Cost per scrape (at most once per :data:`MIN_INTERVAL`): the index of parked lines, seven
 O(log n) reads per key with a parked line (one pipeline per 500 keys), and one length
 per parking queue in the broker; nothing walks a line.
 
@@ -48,6 +48,8 @@ GAUGES: Tuple[Tuple[str, str, Callable[[ParkedLine], int]], ...] = (
     ("parked_served", "Served references kept (a copy given back ends unrun).",
      lambda line: line.served),
     ("parked_lines", "Keys with a parked line.", lambda line: 1),
+    ("parked_fair_sub_lines", "Sub-lines (tenants) of fair limits (fair_by) with runs "
+     "waiting: a count, never one series per tenant.", lambda line: line.fair_sub_lines),
 )
 
 QUEUE_GAUGE = ("parked_queue_messages",
