@@ -96,6 +96,7 @@ def test_status_counts_the_sub_lines_and_fair_shows_the_oldest_in_bands(app, loc
     assert 0 <= ages["tenant:a"] < 30 and ages["tenant:b"] is None
     shown = invoke(app, "inspect", NAME).output
     assert "OLDEST" in shown and "fair: 3 sub-line(s) waiting" in shown
+    assert "3 fair sub-line(s) waiting" in shown  # the parked line's summary, as in watch
 
     keys = {row["name"]: row for row in Dashboard(LockStore(app), min_interval=0).state()["keys"]}
     fair = keys[NAME]["fair"]

@@ -22,10 +22,15 @@ RESERVED_PARKED = "~"
 
 
 def parked_summary(line: ParkedLine) -> str:
-    """The counts of a parked line in words."""
+    """The counts of a parked line in words (with a fair limit's sub-lines waiting).
+
+        >>> parked_summary(ParkedLine("k", 0, 4, fair_sub_lines=2)).split(", ")[-1]
+        '2 fair sub-line(s) waiting'
+    """
+    fair = f", {line.fair_sub_lines} fair sub-line(s) waiting" if line.fair_sub_lines else ""
     return (f"{line.waiting} parked ({line.references_waiting} reference(s), "
             f"{line.anonymous} anonymous), {line.reserved} reserved, {line.claimed} "
-            f"claimed, {line.served} served kept")
+            f"claimed, {line.served} served kept{fair}")
 
 
 def parked_cell(state: LimitState) -> str:
