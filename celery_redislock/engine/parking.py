@@ -62,7 +62,7 @@ waiting reference, 153 B per served reference (kept ``keep_served_ms``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .admission import (
     SUB_MARK,
@@ -311,31 +311,54 @@ def prepare_park_admit(
     keys = [limiter.key for limiter in limiters]
     prefix = (limiters or rates)[0].prefix
     rate_keys = [rate.key for rate in rates] + ([rate_index(prefix)] if rates else [])
-    home = 0
-    if parked is not None and parked.key in keys:
-        home = keys.index(parked.key) + 1
-    elif parked is not None and parked.key in rate_keys:  # KEYS[N + 1 + j]
-        home = len(keys) + 1 + rate_keys.index(parked.key) + 1
+    home = _home(parked, keys, rate_keys)
     token = owner + new_token()
     args = [token, milliseconds(lease), description, run, home,
             parked.park_id if parked is not None and home else "", keep_served_ms,
             reserve_ms, *(limiter.slots for limiter in limiters), _seen(client),
-            grace_bound_ms(client, lease), "1" if park_paused else "0"]
-    weighted = bool(rates) or any(limiter.cost != 1 for limiter in limiters)
-    if any(limiter.fair for limiter in limiters) or max_wait is not None or weighted:
-        args.extend(limiter.fair for limiter in limiters)  # fair lines' sub-lines (fair.lua)
-    if max_wait is not None or priority is not None or weighted:
-        args.append(milliseconds(max_wait) if max_wait is not None else "")
-    if priority is not None or weighted:
-        args.append(milliseconds(priority_aging) if priority is not None else "")
-    if weighted:  # each semaphore's cost (parked_cost.lua)
-        args.extend(limiter.cost for limiter in limiters)
-    for rate in rates:  # each rate's interval, tolerance (us) and cost (parked_rates.lua)
-        interval = rate.rate.interval * 1_000_000
-        args.extend([repr(interval), repr(interval * rate.rate.burst), rate.cost])
+            grace_bound_ms(client, lease), "1" if park_paused else "0",
+            *_optional_args(limiters, rates, max_wait, priority, priority_aging)]
     index = _index_of(client, prefix, keys[0]) if keys else parked_index(prefix)
     return ParkAdmitCall(client, [*limiters, *rates], token, lease, description, reserve_ms,
                          [*keys, index, *rate_keys], args)
+
+
+def _home(parked: Optional[ParkRef], keys: Sequence[str], rate_keys: Sequence[str]) -> int:
+    """The position in the script's KEYS (1-based) of the line a moved copy was parked
+    at, or 0: a newcomer, or a ref whose key is no longer among the run's limits."""
+    if parked is not None and parked.key in keys:
+        return keys.index(parked.key) + 1
+    if parked is not None and parked.key in rate_keys:  # KEYS[N + 1 + j]
+        return len(keys) + 1 + rate_keys.index(parked.key) + 1
+    return 0
+
+
+def _optional_args(limiters: Sequence[SlotLimit], rates: Sequence[RateLimit],
+                   max_wait: Optional[float], priority: Optional[int],
+                   priority_aging: float) -> List[Any]:
+    """The script's trailing arguments, each sent only when it or a later one is needed:
+    the fair lines' sub-lines (fair.lua), the max wait, the priority's aging, the costs
+    (parked_cost.lua), then each rate's interval, tolerance (µs) and cost
+    (parked_rates.lua)."""
+    weighted = bool(rates) or any(limiter.cost != 1 for limiter in limiters)
+    groups: List[Tuple[bool, List[Any]]] = [
+        (any(limiter.fair for limiter in limiters), [limiter.fair for limiter in limiters]),
+        (max_wait is not None, [milliseconds(max_wait) if max_wait is not None else ""]),
+        (priority is not None, [milliseconds(priority_aging) if priority is not None else ""]),
+        (weighted, [limiter.cost for limiter in limiters]),
+    ]
+    needed = [index for index, (wanted, _) in enumerate(groups) if wanted]
+    args = [value for _, values in groups[:needed[-1] + 1] for value in values] if needed else []
+    return args + _rate_args(rates)
+
+
+def _rate_args(rates: Sequence[RateLimit]) -> List[Any]:
+    """Each rate's interval, tolerance (µs) and cost (parked_rates.lua)."""
+    args: List[Any] = []
+    for rate in rates:
+        interval = rate.rate.interval * 1_000_000
+        args.extend([repr(interval), repr(interval * rate.rate.burst), rate.cost])
+    return args
 
 
 def park_admit(

@@ -357,13 +357,28 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
         answer.mark(request)
         answer = None
     if isinstance(answer, Later):
-        hold.promises, hold.probed = dict(answer.promises), answer.probed
-        if answer.probed:
-            return _wait_for_room(consumer, request, handle, hold)
-        hold.waits += 1
-        hold.booked, hold.due = answer.booked, time.monotonic() + answer.seconds
-        return _hold_back(consumer, request, handle, hold, answer.seconds)
-    if answer is not None and request.revoked():  # revoked while its limits were asked
+        return _hold_for(consumer, request, handle, hold, answer)
+    return _to_pool(consumer, request, handle, hold, limits, answer)
+
+
+def _hold_for(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+              later: Later) -> Any:
+    """Hold ``request`` here as ``later`` says: until a pool process is free (probed),
+    or for a start promised or booked soon."""
+    hold.promises, hold.probed = dict(later.promises), later.probed
+    if later.probed:
+        return _wait_for_room(consumer, request, handle, hold)
+    hold.waits += 1
+    hold.booked, hold.due = later.booked, time.monotonic() + later.seconds
+    return _hold_back(consumer, request, handle, hold, later.seconds)
+
+
+def _to_pool(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+             limits: TaskLimits, answer: Optional[Dict[str, Any]]) -> Any:
+    """Hand ``request`` to the pool with the lease its limits gave it (``answer``; None:
+    the pool process decides), to be given back here at its end where this process can;
+    a run revoked while its limits were asked gives the lease back and ends."""
+    if answer is not None and request.revoked():
         give_back_unstarted(request.task, limits, answer)
         return None
     release = None
