@@ -213,8 +213,7 @@ def test_a_worker_killed_between_a_refusals_copy_and_the_ack_is_known() -> None:
             history("d", kill_at=1 * S + 300_000, kill_pids=(70,)),  # another worker
             history("e", kill_at=1 * S + 300_000, again_redelivered=False),  # not redelivered
             history("f", kill_at=1 * S + 300_000, again_redelivered=None),  # not recorded
-            history("g", kill_at=1 * S + 300_000, again_copy=None),  # not recorded
-            history("h", kill_at=1 * S + 300_000, acks_late=True)):  # acks late: not this
+            history("g", kill_at=1 * S + 300_000, again_copy=None)):  # not recorded
         verdict = check([*unproven, SETTLE])
         assert verdict.repeated_known == [] and len(verdict.repeated_unexplained) == 1, unproven
     # A copy redelivered: refused by worker1 (its third refusal there) 59 ms before the
@@ -226,6 +225,9 @@ def test_a_worker_killed_between_a_refusals_copy_and_the_ack_is_known() -> None:
             *body("j", "j2", 41 * S, 42 * S, pid=61, copy=True, redelivered=True),
             final("j"), SETTLE]
     assert check(copy).known_causes == {"j2": KILLED_BEFORE_ACK}
+    # Under acks_late too: the refused message never reached the pool.
+    late = check([*history("h", kill_at=1 * S + 300_000, acks_late=True), SETTLE])
+    assert late.known_causes == {"h2": KILLED_BEFORE_ACK}
     # Only the task's first refusal is the refusal of the message it was sent as.
     later = [sent("i", acks_late=False), refused("i", 1 * S, 50), refused("i", 5 * S, 52),
              fault(5 * S + 10, "kill_worker", pids=[52], worker="worker3"),

@@ -407,11 +407,12 @@ def why_again(sent: Event, earlier: Sequence[Body], again: Body,
 def killed_before_ack(sent: Event, again: Body, faults: Sequence[Event],
                       refusals: Sequence[Event]) -> bool:
     """Whether ``again`` ran from a message delivered a second time because the worker
-    that refused it was killed whole before acknowledging it (default acks): a refused
-    run is sent back to wait as a copy, published before the refused message is
-    acknowledged, so both run. The history proves it only with all of these:
+    that refused it was killed whole before acknowledging it: a refused run is sent back
+    to wait as a copy, published before the refused message is acknowledged (under
+    either ack mode: the message never reached the pool), so both run. The history
+    proves it only with all of these (a body killed under ``acks_late`` is explained
+    before this is looked at):
 
-    * the task acks early (Celery's default: a message acknowledged is never redelivered);
     * ``again`` started from a message the broker redelivered (never acknowledged);
     * a refusal record of that message, written by a process that a whole-worker kill
       killed at most :data:`ACK_WINDOW` later (the acknowledgement follows the record at
@@ -420,7 +421,7 @@ def killed_before_ack(sent: Event, again: Body, faults: Sequence[Event],
       it was refused); for a copy, a refusal of the task by that worker in that window
       (the copy it held unacknowledged when killed).
     """
-    if sent.get("acks_late") or again.redelivered is not True or again.copy is None:
+    if again.redelivered is not True or again.copy is None:
         return False
     if not refusals:
         return False
