@@ -182,9 +182,6 @@ def test_a_sub_lines_state_keeps_a_time_to_live_once_its_last_run_is_moved(redis
     assert redis_client.exists(state) and redis_client.pttl(state) > 0
 
 
-@pytest.mark.xfail(strict=True, reason="a move that finds its sub-line's parking queue "
-                   "empty gives the slot back but not the sub-line's turn: later moves "
-                   "go to the line's own queue and the parked run waits for ever")
 def test_a_move_that_found_its_sub_lines_queue_empty_is_owed_again_from_it(redis_client):
     """The race the history check found on the broker line: a run is refused (its
     reference and its sub-line's turn written), and a release owes a move for it before
@@ -200,7 +197,7 @@ def test_a_move_that_found_its_sub_lines_queue_empty_is_owed_again_from_it(redis
     lease.release()
     owed = [h for h in lease.handoffs if isinstance(h, ParkedMove)]
     assert owed == [ParkedMove(line.key, sub)]
-    assert moved_nothing(redis_client, line.key)  # the copy was not published yet
+    assert moved_nothing(redis_client, line.key, sub)  # the copy was not published yet
     moves = due(redis_client, {line.key: 1}, prefix=PREFIX)  # now it is: 1 in its queue
     assert moves == [ParkedMove(line.key, sub)]
 

@@ -462,15 +462,18 @@ def _due_on_cluster(client: Any, parked_lengths: Mapping[str, int], prefix: str,
     return moves
 
 
-def moved_nothing(client: Any, key: str) -> bool:
+def moved_nothing(client: Any, key: str, sub: str = "") -> bool:
     """A move out of ``key``'s parking queue found it empty: the reservation it was for
-    is given back at once (and anonymous entries dropped). True if one was.
+    is given back at once (and anonymous entries dropped). A move owed from a fair
+    line's sub-line ``sub`` gives that sub-line back its count and turn, so that the
+    poll owes it again from the same queue once the parked copy is there. True if a
+    reservation was given back.
 
         >>> import redis
         >>> moved_nothing(redis.Redis.from_url(redis_url), "doc:{x}:s:nobody")
         False
     """
-    return bool(int(MOVED_NOTHING.run(client, [key], [])))
+    return bool(int(MOVED_NOTHING.run(client, [key], [sub])))
 
 
 def started(lease: Lease) -> int:

@@ -53,7 +53,7 @@ REQUIRED_COMMANDS = (
     "pttl", "pexpire", "zadd", "zrem", "zscore", "zmscore", "zcount", "zcard", "zrank",
     "zrange", "zrangebyscore", "zremrangebyscore", "hget", "hset", "hmget", "hdel",
     "hexists", "hincrby", "hlen", "get", "set", "del", "rpush", "lpop", "lindex", "llen",
-    "lrange", "ltrim", "lset",
+    "lrange", "ltrim", "lset", "lpush",
 )
 
 

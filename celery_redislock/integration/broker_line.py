@@ -222,26 +222,29 @@ def owe(app: Any, moves: Iterable[ParkedMove]) -> None:
     for move in moves:
         if not mover(app).move(parking_queue(line_name(move.key, move.sub)),
                                functools.partial(_moved, app, move.key,
-                                                 isinstance(move, store.DeadlineMove))):
+                                                 isinstance(move, store.DeadlineMove),
+                                                 sub=move.sub)):
             logger.warning("celery-redislock: the mover is full or stopped; the reservation "
                            "of %s lapses and the poll hands it over again", move.key)
 
 
-def _moved(app: Any, key: str, late: bool, done: Done, tried: int = 0) -> None:
+def _moved(app: Any, key: str, late: bool, done: Done, tried: int = 0,
+           sub: str = "") -> None:
     """After a move (on the mover's thread): an empty parking queue gives the slot back
-    (none was reserved for a deadline move, ``late``). A move out of a fair line's own
-    queue that found it empty (the lock store lost the sub-lines' counts: its moves are
-    of anonymous entries) first tries the sub-lines the poll last saw holding messages,
-    in turn (``tried`` of them so far)."""
+    (none was reserved for a deadline move, ``late``), and a sub-line ``sub`` its turn
+    (its parked copy was not published yet: the poll owes the move again). A move out
+    of a fair line's own queue that found it empty (the lock store lost the sub-lines'
+    counts: its moves are of anonymous entries) first tries the sub-lines the poll last
+    saw holding messages, in turn (``tried`` of them so far)."""
     outcome = done.outcome
     if outcome is not None and not outcome.done and not late:
-        line = _sub_line_after_loss(key, tried)
+        line = None if sub else _sub_line_after_loss(key, tried)
         if line is not None and mover(app).move(
                 parking_queue(line), functools.partial(_moved, app, key, late,
                                                        tried=tried + 1)):
             return
         try:
-            store.moved_nothing(redis_client(app, read_settings(app)), key)
+            store.moved_nothing(redis_client(app, read_settings(app)), key, sub)
         except Exception as exc:  # the reservation lapses instead
             logger.warning("celery-redislock: could not give back a reservation of %s: %r",
                            key, exc)

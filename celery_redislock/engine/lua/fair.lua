@@ -86,6 +86,32 @@ local function fair_band(key, tenant)
   return sub
 end
 
+-- A move owed from sub-line `sub` found its parking queue empty (the parked copy not
+-- yet published): the sub-line gets back what fair_moves took for it, its count, its
+-- turn (the current virtual time: it is served next) and its band's head (scored as
+-- the band's next head, or first when none is left), so that the poll owes the move
+-- again from the same queue once the copy is there.
+local function fair_unmove(key, sub)
+  if sub == nil or sub == '' then return end
+  local tenant, band = fair_split(sub)
+  local state, turns = fair_key(key, 'fn'), fair_key(key, 'ft')
+  redis.call('HINCRBY', state, 'w:' .. tenant, 1)
+  local virtual = tonumber(redis.call('HGET', state, 'v') or '0') or 0
+  local turn = tonumber(redis.call('ZSCORE', turns, tenant) or '')
+  if not turn or turn > virtual then redis.call('ZADD', turns, virtual, tenant) end
+  fair_keep(turns)
+  fair_keep(state)
+  if band then
+    local heads = fair_key(key, 'fb') .. ':' .. tenant
+    local fifo = fair_key(key, 'fq') .. ':' .. sub
+    local score = redis.call('LINDEX', fifo, 0) or '0'
+    redis.call('LPUSH', fifo, score)
+    redis.call('ZADD', heads, score, band)
+    fair_keep(fifo)
+    fair_keep(heads)
+  end
+end
+
 -- The moves owed to K's line, `moves` of them, appended to `out`: one '!move 1 K\031sub'
 -- per move for a fair line (the sub-lines of lowest turn, in turn), the rest (a line
 -- with no sub-line waiting: anonymous entries, a line that is not fair) as one
