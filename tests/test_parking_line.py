@@ -532,6 +532,7 @@ def test_the_poll_hands_over_a_slot_freed_without_a_release(
     wait_until(lambda: poll.once(_Broker(limit[0].key)), 5.0, "a move owed")
     assert owed == [broker_line.ParkedMove(limit[0].key)] and not held.release()
     given_back: List[str] = []
-    monkeypatch.setattr(store, "moved_nothing", lambda client, key: given_back.append(key))
+    monkeypatch.setattr(store, "moved_nothing",
+                        lambda client, key, sub="": given_back.append(key))
     broker_line._moved(app, limit[0].key, False, Done("move", "j", "q", Outcome(False, "empty")))
     assert given_back == [limit[0].key]
