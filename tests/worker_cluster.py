@@ -33,7 +33,9 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Dict, Iterator, List, Optional
 
+import kombu.exceptions
 import pytest
+import redis
 from celery import Celery
 
 import worker_app
@@ -286,7 +288,7 @@ class WorkerCluster:
         expected = set(self.names)
         while True:
             self.check_running()
-            replies = self.app.control.ping(timeout=0.5) or []
+            replies = self._ping()
             answered = {name.split("@", 1)[0] for reply in replies for name in reply}
             if expected <= answered:
                 return
@@ -295,6 +297,30 @@ class WorkerCluster:
                     f"workers {sorted(expected - answered)} did not answer a ping within "
                     f"{timeout} s\n{self.logs()}"
                 )
+
+    def _ping(self) -> List[Dict[str, object]]:
+        """One ``ping`` round; none answered when the broker connection broke meanwhile.
+
+        A connection of the client-side app may be closed under it while the machine is
+        loaded (seen once in CI, the broker's server still running): it is dropped and the
+        next round opens a fresh one. A broker server that exited is reported at once,
+        with its log.
+        """
+        try:
+            return self.app.control.ping(timeout=0.5) or []
+        except (OSError, redis.RedisError, kombu.exceptions.OperationalError) as error:
+            broker = self.redis
+            if broker is None or broker.process is None or broker.process.poll() is not None:
+                raise WorkerStartError(f"the broker's redis-server exited: {error}\n"
+                                       f"{self._broker_log()}") from error
+            self.app.pool.force_close_all()
+            return []
+
+    def _broker_log(self) -> str:
+        if self.redis is None:
+            return ""
+        path = self.redis.directory / "redis.log"
+        return path.read_text(errors="replace")[-LOG_TAIL:] if path.exists() else ""
 
     def worker(self, name: str) -> WorkerProcess:
         """The worker process named ``name`` (``"worker1"``, ...)."""
