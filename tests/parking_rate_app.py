@@ -6,6 +6,8 @@ and line setting) with tasks under a rate limit.
 lease counts from, ms: when it was admitted, or the start booked for it).
 ``rated_slots``: the same rate and one slot per key (a run under a rate and slots);
 ``rated_two_slots``: the same rate and two slots per key (records ``admitted`` too).
+``rated_waits``: one start every 5 s per key (burst 0), for at most ``MAX_WAIT`` s of
+waiting; ``rated_slots_waits``: the same and two slots per key (a mixed run).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from worker_app import BROKER_URL_ENV, AppUrls
 RATED = "parking_rate_app.rated"
 RATED_SLOTS = "parking_rate_app.rated_slots"
 RATED_TWO_SLOTS = "parking_rate_app.rated_two_slots"
+RATED_WAITS = "parking_rate_app.rated_waits"
+RATED_SLOTS_WAITS = "parking_rate_app.rated_slots_waits"
+SLOW_RATE = "1/5s"
+MAX_WAIT = 1.0
 RATED_PREFIX = "rated:"
 RATE = "5/s"
 BURST = 1
@@ -60,6 +66,20 @@ def create_app(urls: AppUrls) -> Celery:
         if lease is not None:  # the start the rate counted
             recorder.client.hset("admitted", self.request.id, lease.acquired_at_ms)
         return str(recorder.work(self, [RATED_PREFIX + key], seconds))
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=RATED_WAITS, lock_rate=SLOW_RATE,
+              lock_burst=0, lock_key=RATED_PREFIX + "{key}", lock_lease=4.0,
+              lock_max_wait=MAX_WAIT)
+    def rated_waits(self: Any, seconds: float, key: str = "a") -> str:
+        """One start every 5 s per key, for at most MAX_WAIT s of waiting."""
+        return str(fault_recorder(urls.record).work(self, [RATED_PREFIX + key], seconds))
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=RATED_SLOTS_WAITS,
+              lock_rate=SLOW_RATE, lock_burst=0, lock_slots=2, lock_key=RATED_PREFIX + "{key}",
+              lock_lease=4.0, lock_max_wait=MAX_WAIT)
+    def rated_slots_waits(self: Any, seconds: float, key: str = "a") -> str:
+        """The same under two slots per key too."""
+        return str(fault_recorder(urls.record).work(self, [RATED_PREFIX + key], seconds))
 
     return app
 

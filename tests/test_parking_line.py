@@ -427,14 +427,16 @@ def create_app_conf(**conf: Any) -> Any:
 
 def test_runs_the_line_does_not_take_keep_todays_said_once(
         caplog: pytest.LogCaptureFixture) -> None:
-    """No event loop: today's line, one warning per task (a cost above 1 and a max wait
-    park)."""
-    from celery_redislock.engine.admission import SlotLimit
+    """No event loop: today's line, one warning per task (a cost above 1 and a max wait,
+    of slots or of a rate, park)."""
+    from celery_redislock.engine.admission import RateLimit, SlotLimit
+    from celery_redislock.engine.rate import Rate
     from celery_redislock.integration import broker_line
 
     settings = read_settings(create_app_conf(redislock_line="broker"))
     client = redis.Redis()  # never connected: the choice asks nothing
     one, heavy = [SlotLimit("k", 2, "redislock:")], [SlotLimit("k", 4, "redislock:", cost=2)]
+    rated = [RateLimit("k", Rate.parse("1/s"), "redislock:")]
     assert broker_line.parks(settings, client, one, loop=True, task_name="t.light")
     with caplog.at_level("WARNING"):
         for _ in range(3):
@@ -444,6 +446,8 @@ def test_runs_the_line_does_not_take_keep_todays_said_once(
                                          task_name="t.threads")
             assert broker_line.parks(settings, client, one, loop=True,  # kept: parked_deadline
                                      task_name="t.deadline", max_wait=30.0)
+            assert broker_line.parks(settings, client, rated, loop=True,  # deadline.lua
+                                     task_name="t.rate_deadline", max_wait=30.0)
     said = [r.getMessage() for r in caplog.records if "keeps the \"store\" line" in r.getMessage()]
     assert len(said) == 1 and "t.threads" in said[0]
     store_settings = read_settings(create_app_conf())

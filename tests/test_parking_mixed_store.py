@@ -10,7 +10,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from celery_redislock.engine.admission import Busy, Lease, ParkRef, RateLimit, Served, SlotLimit
-from celery_redislock.engine.parking import due, park_admit, run_id
+from celery_redislock.engine.parking import DeadlineMove, GaveUp, due, park_admit, run_id
 from celery_redislock.engine.parking_rate import due_rate
 from celery_redislock.engine.rate import Rate
 
@@ -165,3 +165,36 @@ def test_a_paused_rate_parks_the_run_with_no_promise_until_it_ends(redis_client:
         time.sleep(0.02)
     moved = park_admit(redis_client, [slots, per_s], lease=5, run="p:0", parked=parked.park)
     assert isinstance(moved, Lease) and moved.release()
+
+
+def test_a_max_wait_at_the_rate_line_gives_the_run_up_all_or_nothing(
+        redis_client: Any) -> None:
+    """Two slots and 1 per 10 s, a max wait of 0.3 s: b and c park at the rate (no slot
+    held). Past their deadline the poll owes deadline moves of the rate line; each copy
+    is given up (nothing held, its start back to the line: the line is empty again), and
+    a redelivered copy of it ends unrun."""
+    slots, per_10s = SlotLimit("late", 2, PREFIX), rate("late", "1/10s")
+    first = park_admit(redis_client, [slots, per_10s], lease=5, run=run_id("a", 0),
+                       max_wait=0.3)
+    assert isinstance(first, Lease)
+    parks = []
+    for name in "bc":
+        refused = park_admit(redis_client, [slots, per_10s], lease=5, run=run_id(name, 0),
+                             max_wait=0.3)
+        assert isinstance(refused, Busy) and refused.park.key == per_10s.key
+        parks.append(refused.park)
+    time.sleep(0.35)
+    moves = due_rate(redis_client, {per_10s.key: 2}, prefix=PREFIX)
+    assert moves == [DeadlineMove(per_10s.key)] * 2
+    for name, park in zip("bc", parks):
+        outcome = park_admit(redis_client, [slots, per_10s], lease=5, run=run_id(name, 0),
+                             parked=park, max_wait=0.3)
+        assert isinstance(outcome, GaveUp) and outcome.key == per_10s.key, outcome
+        assert isinstance(park_admit(redis_client, [slots, per_10s], lease=5,
+                                     run=run_id(name, 0), parked=park, max_wait=0.3), Served)
+    assert holders(redis_client, slots.key) == 1
+    assert redis_client.llen(per_10s.key + ":pq") == 0
+    line_us = int(redis_client.hget(per_10s.key, "line"))
+    tat_us = int(redis_client.hget(per_10s.key, "tat"))
+    assert line_us <= tat_us  # the given-up runs' starts are the line's again
+    assert first.release()

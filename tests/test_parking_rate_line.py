@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, List
 
 import pytest
 import redis
-from parking_rate_app import BURST, RATED, RATED_PREFIX, RATED_SLOTS, create_app
+from parking_rate_app import (
+    BURST,
+    MAX_WAIT,
+    RATED,
+    RATED_PREFIX,
+    RATED_SLOTS,
+    RATED_SLOTS_WAITS,
+    RATED_WAITS,
+    create_app,
+)
 
 from celery_redislock.engine.keys import rate_key
 from celery_redislock.integration.parking import parking_queue
@@ -156,6 +165,38 @@ def test_a_rate_and_slots_task_parks_too(start_cluster: Any) -> None:
     assert most_in_a_second(starts, 900_000) <= 5 + BURST
     logs = cluster.logs()
     assert 'keeps the "store" line' not in logs and " deferred: " not in logs
+
+
+@pytest.mark.parametrize("name", [RATED_WAITS, RATED_SLOTS_WAITS])
+def test_a_rate_limit_with_a_max_wait_gives_parked_runs_up_on_time(start_cluster: Any,
+                                                                  name: str) -> None:
+    """One start every 5 s and a max wait of 1 s (alone, and with two slots): the first
+    run starts, 10 more park with starts 5 to 50 s away; each fails with LockWaitTimeout
+    within about a poll of its deadline, none runs, and their starts go back to the line:
+    the next start is the first after the first run's, not 50 s later."""
+    cluster = start_cluster()
+    record = record_store(cluster)
+    task = cluster.app.tasks[name]
+    key = name.rsplit(".", 1)[1]
+    first = task.delay(0.01, key=key)
+    wait_until(lambda: record.hexists("started", first.id), TIMEOUT, "the first start")
+    sent = time.monotonic()
+    waiters = [task.delay(0.01, key=key) for _ in range(10)]
+    time.sleep(MAX_WAIT * 0.7)  # nothing gave up before its deadline
+    assert not any(result.ready() for result in waiters)
+    wait_until(lambda: all(result.ready() for result in waiters), TIMEOUT,
+               "the waiters' failures", interval=0.02)
+    took = time.monotonic() - sent
+    print(f"\n10 parked runs failed {took:.2f} s after they were sent (max wait {MAX_WAIT} s)")
+    assert [type(r.result).__name__ for r in waiters] == ["LockWaitTimeout"] * len(waiters)
+    assert took < MAX_WAIT + 1.5
+    assert [int(record.get(f"runs:{r.id}") or 0) for r in waiters] == [0] * len(waiters)
+    lock, rated = lock_store(cluster), rate_key(RATED_PREFIX + key)
+    wait_until(lambda: lock.llen(rated + ":pq") == 0, TIMEOUT, "the starts given back")
+    line, tat = (int(lock.hget(rated, field) or 0) for field in ("line", "tat"))
+    assert line <= tat  # a run sent now is admitted at the first start after the first run
+    logs = cluster.logs()
+    assert " parked: " in logs and 'keeps the "store" line' not in logs
 
 
 @pytest.mark.parametrize("restart", ["with data", "empty"])

@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import pytest
 
 from celery_redislock.engine.admission import Booked, Busy, Lease, ParkRef, RateLimit, Served
-from celery_redislock.engine.parking import run_id
+from celery_redislock.engine.parking import DeadlineMove, GaveUp, run_id
 from celery_redislock.engine.parking_rate import (
     LEAD_MS,
     due_rate,
@@ -200,3 +200,56 @@ def test_a_paused_rate_parks_runs_and_promises_them_starts_once_it_ends(
         moved = rate_park_admit(redis_client, rate, lease=5, run=f"p{i}:0",
                                 parked=outcome.park, book_ms=500)
         assert isinstance(moved, (Lease, Booked)), moved
+
+
+def test_a_max_wait_gives_up_the_head_and_its_start_goes_back(redis_client: Any) -> None:
+    """1/s: r0 admitted, r1..r3 parked with a max wait of 0.3 s (starts promised 1, 2 and
+    3 s away). The poll owes one deadline move per run due (the head of the parking
+    queue); each copy it brings is given up (status 5) and gives back the line's last
+    start: afterwards the line is empty and a newcomer is promised the first start after
+    r0's, not one behind the given-up runs."""
+    rate = [limit(rate="1/s")]
+    key = rate[0].key
+    assert isinstance(rate_park_admit(redis_client, rate, lease=5, run="d0:0",
+                                      max_wait=0.3), Lease)
+    parks = [rate_park_admit(redis_client, rate, lease=5, run=f"d{i}:0", max_wait=0.3).park
+             for i in range(1, 4)]
+    assert all(park is not None for park in parks)
+    assert due_rate(redis_client, {key: 3}, prefix=PREFIX) == []  # nobody due yet
+    time.sleep(0.35)
+    moves = due_rate(redis_client, {key: 3}, prefix=PREFIX)
+    assert moves == [DeadlineMove(key)] * 3
+    assert due_rate(redis_client, {key: 0}, prefix=PREFIX) == []  # in flight: owed once
+    for i, park in enumerate(parks, start=1):  # the heads, in the order they parked
+        outcome = rate_park_admit(redis_client, rate, lease=5, run=f"d{i}:0", parked=park,
+                                  max_wait=0.3)
+        assert isinstance(outcome, GaveUp) and outcome.key == key, outcome
+        assert 0.3 <= outcome.waited < 1.0
+        # served: another copy of the run (the broker's redelivery) ends unrun
+        assert isinstance(rate_park_admit(redis_client, rate, lease=5, run=f"d{i}:0",
+                                          parked=park, max_wait=0.3), Served)
+    assert redis_client.llen(key + ":pq") == 0
+    newcomer = rate_park_admit(redis_client, rate, lease=5, run="e:0", max_wait=5)
+    assert isinstance(newcomer, Busy) and newcomer.retry_hint <= 0.7, newcomer
+
+
+def test_a_deadline_move_that_brings_a_run_not_due_parks_it_again(redis_client: Any) -> None:
+    """Mixed max waits on one key: the head (no max wait) is brought for the run behind it
+    (0.2 s): it parks again with its promise kept, and the next deadline move brings the
+    run due, given up."""
+    rate = [limit(rate="1/10s")]
+    key = rate[0].key
+    rate_park_admit(redis_client, rate, lease=5, run="m0:0")
+    head = rate_park_admit(redis_client, rate, lease=5, run="m1:0").park
+    due = rate_park_admit(redis_client, rate, lease=5, run="m2:0", max_wait=0.2).park
+    time.sleep(0.25)
+    assert due_rate(redis_client, {key: 2}, prefix=PREFIX) == [DeadlineMove(key)]
+    again = rate_park_admit(redis_client, rate, lease=5, run="m1:0", parked=head)
+    assert isinstance(again, Busy) and again.park is not None and again.park != head
+    assert redis_client.llen(key + ":pq") == 2  # both promises kept
+    time.sleep(0.55)  # the deadline move has been in flight 0.5 s: owed again
+    assert due_rate(redis_client, {key: 2}, prefix=PREFIX) == [DeadlineMove(key)]
+    gave_up = rate_park_admit(redis_client, rate, lease=5, run="m2:0", parked=due,
+                              max_wait=0.2)
+    assert isinstance(gave_up, GaveUp)
+    assert redis_client.llen(key + ":pq") == 1

@@ -14,7 +14,10 @@ describes the keys).
   copy whose promised start is due within :data:`LEAD_MS` (the heads of the FIFO); the
   moved copy asks with its :class:`~.admission.ParkRef` and takes the first start the
   GCRA allows, now or booked. Its traffic does not grow with the line: one script per
-  poll (500 keys), O(moves) entries read.
+  poll (500 keys), O(moves) entries read. A run with a ``max_wait`` is given up
+  (:class:`~.parking.GaveUp`) within about a poll of its deadline, as on a semaphore's
+  line (``lua/deadline.lua``: a :class:`~.parking.DeadlineMove` of the head); its start
+  goes back to the line (the last promised one: the runs behind it move up).
 
 The GCRA is admit.lua's: a start counts in ``tat`` when admitted or booked, a newcomer
 passes only when no promised start is ahead of it, each start is promised to one run.
@@ -38,7 +41,7 @@ is never held with a slot): a near start parks and the poll moves it within a po
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from .admission import (
     Busy,
@@ -51,11 +54,10 @@ from .admission import (
     Served,
     _booked,
     _lease,
-    handoffs_of,
     milliseconds,
     new_token,
 )
-from .parking import KEEP_SERVED_MS, rate_index
+from .parking import KEEP_SERVED_MS, GaveUp, moves_of, rate_index
 from .scripts import LINE, LuaScript, is_cluster
 
 __all__ = ["LEAD_MS", "RateAdmitCall", "due_rate", "is_rate_key", "prepare_rate_admit",
@@ -106,9 +108,9 @@ class RateAdmitCall:
         """The script to send."""
         return RATE_PARKED
 
-    def outcome(self, reply: Any) -> Outcome:
-        """The outcome ``reply`` stands for: Lease, Booked, Busy (with ``park``), Served or
-        Paused."""
+    def outcome(self, reply: Any) -> Union[Outcome, GaveUp]:
+        """The outcome ``reply`` stands for: Lease, Booked, Busy (with ``park``), Served,
+        Paused or GaveUp."""
         limiter = self.limiters[0]
         if not isinstance(reply, list):  # "now_ms lease_end_ms 0 contended last"
             text = reply.decode() if isinstance(reply, bytes) else str(reply)
@@ -132,6 +134,8 @@ class RateAdmitCall:
                           server_time_ms=now_ms)
         if status == 4:
             return Served(name=limiter.name, server_time_ms=now_ms)
+        if status == 5:
+            return GaveUp(limiter.name, limiter.key, int(a), now_ms)
         raise ValueError(f"rate_parked.lua answered status {status}")
 
     def _lease(self, now_ms: int, lease_end: int) -> Lease:
@@ -150,25 +154,29 @@ def prepare_rate_admit(
     owner: str = "",
     keep_served_ms: int = KEEP_SERVED_MS,
     book_ms: int = 0,
+    max_wait: Optional[float] = None,
 ) -> Optional[RateAdmitCall]:
     """The admission's one script call, or None when the run cannot wait on a rate
     limit's parked line (see :func:`rate_parks`). ``run`` is :func:`.parking.run_id`;
     ``parked`` the :class:`ParkRef` of a copy moved out of parking; ``book_ms`` how far
-    ahead the caller holds a run for the start booked for it (0: it parks)."""
+    ahead the caller holds a run for the start booked for it (0: it parks); ``max_wait``
+    (s): a run parked that long since it was first refused is given up."""
     if not rate_parks(client, limiters):
         return None
     limiter = limiters[0]
     interval = limiter.rate.interval * 1_000_000
     park_id = parked.park_id if parked is not None and parked.key == limiter.key else ""
     args = [run, park_id, keep_served_ms, int(book_ms), repr(interval),
-            repr(interval * limiter.rate.burst), milliseconds(lease)]
+            repr(interval * limiter.rate.burst), milliseconds(lease),
+            "" if max_wait is None else milliseconds(max_wait)]
     return RateAdmitCall(client, list(limiters), owner + new_token(), lease, description,
                          [limiter.key, rate_index(limiter.prefix)], args)
 
 
 def rate_park_admit(client: Any, limiters: Sequence[Any], *, lease: float, run: str,
                     parked: Optional[ParkRef] = None, book_ms: int = 0,
-                    keep_served_ms: int = KEEP_SERVED_MS) -> Outcome:
+                    keep_served_ms: int = KEEP_SERVED_MS,
+                    max_wait: Optional[float] = None) -> Union[Outcome, GaveUp]:
     """Admit ``run`` past its rate limit, book it a start, or park it (one script).
 
         >>> import redis
@@ -181,7 +189,8 @@ def rate_park_admit(client: Any, limiters: Sequence[Any], *, lease: float, run: 
         ('Lease', True)
     """
     call = prepare_rate_admit(client, limiters, lease=lease, run=run, parked=parked,
-                              book_ms=book_ms, keep_served_ms=keep_served_ms)
+                              book_ms=book_ms, keep_served_ms=keep_served_ms,
+                              max_wait=max_wait)
     if call is None:
         raise ValueError("rate_park_admit: one rate limiter of cost 1, not on Redis Cluster")
     return call.outcome(call.script.run(client, call.keys, call.args))
@@ -196,7 +205,8 @@ def rate_parked_keys(client: Any, prefix: str = "redislock:") -> List[str]:
 def due_rate(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "redislock:",
              lead_ms: int = LEAD_MS) -> List[ParkedMove]:
     """The poll: one :class:`ParkedMove` per parked copy whose promised start is due
-    within ``lead_ms``. ``parked_lengths`` maps each rate key to its parking queue's
+    within ``lead_ms``, and one :class:`~.parking.DeadlineMove` per run parked past its
+    max wait. ``parked_lengths`` maps each rate key to its parking queue's
     length (-1 if unknown); a queue that holds messages no promise stands for (the
     store lost its data) gets promised starts for them. One script per 500 keys.
 
@@ -211,5 +221,5 @@ def due_rate(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "r
         reply = DUE_RATE.run(client, [*batch, rate_index(prefix)],
                              [lead_ms * 1000, MOST_MOVES,
                               *(int(parked_lengths[key]) for key in batch)])
-        moves.extend(move for move in handoffs_of(reply[1:]) if isinstance(move, ParkedMove))
+        moves.extend(moves_of(reply[1:]))
     return moves

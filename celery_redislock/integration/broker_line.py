@@ -38,7 +38,7 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 from ..config.settings import Settings, read_settings, redis_client
 from ..engine import parking as store
 from ..engine import parking_rate
-from ..engine.admission import ParkedMove, ParkRef, RateLimit, handoffs_of
+from ..engine.admission import ParkedMove, ParkRef, handoffs_of
 from .parking import (
     Done,
     LoopHop,
@@ -68,16 +68,10 @@ def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: boo
           task_name: str, max_wait: Optional[float] = None) -> bool:
     """Whether a run of ``task_name`` under ``limiters`` waits on the parking line:
     semaphores and rate limits of any cost, all or nothing in one script (one rate limit
-    of cost 1 alone: :mod:`..engine.parking_rate`, else ``lua/parked_rates.lua``). A task
-    that would, but cannot (a rate limit with a ``lock_max_wait``, Redis Cluster, no event
-    loop), keeps today's line, logged once per task. A ``lock_max_wait`` of semaphores is
-    kept: see :mod:`.parked_deadline`."""
+    of cost 1 alone: :mod:`..engine.parking_rate`, else ``lua/parked_rates.lua``), with
+    their ``lock_max_wait`` kept (:mod:`.parked_deadline`). A task that would, but cannot
+    (Redis Cluster, no event loop), keeps today's line, logged once per task."""
     if settings.line != "broker":
-        return False
-    rated = any(isinstance(limiter, RateLimit) for limiter in limiters)
-    if loop and rated and max_wait is not None and store.parks(client, limiters):
-        say_store_line(task_name, "its rate limit has a lock_max_wait (not kept by a rate "
-                                  "limit's parked runs yet)")
         return False
     if loop and store.parks(client, limiters):
         return True
@@ -85,13 +79,6 @@ def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: boo
                               "in one hash slot) and of rate limits (not on Redis Cluster), "
                               "on workers with an event loop: prefork and solo")
     return False
-
-
-def may_park(rules: Sequence[Any], max_wait: Optional[float] = None) -> bool:
-    """Whether runs under these limit rules may wait on the parking line (the gate then
-    asks only when a pool process is free, and never probes): semaphores, and rate limits
-    without a ``lock_max_wait``."""
-    return all(rule.rate is None for rule in rules) or max_wait is None
 
 
 def say_store_line(task_name: str, why: str) -> None:
@@ -122,7 +109,7 @@ def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,
         return parking_rate.prepare_rate_admit(
             client, limiters, lease=lease, run=store.run_id(task_id, attempt), parked=parked,
             description=description, owner=owner, keep_served_ms=keep_served_ms,
-            book_ms=book_ms)
+            book_ms=book_ms, max_wait=max_wait)
     return store.prepare_park_admit(
         client, limiters, lease=lease, run=store.run_id(task_id, attempt), parked=parked,
         description=description, owner=owner, keep_served_ms=keep_served_ms,

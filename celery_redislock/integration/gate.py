@@ -288,11 +288,10 @@ def _note_spare(consumer: Any, task: Any, limits: TaskLimits, answer: BeforePool
 
 
 def _parks(task: Any, limits: TaskLimits, loop: bool) -> bool:
-    """Whether ``task``'s refused runs may wait on the parking line here (semaphores
-    only): they are not probed (a probe takes nothing; the parking line's admission
-    parks the run it refuses), they wait for a free pool process, then ask."""
-    return (loop and task_settings(task).line == "broker"
-            and broker_line.may_park(limits.rules, limits.retry.max_wait))
+    """Whether ``task``'s refused runs may wait on the parking line here: they are not
+    probed (a probe takes nothing; the parking line's admission parks the run it
+    refuses), they wait for a free pool process, then ask."""
+    return loop and task_settings(task).line == "broker"
 
 
 def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,

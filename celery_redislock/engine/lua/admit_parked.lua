@@ -51,8 +51,8 @@
 --        parked at semaphore i under park_id: publish the copy to its parking queue
 --   {3, now, i, pause_end_ms or -1, 0, 0, 0}   semaphore i is paused
 --   {4, now, i, 0, 0, 0, 0, moves...}          stale or served: end this copy unrun
---   {5, now, i, since, 0, 0, 0, moves...}      given up at semaphore i: it waited its
---        max wait since `since` (ms); its reference is dropped, nothing held
+--   {5, now, i, since, 0, 0, 0, moves...}      given up at semaphore (or rate) i: it
+--        waited its max wait since `since` (ms); its reference is dropped, nothing held
 
 local R = 0  -- rate keys (parked_rates.lua): '...}:r:...', after KEYS[N+1]
 for _, key in ipairs(KEYS) do R = R + (string.find(key, '}:r:', 1, true) and 1 or 0) end
@@ -97,6 +97,8 @@ local rates = read_rates(N + 2, R, 14 + 3 * N, run, now, now_us)
 local home_rate = home > N + 1 and home - N - 1 or 0
 local promised = rate_turn(rates, home_rate, park_id)  -- a turn at the rates
 if promised == 'stale' then return reply(4, N + math.max(home_rate, 1), 0, 0, 0, 0) end
+local late = promised and rate_late(rates, home_rate, run, max_wait, keep, now, now_us)
+if late then return reply(late[1], N + late[2], late[3], late[4], late[5], late[6]) end
 
 -- A moved copy that takes no reservation at its home gives one back, handed over again.
 local function give_back()
@@ -212,7 +214,9 @@ if at > 0 then
     drop_deadline(KEYS[home], run, ARGV[11 + N + home])
   end
   give_back()
-  local id, wait = rates_park(rates, at, start, promised, run, keep, KEYS[#KEYS], now, now_us)
+  local h = home >= 1 and home <= N and limiters[home].ref
+  local id, wait = rates_park(rates, at, start, promised, run, keep, KEYS[#KEYS], now, now_us,
+                              max_wait, h and h.since ~= '' and h.since or nil)
   return reply(7, N + at, 0, wait, -1, id)
 end
 

@@ -103,3 +103,23 @@ local function deadline_arrived(key, now)
   redis.call('HSET', counts, 'd', n - 1)
   return true
 end
+
+-- Rate keys (rate_parked.lua, parked_rates.lua) keep deadlines the same way: '<R>:pd' and
+-- the deadline moves in flight in '<R>:pn', owed by due_rate.lua. A run given up there
+-- was moved with its promised start still on R's FIFO ('<R>:pq'): the line gives one start
+-- back, the LAST one (the copies still parked take the earlier starts in turn), and R's
+-- 'line' comes back to it when it is the line's last start (`interval` us before 'line');
+-- a run parked while R was paused (promised no start yet) leaves R's count 'p' instead.
+local function rate_gave_up(key, ref, interval, now_us)
+  local counts = parked_key(key, 'pn')
+  if ref.holder == '0' and (tonumber(redis.call('HGET', counts, 'p') or '0') or 0) > 0 then
+    redis.call('HINCRBY', counts, 'p', -1)
+    return
+  end
+  local tail = tonumber(redis.call('RPOP', parked_key(key, 'pq')) or '')
+  if not tail then return end
+  local line = tonumber(redis.call('HGET', key, 'line') or '') or 0
+  if line >= tail and line <= tail + interval + 1 then
+    redis.call('HSET', key, 'line', string.format('%d', math.max(tail, now_us)))
+  end
+end

@@ -3,7 +3,8 @@
 -- of its parking queue (the heads of its FIFO of promised starts, rate_parked.lua); a
 -- parking queue that holds messages its FIFO does not know (the store lost its data, or
 -- copies were parked twice) for a while is given that many starts at the end of the
--- line; the runs parked while the rate was paused are promised starts once it ends.
+-- line; the runs parked while the rate was paused are promised starts once it ends; and
+-- a deadline move is owed per run parked past its max wait (deadline.lua: '!late').
 -- (store.lua, units.lua, fair.lua, parking.lua and line.lua are put in front.)
 --
 -- KEYS[i]     rate key i (1..N); KEYS[N+1] the index of rate keys with a parked line
@@ -11,8 +12,9 @@
 -- ARGV[2]     the most moves owed per key and call
 -- ARGV[2+i]   how many messages rate key i's parking queue holds (-1: unknown)
 --
--- Returns {0, move...}: '!move <count> <key>' entries (see parking.lua). Each call reads
--- and pops O(moves) entries: nothing walks the line.
+-- Returns {0, move...}: '!move <count> <key>' and '!late <count> <key>' entries (see
+-- parking.lua, deadline.lua). Each call reads and pops O(moves) entries: nothing walks
+-- the line.
 
 local STALE_MS = 2000
 local N = #KEYS - 1
@@ -61,6 +63,7 @@ for i = 1, N do
     redis.call('LTRIM', fifo, due, -1)
     out[#out + 1] = '!move ' .. due .. ' ' .. key
   end
+  deadline_moves(key, now, out)
   local waiting = redis.call('LLEN', fifo) + held
   local seen = tonumber(redis.call('HGET', counts, 'e') or '')
   if length > waiting and due == 0 then

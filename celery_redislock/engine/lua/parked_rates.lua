@@ -20,6 +20,7 @@
 -- the end); refused (moved up to the poll's lead early, or others took the room), it parks
 -- again at the HEAD of the binding rate's FIFO with the GCRA's start. A paused rate parks
 -- the run with no promise ('p', as rate_parked.lua; promised a start once the pause ends).
+-- A run's max wait is kept at the rate it parks at, as at a semaphore (rate_late).
 --
 -- KEYS: after the semaphores and the index of parked lines: rate key j (1..R), then the
 -- index of rate keys with a parked line. A rate key is named '...}:r:...'.
@@ -97,18 +98,43 @@ local function write_rate(r, fields, now_us)
   end
 end
 
+-- Rate `r`'s reference of `run` is served (kept `keep` ms): a copy that comes later ends.
+local function serve_rate(r, run, keep, now)
+  drop_deadline(r.key, run)
+  write_ref(r.key, run, 's', '', '', '')
+  local served = parked_key(r.key, 'px')
+  redis.call('RPUSH', served, string.format('%d', now + keep) .. ' ' .. run)
+  keep_parked(served)
+end
+
 -- Admitted: one start counted at every rate; its rate reference served.
 local function rates_admit(rates, run, keep, now, now_us)
   for _, r in ipairs(rates) do
     r.tat = math.max(r.tat, now_us) + r.interval
     write_rate(r, {'tat', string.format('%d', r.tat)}, now_us)
-    if r.ref then
-      write_ref(r.key, run, 's', '', '', '')
-      local served = parked_key(r.key, 'px')
-      redis.call('RPUSH', served, string.format('%d', now + keep) .. ' ' .. run)
-      keep_parked(served)
-    end
+    if r.ref then serve_rate(r, run, keep, now) end
   end
+end
+
+-- A copy moved out of rate `j`'s parking queue while its run waits there, past its max
+-- wait (deadline.lua): given up, its reference served (no other copy of it runs), and a
+-- copy a deadline move brought gives the line one start back (rate_gave_up). Brought by
+-- a deadline move due for another run, it parks again keeping its promise (a new park
+-- id). Returns the reply's fields after `now` (status, j, ...), or nil: it asks on.
+local function rate_late(rates, j, run, max_wait, keep, now, now_us)
+  local r = rates[j]
+  if not r or not r.ref or r.ref.state ~= 'w' then return nil end
+  local late = deadline_arrived(r.key, now)
+  if past_deadline(r.ref.since, max_wait, now) then
+    serve_rate(r, run, keep, now)
+    if late then rate_gave_up(r.key, r.ref, r.interval, now_us) end
+    return {5, j, r.ref.since, 0, 0, 0}
+  end
+  if not late then return nil end
+  local id = 'r:' .. redis.call('HINCRBY', parked_key(r.key, 'pn'), 'n', 1)
+  write_ref(r.key, run, 'w', r.ref.since, id, r.ref.holder)
+  local promise = tonumber(r.ref.holder) or 0
+  return {7, j, 0, promise > 0 and math.ceil(math.max(0, promise - now_us) / 1000) or -1, -1, id}
 end
 
 -- A copy with a turn parks at a semaphore: its waiting rate reference keeps the turn.
@@ -121,15 +147,18 @@ local function keep_turn(rates, run)
   end
 end
 
--- Park the run at rate `at` for `start` (us): its one rate reference (a new park id), its
--- start on the FIFO (at the head for a turn), every line past it. Returns the park id
+-- Park the run at rate `at` for `start` (us): its one rate reference (a new park id; its
+-- first refusal's time kept, else `first`), its deadline past `max_wait` (deadline.lua),
+-- its start on the FIFO (at the head for a turn), every line past it. Returns the park id
 -- and the wait (ms; -1 for a pause with no end).
-local function rates_park(rates, at, start, turn, run, keep, index, now, now_us)
-  local r, since = rates[at], string.format('%d', now)
+local function rates_park(rates, at, start, turn, run, keep, index, now, now_us, max_wait,
+                          first)
+  local r, since = rates[at], first or string.format('%d', now)
   for j, o in ipairs(rates) do
     if o.ref and o.ref.since ~= '' then since = o.ref.since end
     if j ~= at and o.ref then redis.call('HDEL', parked_key(o.key, 'pr'), run) end
   end
+  parked_deadline(r.key, run, since, max_wait)
   local counts = parked_key(r.key, 'pn')
   local id = 'r:' .. redis.call('HINCRBY', counts, 'n', 1)
   redis.call('HSET', counts, 'k', keep, 'iv', string.format('%d', r.base))

@@ -27,6 +27,8 @@
 -- ARGV[4]  how far ahead (ms) the caller takes a booked start (0: it does not hold runs)
 -- ARGV[5]  the rate's interval (us)      ARGV[6]  its tolerance (us: burst x interval)
 -- ARGV[7]  the lease (ms)
+-- ARGV[8]  the run's max wait (ms; '' or missing: none): a run parked that long is given
+--          up (status 5), its deadline kept in R:pd and moved for by the poll (deadline.lua)
 --
 -- A newcomer (or a moved copy the store does not know: its data was lost) is admitted
 -- when no promised start is ahead of it and the GCRA allows (admit.lua's rule), else it
@@ -43,11 +45,14 @@
 --   {6, now, 1, start_us, wait_ms, tat, ahead}  booked from start_us (refund.lua gives it back)
 --   {7, now, 1, 0, wait_ms, -1, park_id}        parked: publish the copy to R's parking queue
 --   {4, now, 1, 0, 0, 0, 0}                     stale or served: end this copy unrun
+--   {5, now, 1, since, 0, 0, 0}                 given up: it waited its max wait since
+--        `since` (ms); its reference is served (no other copy of it runs), nothing held
 
 local key, index = KEYS[1], KEYS[2]
 local run, park_id, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local book_us = (tonumber(ARGV[4]) or 0) * 1000
 local interval, tolerance, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local max_wait = tonumber(ARGV[8] or '')
 local now, now_us = server_now()
 
 -- The operators' pause and rate set at run time (admit.lua's rate_control).
@@ -85,6 +90,7 @@ end
 -- The run's reference is served: a copy of it that comes later ends unrun.
 local function serve()
   if not ref then return end
+  drop_deadline(key, run)
   write_ref(key, run, 's', ref.since, ref.park_id, '')
   local served = parked_key(key, 'px')
   redis.call('RPUSH', served, string.format('%d', now + keep) .. ' ' .. run)
@@ -106,6 +112,7 @@ local function book(start)
   tat = math.max(tat, start) + interval
   write_state({'tat', string.format('%d', tat), 'line', string.format('%d', line)})
   if ref then
+    drop_deadline(key, run)
     write_ref(key, run, 'b', ref.since, ref.park_id, '')
     local served = parked_key(key, 'px')
     redis.call('RPUSH', served, string.format('%d', now + keep) .. ' ' .. run)
@@ -117,18 +124,36 @@ end
 
 -- Park the run for the start `promise` at the end of the line: its reference (a new park
 -- id, its first 'since' kept) and its promise at the tail of R's FIFO.
+local since = ref and ref.since ~= '' and ref.since or string.format('%d', now)
 local function park(promise)
   local id = 'r:' .. redis.call('HINCRBY', counts, 'n', 1)
   redis.call('HSET', counts, 'k', keep, 'iv', string.format('%d', interval))
   keep_parked(counts)
-  write_ref(key, run, 'w', ref and ref.since ~= '' and ref.since or string.format('%d', now),
-            id, string.format('%d', promise))
+  parked_deadline(key, run, since, max_wait)
+  write_ref(key, run, 'w', since, id, string.format('%d', promise))
   local fifo = parked_key(key, 'pq')
   redis.call('RPUSH', fifo, string.format('%d', promise))
   keep_parked(fifo)
   redis.call('ZADD', index, now, key)
   write_state({'line', string.format('%d', line)})
   return {7, now, 1, 0, math.ceil((promise - now_us) / 1000), -1, id}
+end
+
+-- A copy the poll moved for a deadline (deadline.lua; no start is due for it): past its
+-- max wait it is given up, else it parks again keeping its promise (its start is still on
+-- the FIFO: the deadline move popped none).
+local late = moved and ref.state == 'w' and deadline_arrived(key, now)
+if moved and ref.state == 'w' and past_deadline(ref.since, max_wait, now) then
+  serve()  -- any other copy of the run ends unrun
+  if late then rate_gave_up(key, ref, interval, now_us) end
+  return {5, now, 1, ref.since, 0, 0, 0}
+end
+if late then
+  local id = 'r:' .. redis.call('HINCRBY', counts, 'n', 1)
+  write_ref(key, run, 'w', ref.since, id, ref.holder)
+  local promise = tonumber(ref.holder) or 0
+  return {7, now, 1, 0, promise > 0 and math.ceil(math.max(0, promise - now_us) / 1000) or -1,
+          -1, id}
 end
 
 -- Paused by an operator: the run parks with no promise yet, counted in 'p'; the poll
@@ -138,8 +163,8 @@ if paused then
   redis.call('HINCRBY', counts, 'p', 1)
   redis.call('HSET', counts, 'k', keep, 'iv', string.format('%d', interval))
   keep_parked(counts)
-  write_ref(key, run, 'w', ref and ref.since ~= '' and ref.since or string.format('%d', now),
-            id, '0')
+  parked_deadline(key, run, since, max_wait)
+  write_ref(key, run, 'w', since, id, '0')
   redis.call('ZADD', index, now, key)
   return {7, now, 1, 0, paused < 0 and -1 or paused - now, -1, id}
 end
