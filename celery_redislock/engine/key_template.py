@@ -119,6 +119,8 @@ class KeyTemplate:
         self._default = default if default is not None else owner
         self._parts: Tuple[_Part, ...] = ()
         self._passes: Optional[Tuple[str, ...]] = None  # a callable's names; None: all
+        #: The name of a template with no field (the same for every call), else None.
+        self._literal: Optional[str] = None
         if source is None:
             return
         if not callable(source) and not isinstance(source, str):
@@ -136,8 +138,14 @@ class KeyTemplate:
 
     @property
     def is_constant(self) -> bool:
-        """True when every call gets the same name (no template, no callable)."""
-        return self.source is None
+        """True when every call gets the same name: no template, or one with no field
+        (no callable).
+
+            >>> def sync_customer(customer_id): ...
+            >>> KeyTemplate("customers", sync_customer, owner="sync").is_constant
+            True
+        """
+        return self.source is None or self._literal is not None
 
     def render(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
                partial: bool = False) -> str:
@@ -154,6 +162,8 @@ class KeyTemplate:
         """
         if self.source is None:
             return self._default
+        if self._literal is not None:  # no field: the arguments make no difference
+            return self._literal
         if partial:
             self._check_given(args, kwargs)
         try:
@@ -254,6 +264,8 @@ class KeyTemplate:
                             for literal, field, spec, conversion in parsed)
         problems: List[str] = []
         fields = [part for part in self._parts if part.field is not None]
+        if not fields:
+            self._literal = "".join(part.literal for part in self._parts)
         for part in fields:
             problems.extend(_field_problems(part, signature, where))
         for before, after in zip(fields, fields[1:]):
