@@ -69,7 +69,20 @@ def with_band(limiter: Any, priority: int) -> Any:
     """
     if not hasattr(limiter, "fair"):
         return limiter
-    return dataclasses.replace(limiter, fair=f"{limiter.fair}{BAND_MARK}{int(priority)}")
+    found = _banded.get((limiter, priority))
+    if found is None:
+        if len(_banded) >= _BANDED_KEPT:
+            _banded.clear()
+        found = _banded[(limiter, priority)] = dataclasses.replace(
+            limiter, fair=f"{limiter.fair}{BAND_MARK}{int(priority)}")
+    return found
+
+
+#: :func:`with_band`'s answers, by limiter and priority: a run's limiter in its band is
+#: the same for every run of a task with a constant key (a semaphore key and its digest
+#: worked out once, not per run); at most :data:`_BANDED_KEPT` kept.
+_banded: Dict[Tuple[Any, Any], Any] = {}
+_BANDED_KEPT = 4096
 
 
 def check_weight(weight: Any) -> float:
