@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from celery.exceptions import Ignore
@@ -145,6 +145,24 @@ class _Setup:
     no_ticket: Ticket
     #: Re-publishes the messages of waiters handed a slot (see :mod:`.handoff`).
     publish: Callable[[Any], Any]
+    #: How long a served reference of the parking line is kept (ms; see
+    #: :func:`.broker_line.keep_served_ms`): read from the app's broker settings once.
+    keep_served_ms: int
+    #: :meth:`parks`' last answer: for the limiters (the same list for every run of a
+    #: task with constant limits), and whether the worker had an event loop.
+    _parks: Dict[bool, Tuple[Sequence[Any], bool]] = field(
+        default_factory=dict, compare=False, repr=False)
+
+    def parks(self, limiters: Sequence[Any], loop: bool, task_name: str) -> bool:
+        """Whether a run under ``limiters`` waits on the parking line (see
+        :func:`.broker_line.parks`), worked out once for constant limiters."""
+        known = self._parks.get(loop)
+        if known is not None and known[0] is limiters:
+            return known[1]
+        parks = broker_line.parks(self.settings, self.client, limiters, loop=loop,
+                                  task_name=task_name, max_wait=self.limits.retry.max_wait)
+        self._parks[loop] = (limiters, parks)
+        return parks
 
     @classmethod
     def of(cls, task: Any, limits: TaskLimits) -> _Setup:
@@ -161,6 +179,7 @@ class _Setup:
                 reserve_ms=handoff.reservation_ms(limits.lease),
                 no_ticket=Ticket("", False, limits.retry.keep_ticket_ms(None), ""),
                 publish=functools.partial(handoff.publish, task.app),
+                keep_served_ms=broker_line.keep_served_ms(task),
             )
         return setup
 
@@ -216,7 +235,7 @@ class _Attempt:
                 self.setup.client, self.limiters, lease=self.setup.limits.lease,
                 task_id=self.request.id, attempt=self.request.retries or 0,
                 waited=self.waited, description=self.description, owner=self.owner,
-                keep_served_ms=broker_line.keep_served_ms(self.task),
+                keep_served_ms=self.setup.keep_served_ms,
                 max_wait=self.setup.limits.retry.max_wait)
             if call is not None:
                 return self.published(call.outcome(
@@ -392,9 +411,7 @@ def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool =
     attempt.promises.update(promises or {})
     if not loop and pool_park.parks_here(setup.settings, setup.client, attempt.limiters):
         return None  # no event loop: it parks in the process (greenlet) that runs it
-    attempt.parking = broker_line.parks(setup.settings, setup.client, attempt.limiters,
-                                        loop=loop, task_name=task.name,
-                                        max_wait=limits.retry.max_wait)
+    attempt.parking = setup.parks(attempt.limiters, loop, task.name)
     if time.monotonic() < _main_process_skips_until[0]:
         return _without_store(attempt, args, kwargs, None)
     asking = Asking(attempt, args, kwargs, room, may_wait)
@@ -463,7 +480,7 @@ class Asking:
                 self.client, attempt.limiters, lease=attempt.setup.limits.lease,
                 task_id=request.id, attempt=request.retries or 0, waited=attempt.waited,
                 description=attempt.description, owner=attempt.owner,
-                keep_served_ms=broker_line.keep_served_ms(attempt.task),
+                keep_served_ms=attempt.setup.keep_served_ms,
                 max_wait=attempt.setup.limits.retry.max_wait, book_ms=self.book_ms,
                 priority=broker_line.priority_of(attempt.setup.limits.retry.priority, request),
                 priority_aging=attempt.setup.limits.retry.priority_aging)
