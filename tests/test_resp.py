@@ -10,12 +10,28 @@ import redis
 from celery import Celery
 
 from celery_redislock.config.settings import read_settings
+from celery_redislock.engine import resp
 from celery_redislock.engine.resp import ErrorReply, Parser, Pipeline, pack
 from celery_redislock.errors import LockConfigurationError
 
 ADMIT_REPLIES = (b"$19\r\n1700000000000 17000\r\n"
                  b"*9\r\n:0\r\n:1700\r\n:1\r\n:2\r\n:-1\r\n:-1\r\n:3\r\n$3\r\nmsg\r\n*0\r\n"
                  b"-NOSCRIPT No matching script\r\n$-1\r\n*-1\r\n+OK\r\n")
+
+
+@pytest.fixture(autouse=True, params=["hiredis", "python"])
+def _parser_kind(request: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test twice: with hiredis's packer and parser (when installed), and with the
+    pure-Python ones."""
+    if request.param == "python":
+        monkeypatch.setattr(resp, "_Reader", None)
+        monkeypatch.setattr(resp, "_pack_command", None)
+
+
+def test_packed_as_the_pure_python_packer_packs() -> None:
+    for args in [("GET", "k"), ("EVALSHA", "ab", 2, b"k", "\u00e9", 1.5, -3, 10 ** 20),
+                 ("X", True, None)]:
+        assert pack(*args) == resp._pack(args)
 
 
 def test_replies_cut_anywhere_come_out_whole_and_in_order() -> None:

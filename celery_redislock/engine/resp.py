@@ -32,8 +32,26 @@ class ErrorReply(str):
         return f"ErrorReply({str(self)!r})"
 
 
+_Reader: Any
+_pack_command: Any
+try:  # redis-py's C helper (the ``hiredis`` extra): the same bytes, a third of the time
+    from hiredis import Reader as _Reader
+    from hiredis import pack_command as _pack_command
+except ImportError:  # pragma: no cover - the pure-Python code below
+    _Reader = _pack_command = None
+
+
 def pack(*args: Any) -> bytes:
     """One command in RESP (bytes are sent as they are, anything else as its ``str``)."""
+    if _pack_command is not None:
+        try:
+            return bytes(_pack_command(args))
+        except TypeError:  # an argument it does not take (a bool, None): packed below
+            pass
+    return _pack(args)
+
+
+def _pack(args: Tuple[Any, ...]) -> bytes:
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
@@ -51,13 +69,27 @@ class Parser:
     def __init__(self, decode: bool = False) -> None:
         self._buffer = b""
         self._decode = decode
+        #: hiredis's parser when it is installed (the same replies, in C).
+        self._reader = None if _Reader is None else _Reader(
+            protocolError=ValueError, replyError=ErrorReply,
+            encoding="utf-8" if decode else None)
 
     def feed(self, data: bytes) -> None:
-        self._buffer += data
+        if self._reader is not None:
+            self._reader.feed(data)
+        else:
+            self._buffer += data
 
     def replies(self) -> List[Any]:
         """Every reply complete in the bytes fed so far (taken out of the buffer)."""
         done: List[Any] = []
+        if self._reader is not None:
+            gets = self._reader.gets
+            reply = gets()
+            while reply is not False:  # False: the rest is incomplete (RESP2 has no bools)
+                done.append(reply)
+                reply = gets()
+            return done
         position = 0
         while position < len(self._buffer):
             try:
