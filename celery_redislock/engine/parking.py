@@ -44,9 +44,9 @@ choices it does not make:
 Slots of any cost (a slot handed to the line is reserved in units of its head's
 cost: ``lua/parked_cost.lua``), and rate limits of any cost with them or alone
 (``lua/parked_rates.lua``: a far start parks the run at the rate's line with its
-promised start; see :mod:`.parking_rate`; not on Redis Cluster); on Redis Cluster a run
-of semaphores whose limits lie in one hash slot (the poll's index, in another slot, is
-written by a command of its own after each script, :func:`local_index`).
+promised start; see :mod:`.parking_rate`); on Redis Cluster a run whose limits lie in
+one hash slot (the poll's index, in another slot, is written by a command of its own
+after each script, :func:`local_index`, :func:`local_rate_index`).
 :func:`prepare_park_admit` answers None for anything else, which keeps today's path.
 
 Cost (``benchmarks/bench_parking_store.py``: one private redis-server, the scripts'
@@ -217,7 +217,8 @@ class ParkAdmitCall:
         if status == 7:
             park_id = d.decode() if isinstance(d, bytes) else str(d)
             if is_cluster(self.client):  # the key space's index: one command of its own
-                self.client.zadd(parked_index(limiter.prefix), {limiter.key: now_ms})
+                space = rate_index if isinstance(limiter, RateLimit) else parked_index
+                self.client.zadd(space(limiter.prefix), {limiter.key: now_ms})
             return Busy(name=limiter.name, holders=int(a), slots=getattr(limiter, "slots", 0),
                         retry_hint=max(0, int(b)) / 1000.0,
                         average_hold=None if int(c) < 0 else int(c) / 1000.0,
@@ -242,13 +243,12 @@ class ParkAdmitCall:
 
 def parks(client: Any, limiters: Sequence[Any]) -> bool:
     """Whether a run under ``limiters`` can wait on the parked line: semaphores (of any
-    cost: ``lua/parked_cost.lua``; on Redis Cluster, all in one hash slot: one limit, or
-    limits whose keys share a hash tag), and rate limits of any cost with them or alone
-    (``lua/parked_rates.lua``; not on Redis Cluster)."""
-    if limiters and all(isinstance(limiter, SlotLimit) for limiter in limiters):
-        return len(by_hash_slot(client, [limiter.key for limiter in limiters])) == 1
-    return (bool(limiters) and not is_cluster(client)
-            and all(isinstance(limiter, (SlotLimit, RateLimit)) for limiter in limiters))
+    cost: ``lua/parked_cost.lua``), and rate limits of any cost with them or alone
+    (``lua/parked_rates.lua``); on Redis Cluster, all in one hash slot (one limit, or a
+    semaphore and a rate of one name: their keys share a hash tag)."""
+    return (bool(limiters)
+            and all(isinstance(limiter, (SlotLimit, RateLimit)) for limiter in limiters)
+            and len(by_hash_slot(client, [limiter.key for limiter in limiters])) == 1)
 
 
 def local_index(key: str) -> str:
@@ -262,10 +262,29 @@ def local_index(key: str) -> str:
     return key.replace("}:s:", "}:pi:", 1)
 
 
+def local_rate_index(key: str) -> str:
+    """On Redis Cluster, the index of the rate keys with a parked line kept in rate
+    ``key``'s own hash slot (as :func:`local_index`; one per hash tag, the rate keys its
+    members).
+
+        >>> local_rate_index("redislock:{ab}:r:api")
+        'redislock:{ab}:pir'
+    """
+    return key[:key.index("}:r:") + 1] + ":pir"
+
+
+def rate_index_of(client: Any, prefix: str, key: str) -> str:
+    """The index of rate keys the scripts of rate ``key`` write: the key space's, or on
+    Redis Cluster the one in the key's own slot (:func:`local_rate_index`)."""
+    return local_rate_index(key) if is_cluster(client) else rate_index(prefix)
+
+
 def _index_of(client: Any, prefix: str, key: str) -> str:
     """The index key the scripts of ``key`` write: the key space's, or on Redis Cluster
-    the key's own (:func:`local_index`)."""
-    return local_index(key) if is_cluster(client) else parked_index(prefix)
+    the key's own (:func:`local_index`; for a rate key, :func:`local_rate_index`)."""
+    if not is_cluster(client):
+        return parked_index(prefix)
+    return local_rate_index(key) if "}:r:" in key else local_index(key)
 
 
 def _seen(client: Any) -> int:
@@ -310,7 +329,8 @@ def prepare_park_admit(
         limiters = [with_band(limiter, priority) for limiter in limiters]
     keys = [limiter.key for limiter in limiters]
     prefix = (limiters or rates)[0].prefix
-    rate_keys = [rate.key for rate in rates] + ([rate_index(prefix)] if rates else [])
+    rate_keys = [rate.key for rate in rates] + (
+        [rate_index_of(client, prefix, rates[0].key)] if rates else [])
     home = _home(parked, keys, rate_keys)
     token = owner + new_token()
     args = [token, milliseconds(lease), description, run, home,
@@ -318,7 +338,7 @@ def prepare_park_admit(
             reserve_ms, *(limiter.slots for limiter in limiters), _seen(client),
             grace_bound_ms(client, lease), "1" if park_paused else "0",
             *_optional_args(limiters, rates, max_wait, priority, priority_aging)]
-    index = _index_of(client, prefix, keys[0]) if keys else parked_index(prefix)
+    index = _index_of(client, prefix, keys[0] if keys else rates[0].key)
     return ParkAdmitCall(client, [*limiters, *rates], token, lease, description, reserve_ms,
                          [*keys, index, *rate_keys], args)
 

@@ -21,7 +21,10 @@ describes the keys).
 
 The GCRA is admit.lua's: a start counts in ``tat`` when admitted or booked, a newcomer
 passes only when no promised start is ahead of it, each start is promised to one run.
-One rate limiter of cost 1 and nothing else, not on Redis Cluster (:func:`rate_parks`).
+One rate limiter of cost 1 and nothing else (:func:`rate_parks`). On Redis Cluster the
+scripts keep the rate key's entry of the poll's index in its own hash slot
+(:func:`~.parking.local_rate_index`), and the key space's index is written after them by
+one command of its own, as for semaphores.
 
 Other runs with a rate limit (with semaphores, several rate limits, a cost above 1) park
 on the same rate lines through :func:`.parking.park_admit` (``admit_parked.lua`` with
@@ -57,7 +60,7 @@ from .admission import (
     milliseconds,
     new_token,
 )
-from .parking import KEEP_SERVED_MS, GaveUp, moves_of, rate_index
+from .parking import KEEP_SERVED_MS, GaveUp, local_rate_index, moves_of, rate_index, rate_index_of
 from .scripts import LINE, LuaScript, is_cluster
 
 __all__ = ["LEAD_MS", "RateAdmitCall", "due_rate", "is_rate_key", "prepare_rate_admit",
@@ -85,9 +88,9 @@ def is_rate_key(key: str) -> bool:
 
 def rate_parks(client: Any, limiters: Sequence[Any]) -> bool:
     """Whether a run under ``limiters`` can wait on a rate limit's parked line: one rate
-    limiter of cost 1 and nothing else, not on Redis Cluster."""
+    limiter of cost 1 and nothing else."""
     return (len(limiters) == 1 and isinstance(limiters[0], RateLimit)
-            and limiters[0].cost == 1 and not is_cluster(client))
+            and limiters[0].cost == 1)
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,8 @@ class RateAdmitCall:
                            int(b), int(c), now_ms, [])
         if status == 7:
             park_id = d.decode() if isinstance(d, bytes) else str(d)
+            if is_cluster(self.client):  # the key space's index: one command of its own
+                self.client.zadd(rate_index(limiter.prefix), {limiter.key: now_ms})
             return Busy(name=limiter.name, holders=0, slots=0,
                         retry_hint=max(0, int(b)) / 1000.0, average_hold=None,
                         server_time_ms=now_ms, key=limiter.key,
@@ -170,7 +175,8 @@ def prepare_rate_admit(
             repr(interval * limiter.rate.burst), milliseconds(lease),
             "" if max_wait is None else milliseconds(max_wait)]
     return RateAdmitCall(client, list(limiters), owner + new_token(), lease, description,
-                         [limiter.key, rate_index(limiter.prefix)], args)
+                         [limiter.key, rate_index_of(client, limiter.prefix, limiter.key)],
+                         args)
 
 
 def rate_park_admit(client: Any, limiters: Sequence[Any], *, lease: float, run: str,
@@ -192,7 +198,7 @@ def rate_park_admit(client: Any, limiters: Sequence[Any], *, lease: float, run: 
                               book_ms=book_ms, keep_served_ms=keep_served_ms,
                               max_wait=max_wait)
     if call is None:
-        raise ValueError("rate_park_admit: one rate limiter of cost 1, not on Redis Cluster")
+        raise ValueError("rate_park_admit: one rate limiter of cost 1")
     return call.outcome(call.script.run(client, call.keys, call.args))
 
 
@@ -214,6 +220,8 @@ def due_rate(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "r
         >>> due_rate(redis.Redis.from_url(redis_url), {"doc:{x}:r:nobody": 0}, prefix="doc:")
         []
     """
+    if is_cluster(client):
+        return _due_rate_on_cluster(client, parked_lengths, prefix, lead_ms)
     moves: List[ParkedMove] = []
     keys = list(parked_lengths)
     for start in range(0, len(keys), 500):
@@ -222,4 +230,24 @@ def due_rate(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "r
                              [lead_ms * 1000, MOST_MOVES,
                               *(int(parked_lengths[key]) for key in batch)])
         moves.extend(moves_of(reply[1:]))
+    return moves
+
+
+def _due_rate_on_cluster(client: Any, parked_lengths: Mapping[str, int], prefix: str,
+                         lead_ms: int) -> List[ParkedMove]:
+    """:func:`due_rate` on Redis Cluster: one script per key (its own hash slot, its own
+    index entry, :func:`~.parking.local_rate_index`), then the key space's index brought
+    in line with that entry by one command."""
+    moves: List[ParkedMove] = []
+    index = rate_index(prefix)
+    for key in parked_lengths:
+        local = local_rate_index(key)
+        reply = DUE_RATE.run(client, [key, local],
+                             [lead_ms * 1000, MOST_MOVES, int(parked_lengths[key])])
+        moves.extend(moves_of(reply[1:]))
+        when = client.zscore(local, key)
+        if when is None:
+            client.zrem(index, key)
+        else:
+            client.zadd(index, {key: when})
     return moves

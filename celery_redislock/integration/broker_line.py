@@ -3,9 +3,9 @@ lock store's references (:mod:`~celery_redislock.engine.parking`) and the broker
 parking queues (:mod:`.parking`) for the gate.
 
 * :func:`parks` says whether a run waits on this line: the setting, a worker with an
-  event loop (the gate's main process), semaphores only (any cost; on Redis Cluster in
-  one hash slot);
-  anything else keeps today's line, said once in the log;
+  event loop (the gate's main process; without one the process that runs it parks it,
+  :mod:`.pool_park`); a run whose limits lie in several hash slots of a Redis Cluster
+  keeps today's line, said once in the log;
 * :func:`prepare` is the admission's one script (a moved copy asks with its
   :class:`ParkRef`);
 * :func:`park` publishes a refused run's copy on this process's :class:`Mover`, then
@@ -66,18 +66,19 @@ _said: Set[str] = set()
 
 def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: bool,
           task_name: str, max_wait: Optional[float] = None) -> bool:
-    """Whether a run of ``task_name`` under ``limiters`` waits on the parking line:
+    """Whether a run of ``task_name`` under ``limiters`` waits on the parking line from
+    the main process of a worker with an event loop (``loop``):
     semaphores and rate limits of any cost, all or nothing in one script (one rate limit
     of cost 1 alone: :mod:`..engine.parking_rate`, else ``lua/parked_rates.lua``), with
-    their ``lock_max_wait`` kept (:mod:`.parked_deadline`). A task that would, but cannot
-    (Redis Cluster, no event loop), keeps today's line, logged once per task."""
+    their ``lock_max_wait`` kept (:mod:`.parked_deadline`). A run whose limits lie in
+    several hash slots of a Redis Cluster (one script cannot decide them all at once)
+    keeps today's line, logged once per task."""
     if settings.line != "broker":
         return False
-    if loop and store.parks(client, limiters):
-        return True
-    say_store_line(task_name, "it parks runs of semaphores (of any cost; on Redis Cluster "
-                              "in one hash slot) and of rate limits (not on Redis Cluster), "
-                              "on workers with an event loop: prefork and solo")
+    if store.parks(client, limiters):
+        return loop  # without an event loop, the process that runs it parks it
+    say_store_line(task_name, "on Redis Cluster it parks runs whose limits lie in one hash "
+                              "slot (one limit, or a semaphore and a rate of one name)")
     return False
 
 
