@@ -13,6 +13,7 @@ that is missing or not of its type reads as its default (a run that has not wait
 from __future__ import annotations
 
 import math
+from collections import abc
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Mapping, Optional
 
@@ -71,8 +72,11 @@ class WaitingRun:
     @classmethod
     def of_headers(cls, headers: Any) -> WaitingRun:
         """The wait that message ``headers`` carry: :data:`NOT_WAITING` without one."""
-        state = headers.get(WAIT_HEADER) if isinstance(headers, Mapping) else None
-        return cls.parse(state)
+        if type(headers) is dict:  # as a message's headers are (the common case, fast)
+            state = headers.get(WAIT_HEADER)
+        else:
+            state = headers.get(WAIT_HEADER) if isinstance(headers, abc.Mapping) else None
+        return cls.parse(state) if state else NOT_WAITING
 
     @classmethod
     def parse(cls, state: Any) -> WaitingRun:
@@ -150,7 +154,9 @@ def carries_wait(headers: Any) -> bool:
         >>> carries_wait({"redislock_wait": {}}), carries_wait({}), carries_wait(None)
         (True, False, False)
     """
-    return isinstance(headers, Mapping) and WAIT_HEADER in headers
+    if type(headers) is dict:  # as a message's headers are (the common case, fast)
+        return WAIT_HEADER in headers
+    return isinstance(headers, abc.Mapping) and WAIT_HEADER in headers
 
 
 def without_wait(headers: Any) -> Any:
