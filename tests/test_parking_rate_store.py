@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import pytest
 
 from celery_redislock.engine.admission import Booked, Busy, Lease, ParkRef, RateLimit, Served
-from celery_redislock.engine.parking import DeadlineMove, GaveUp, run_id
+from celery_redislock.engine.parking import DeadlineMove, GaveUp, leave, run_id
 from celery_redislock.engine.parking_rate import (
     LEAD_MS,
     due_rate,
@@ -253,3 +253,21 @@ def test_a_deadline_move_that_brings_a_run_not_due_parks_it_again(redis_client: 
                               max_wait=0.2)
     assert isinstance(gave_up, GaveUp)
     assert redis_client.llen(key + ":pq") == 1
+
+
+def test_a_run_that_leaves_drops_its_deadline_and_gives_its_start_back(
+        redis_client: Any) -> None:
+    """A run parked with a max wait is moved by a deadline move but revoked: it leaves
+    (its reference and deadline dropped, its start back to the line): no deadline move
+    is owed for it again."""
+    rate = [limit(rate="1/10s")]
+    key = rate[0].key
+    rate_park_admit(redis_client, rate, lease=5, run="v0:0")
+    park = rate_park_admit(redis_client, rate, lease=5, run="v1:0", max_wait=0.2).park
+    time.sleep(0.25)
+    assert due_rate(redis_client, {key: 1}, prefix=PREFIX) == [DeadlineMove(key)]
+    assert leave(redis_client, park, "v1:0", moved=True) == []
+    assert redis_client.hget(key + ":pr", "v1:0") is None
+    assert redis_client.llen(key + ":pq") == 0
+    time.sleep(0.55)  # a deadline move in flight would be owed again by now
+    assert due_rate(redis_client, {key: 0}, prefix=PREFIX) == []
