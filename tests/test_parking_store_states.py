@@ -2,14 +2,17 @@
 over a simulated broker (a task queue, a FIFO parking queue per semaphore) and workers:
 sends, deliveries (asks), a redelivered original beside its parked copy (a worker died
 between publishing the copy and acknowledging the original), bodies that start and end,
-workers that die before a body starts (the lease runs out, the message comes back),
+workers that die before a body starts (their worker frees the slot, or the lease runs
+out unreleased and the claim lapses; the message comes back), releases that never reach
+the store (the lease runs out) and arrive late,
 moves out of parking (first in first out; some cut between their publish and their
 acknowledgement, which leaves two copies), moves that find nothing, polls. Runs have a
 global cap and one of two tenants' keys, or a tenant's key alone.
 
 After every step: no semaphore holds more than its slots, and no run has two bodies. At
 the end, with every owed move made, polls, and every body ended: every run sent ran
-exactly once, every parking queue is empty, and no line counts a waiter.
+exactly once, every parking queue is empty, no line counts a waiter, and once every
+lease has run out no claim is left.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Message:
     task: str
     keys: List[str]            # the names of its limits
     park: Optional[ParkRef] = None
+    acks_late: bool = False    # its claim is served as its body ends, not as it starts
 
 
 @dataclass
@@ -76,14 +80,16 @@ class ParkedLine(RuleBasedStateMachine):
         self.sent: List[str] = []
         self.ran: Dict[str, int] = {}
         self.ended: Set[str] = set()
+        self.late_releases: List[Lease] = []
 
     # --- the app and the workers ----------------------------------------------------
 
-    @rule(tenant=st.sampled_from(["a", "b"]), capped=st.booleans())
-    def send(self, tenant: str, capped: bool) -> None:
+    @rule(tenant=st.sampled_from(["a", "b"]), capped=st.booleans(), acks_late=st.booleans())
+    def send(self, tenant: str, capped: bool, acks_late: bool) -> None:
         task = f"t{len(self.sent)}"
         self.sent.append(task)
-        self.broker.queue.append(Message(task, ["all", tenant] if capped else [tenant]))
+        keys = ["all", tenant] if capped else [tenant]
+        self.broker.queue.append(Message(task, keys, acks_late=acks_late))
 
     @precondition(lambda self: self.broker.queue)
     @rule(window=st.booleans())
@@ -111,7 +117,8 @@ class ParkedLine(RuleBasedStateMachine):
         body = data.draw(st.sampled_from(self.bodies))
         if not body.started:
             body.started = True
-            started(body.lease)
+            if not body.message.acks_late:
+                started(body.lease)
             self.ran[body.task] = self.ran.get(body.task, 0) + 1
             assert self.ran[body.task] == 1, f"{body.task} ran twice"
 
@@ -125,15 +132,48 @@ class ParkedLine(RuleBasedStateMachine):
         self.ended.add(body.task)
 
     @precondition(lambda self: any(not body.started for body in self.bodies))
-    @rule(data=st.data())
-    def crash(self, data: Any) -> None:
-        """A worker dies before the body started: its lease runs out (its holder is
-        gone from the semaphores), the broker gives its message back."""
+    @rule(data=st.data(), ran_out=st.booleans())
+    def crash(self, data: Any, ran_out: bool) -> None:
+        """A worker dies before the body started: its holder is gone from the
+        semaphores (its worker's main process freed it), or with ``ran_out`` its lease
+        runs out unreleased; the broker gives its message back."""
         body = data.draw(st.sampled_from([body for body in self.bodies if not body.started]))
         self.bodies.remove(body)
         for key in body.lease._keys:
-            self.client.zrem(key, body.lease._member)
+            if ran_out:
+                run_out(self.client, key, body.lease)
+            else:
+                self.client.zrem(key, body.lease._member)
         self.broker.queue.append(body.message)
+
+    @precondition(lambda self: any(body.started for body in self.bodies))
+    @rule(data=st.data())
+    def release_lost(self, data: Any) -> None:
+        """A body ends and its release never reaches the store (it did not answer): its
+        lease runs out; the release arrives later, or never. Under ``acks_late`` its
+        claim is left (its start served nothing): it lapses. (Only for a run with no
+        other copy in the broker: a copy given back would claim in the dead holder's
+        place and run again, which Celery's ``acks_late`` allows too.)"""
+        bodies = [body for body in self.bodies if body.started
+                  and not (body.message.acks_late and self.copies_of(body.task))]
+        if not bodies:
+            return
+        body = data.draw(st.sampled_from(bodies))
+        self.bodies.remove(body)
+        for key in body.lease._keys:
+            run_out(self.client, key, body.lease)
+        self.late_releases.append(body.lease)
+        self.ended.add(body.task)
+
+    @precondition(lambda self: self.late_releases)
+    @rule()
+    def late_release(self) -> None:
+        """A release that did not reach the store arrives after its lease ran out: it
+        frees no slot that another holder has (the invariants), and hands nothing over
+        beyond the slots free."""
+        lease = self.late_releases.pop(0)
+        lease.release()
+        self.owe(lease.handoffs)
 
     @precondition(lambda self: self.moves)
     @rule(window=st.booleans())
@@ -154,6 +194,11 @@ class ParkedLine(RuleBasedStateMachine):
                    for name in LIMITS}
         self.owe(due(self.client, lengths, prefix=PREFIX))
 
+    def copies_of(self, task: str) -> int:
+        """The messages of ``task`` in the broker's queues (parked ones included)."""
+        queues = [self.broker.queue, *self.broker.parking.values()]
+        return sum(message.task == task for queue in queues for message in queue)
+
     def owe(self, handoffs: List[Any]) -> None:
         assert all(isinstance(entry, ParkedMove) for entry in handoffs), handoffs
         self.moves.extend(entry.key for entry in handoffs)
@@ -165,7 +210,8 @@ class ParkedLine(RuleBasedStateMachine):
         for name, slots in LIMITS.items():
             holding = sum(name in body_keys(body) for body in self.bodies)
             assert holding <= slots, f"{holding} bodies hold {name} ({slots} slots)"
-            assert self.client.zcount(limiter(name).key, "(0", "+inf") <= slots
+            live = f"({server_ms(self.client)}"  # a lease that ran out holds nothing
+            assert self.client.zcount(limiter(name).key, live, "+inf") <= slots
 
     @invariant()
     def counts_match_references(self) -> None:
@@ -199,6 +245,29 @@ class ParkedLine(RuleBasedStateMachine):
         for name in LIMITS:
             names = limiter(name).key.replace("}:s:", "}:pn:", 1)
             assert int(self.client.hget(names, "w") or 0) == 0
+        # The clock runs on: every lease left (holders freed by their worker, whose
+        # claims end with the lease) runs out, and the poll lapses their claims.
+        for name in LIMITS:
+            ends = limiter(name).key.replace("}:s:", "}:pe:", 1)
+            for member in self.client.zrange(ends, 0, -1):
+                if b" " not in member:
+                    self.client.zadd(ends, {member: 1}, xx=True)
+        self.poll()
+        for name in LIMITS:
+            claims = limiter(name).key.replace("}:s:", "}:pc:", 1)
+            assert self.client.hlen(claims) == 0, self.client.hgetall(claims)
+
+
+def server_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def run_out(client: Any, key: str, lease: Lease) -> None:
+    """The server's clock passes the end of ``lease`` at ``key``: its end, in the
+    semaphore and in the ends of its claims, is put in the past."""
+    client.zadd(key, {lease._member: 1}, xx=True)
+    client.zadd(key.replace("}:s:", "}:pe:", 1), {lease.token: 1}, xx=True)
 
 
 def body_keys(body: Body) -> List[str]:

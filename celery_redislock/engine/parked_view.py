@@ -9,7 +9,8 @@ in its header; this module reads them and writes nothing:
 * ``'}:pv:'`` reservations (number -> end, ms): slots handed to the line whose moved
   copy has not claimed them yet (live ones: their end is still ahead);
 * ``'}:pc:'`` holder token -> the reference it claimed (moved, admitted, its body not
-  started yet, or running under ``acks_late``);
+  started yet, or running under ``acks_late``); a claim whose holder's lease ran out
+  unreleased lapses (``lua/parking.lua``'s ``lapse_claims``);
 * ``'}:px:'`` served references (a list, in the order they were served, of when each
   is forgotten): kept so that a copy the broker gives back ends unrun; its length counts
   those not yet pruned (a few are pruned at each call of the line's scripts);

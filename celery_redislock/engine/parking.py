@@ -39,7 +39,14 @@ choices it does not make:
   back at once, rather than leaving it to lapse;
 * a reference claimed by a holder whose lease ran out is not counted as waiting (that
   would take a scan): its copy, given back by the broker, asks again and then parks or
-  takes a free slot.
+  takes a free slot. The claim itself lapses with the lease, on the server's clock,
+  when the holder's release never came (the store did not answer it): claims are kept
+  in a sorted set by their lease's end (renewals and the pool's adoption move it), a
+  few trimmed at each admission and poll. The reference stays claimed by the dead
+  holder as long as a served one is kept (``keep_served_ms``: a copy the broker gives
+  back claims in its place), then is forgotten, unless a copy of the run went back to
+  parking while the claim was live (kept for that copy). A late release finds nothing
+  of its own: it frees no slot and serves nothing.
 
 Slots of any cost (a slot handed to the line is reserved in units of its head's
 cost: ``lua/parked_cost.lua``), and rate limits of any cost with them or alone

@@ -164,12 +164,18 @@ for i = 1, N do
   if i ~= order[1] then order[#order + 1] = i end
 end
 
+-- Claimed by a live holder at semaphore i: this copy goes back to parking as it is.
+local function back_to_parking(i)
+  claimed_again(limiters[i], run)
+  return refuse(7, i, limiters[i].ref.park_id)
+end
+
 -- Served, or claimed by a live holder, at any semaphore: this copy must not run (nor
 -- park at another semaphore, where its reference would wait for nothing).
 for i = 1, N do
   local ref = limiters[i].ref
   if i ~= home and ref and ref.state == 's' then return refuse(4, i) end
-  if i ~= home and claimed_live(limiters[i], now) then return refuse(7, i, ref.park_id) end
+  if i ~= home and claimed_live(limiters[i], now) then return back_to_parking(i) end
 end
 
 for _, i in ipairs(order) do
@@ -184,7 +190,7 @@ for _, i in ipairs(order) do
       count_down_anonymous(l)
       return refuse(4, i)
     elseif claimed_live(l, now) then
-      return refuse(7, i, ref.park_id)
+      return back_to_parking(i)
     elseif past_deadline(ref.since, max_wait, now) then
       return give_up(i, ref.since)
     end
@@ -194,7 +200,7 @@ for _, i in ipairs(order) do
   end
   if not decided then
     if i == home and ref and ref.state == 's' then return refuse(4, i) end
-    if i == home and claimed_live(l, now) then return refuse(7, i, ref.park_id) end
+    if i == home and claimed_live(l, now) then return back_to_parking(i) end
     local others = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
     if turn and l.free < l.cost and not (grace or l.paused) and reservation_fits(l, now) then
       l.take = 'reserved'  -- a slot no body holds: the copy moved for it parks again

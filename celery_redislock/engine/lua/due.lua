@@ -22,7 +22,7 @@
 -- '!move <count> <key>' entries (see parking.lua), and '!late <count> <key>' for the
 -- deadline moves (deadline.lua: heads moved to be given up, no slot reserved for them).
 -- A key whose line is empty (no reference waiting, no anonymous entry, no live
--- reservation) and whose parking queue is empty leaves the index.
+-- reservation, no claim) and whose parking queue is empty leaves the index.
 
 local STALE_MS = 60000
 local N = #KEYS - 1
@@ -55,6 +55,7 @@ for i = 1, N do
   local counts = parked_line(key)
   local reserved = live_reservations(key, now)
   prune_served(key, now)
+  lapse_claims(key, now)  -- claims whose holder's lease ran out unreleased (parking.lua)
   if length >= 0 and (counts or length > 0) and (counts or {})[5] ~= born then
     -- First count in this incarnation (the store lost its data, or never counted): the
     -- parking queue's messages that no reference waits for are anonymous entries.
@@ -92,8 +93,8 @@ for i = 1, N do
       mark_parked(key, now)  -- contended: releases hand over
       redis.call('ZADD', KEYS[N + 1], now, key)
       counts[2] = length
-    elseif length == 0 then
-      redis.call('ZREM', KEYS[N + 1], key)
+    elseif length == 0 and redis.call('EXISTS', parked_key(key, 'pc')) == 0 then
+      redis.call('ZREM', KEYS[N + 1], key)  -- no live claim left to lapse either
       redis.call('DEL', cost_fifo(key))  -- nothing parked: no cost to keep (parked_cost.lua)
     end
   end

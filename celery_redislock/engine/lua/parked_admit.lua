@@ -15,6 +15,7 @@ local function read_semaphore(key, configured, cost, run, now)
   l.counts = parked_line(key)
   if l.counts then  -- else the key never had a parked line: no reference to read
     prune_served(key, now)
+    lapse_claims(key, now)
     l.ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), run))
   else
     l.counts = {0, 0}
@@ -53,6 +54,14 @@ local function claimed_live(l, now)
   return l.ref and l.ref.state == 'c' and holder_live(l.key, l.ref.holder, now)
 end
 
+-- A copy whose reference at `l` is claimed by a live holder goes back to parking as it
+-- is: the reference is marked, so that it is kept for that copy if the claim lapses
+-- (parking.lua's lapse_claims).
+local function claimed_again(l, run)
+  local ref = l.ref
+  if ref.again == '' then write_ref(l.key, run, 'c', ref.since, ref.park_id, ref.holder, 'a') end
+end
+
 -- A moved copy's reference at its home `h` (false: none), if it waits under park id
 -- `id`, is dropped: the run parks elsewhere or ends. True if it was.
 local function leave_home(h, run, id)
@@ -78,7 +87,7 @@ local function park_reference(l, run, born, since, keep, index, now)
   local ref, counts = l.ref, parked_key(l.key, 'pn')
   local id = born .. ':' .. redis.call('HINCRBY', counts, 'n', 1)
   if not (ref and ref.state == 'w') then redis.call('HINCRBY', counts, 'w', 1) end
-  if ref and ref.state == 'c' then redis.call('HDEL', parked_key(l.key, 'pc'), ref.holder) end
+  if ref and ref.state == 'c' then claim_until(l.key, ref.holder, nil) end
   write_ref(l.key, run, 'w', since, id, '')
   redis.call('HSET', counts, 'k', keep, 's', l.configured)
   keep_parked(counts)
@@ -113,7 +122,8 @@ end
 
 -- Admitted at `l`: its reservation taken (if it takes one), the run's reference there
 -- claimed by holder `token` until its body starts (default acks) or ends (acks late),
--- and the holder `member` added until `lease_end` (ms). `sub`: the run's sub-line there.
+-- or its lease ends unreleased (parking.lua's lapse_claims), and the holder `member`
+-- added until `lease_end` (ms). `sub`: the run's sub-line there.
 local function hold_slot(l, run, token, member, fence_text, lease, lease_end, now, sub)
   local ref = l.ref
   if l.take == 'reserved' then take_reservation(l.key, now) end
@@ -123,10 +133,11 @@ local function hold_slot(l, run, token, member, fence_text, lease, lease_end, no
       count_down_waiting(l.key, l.counts)
       drop_deadline(l.key, run, sub)
     end
-    if ref.state == 'c' then redis.call('HDEL', claims, ref.holder) end
+    if ref.state == 'c' then claim_until(l.key, ref.holder, nil) end
     write_ref(l.key, run, 'c', ref.since, ref.park_id, token)
     redis.call('HSET', claims, token, run)
     keep_parked(claims)
+    claim_until(l.key, token, lease_end)
   end
   local lease_end_text = string.format('%d', lease_end)
   redis.call('ZADD', l.key, lease_end_text, member, '-' .. fence_text, '#fence',

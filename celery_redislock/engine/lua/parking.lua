@@ -13,11 +13,15 @@
 --            parking queue empty while references waited, 'i' the incarnation in which
 --            the poll last counted the parking queue (due.lua)
 --   '}:pr:'  hash, run ('<task id>:<attempt>') -> its reference 'state since park_id
---            holder': state 'w' waiting (its copy parked as park_id), 'c' claimed by the
---            holder token (a moved copy took a slot; its body has not started, or acks
---            late and has not ended), 's' served (kept 'k' ms, then forgotten; written
---            as 's' alone)
---   '}:pc:'  hash, holder token -> the run whose reference it claimed
+--            holder [again]': state 'w' waiting (its copy parked as park_id), 'c' claimed
+--            by the holder token (a moved copy took a slot; its body has not started, or
+--            acks late and has not ended; 'again': a copy of the run went back to parking
+--            while the claim was live, see claimed_again), 's' served (kept 'k' ms, then
+--            forgotten; written as 's' alone)
+--   '}:pc:'  hash, holder token -> the run whose reference it claimed (a live claim)
+--   '}:pe:'  sorted set, the claims' ends: holder token -> the end of its lease (ms;
+--            renew.lua and adopt.lua move it with the lease), and '<token> <run>' -> when
+--            the reference of a claim that lapsed is forgotten (ms; see lapse_claims)
 --   '}:px:'  list of 'when run': when (ms) each served reference is forgotten, in the
 --            order they were served (a list costs less per entry than a sorted set)
 --   '}:pv:'  sorted set, reservation number -> its end (ms); the reservation itself is
@@ -29,6 +33,7 @@
 
 local PARKED_TTL = 7 * 24 * 3600 * 1000
 local PRUNE_SERVED = 8
+local LAPSE_CLAIMS = 8
 local PARKED_RESERVED = '~~'
 
 local function parked_key(key, mark)
@@ -58,19 +63,22 @@ local function mark_parked(key, now)
   end
 end
 
--- {state, since, park_id, holder} of a reference's text, or nil. A served reference
--- is kept as 's' alone: it ends every copy of its run, whatever its park id.
+-- {state, since, park_id, holder, again} of a reference's text, or nil. A served
+-- reference is kept as 's' alone: it ends every copy of its run, whatever its park id.
 local function parse_ref(text)
   if not text then return nil end
-  if text == 's' then return {state = 's', since = '', park_id = '', holder = ''} end
-  local state, since, park_id, holder = string.match(text, '^(%S+) (%S+) (%S*) ?(%S*)$')
-  return {state = state, since = since, park_id = park_id, holder = holder or ''}
+  if text == 's' then return {state = 's', since = '', park_id = '', holder = '', again = ''} end
+  local state, since, park_id, holder, again =
+    string.match(text, '^(%S+) (%S+) (%S*) ?(%S*) ?(%S*)$')
+  return {state = state, since = since, park_id = park_id, holder = holder or '',
+          again = again or ''}
 end
 
-local function write_ref(key, run, state, since, park_id, holder)
+local function write_ref(key, run, state, since, park_id, holder, again)
   local refs = parked_key(key, 'pr')
   local text = 's'
   if state ~= 's' then text = state .. ' ' .. since .. ' ' .. park_id .. ' ' .. holder end
+  if again and again ~= '' then text = text .. ' ' .. again end
   redis.call('HSET', refs, run, text)
   keep_parked(refs)
 end
@@ -107,13 +115,58 @@ local function prune_served(key, now)
   end
 end
 
+-- The claim of holder `token` at `key` (a live one) until its lease ends (`lease_end`,
+-- ms), or dropped (`lease_end` nil: served, or the run's reference rewritten).
+local function claim_until(key, token, lease_end)
+  local ends = parked_key(key, 'pe')
+  if not lease_end then
+    redis.call('HDEL', parked_key(key, 'pc'), token)
+    redis.call('ZREM', ends, token)
+    return
+  end
+  redis.call('ZADD', ends, string.format('%d', lease_end), token)
+  keep_parked(ends)
+end
+
+-- Claims whose holder's lease ran out unreleased (its release never came: the store
+-- did not answer it, or its worker died) lapse, a few at each call of the line's
+-- scripts, in the order their leases ended (the server's clock): the claim is dropped,
+-- and its reference stays claimed by the dead holder (a copy the broker gives back
+-- claims in its place) for as long as the broker may give one back ('k' ms), then is
+-- forgotten if nothing rewrote it. A reference whose run has a copy parked again (its
+-- 'again' mark) is kept: that copy still comes, and claims in its place.
+local function lapse_claims(key, now)
+  local ends = parked_key(key, 'pe')
+  local lapsed = redis.call('ZRANGEBYSCORE', ends, '-inf', now, 'LIMIT', 0, LAPSE_CLAIMS)
+  if #lapsed == 0 then return end
+  redis.call('ZREM', ends, unpack(lapsed))
+  local claims, refs = parked_key(key, 'pc'), parked_key(key, 'pr')
+  for _, entry in ipairs(lapsed) do
+    local at = string.find(entry, ' ', 1, true)
+    local token = at and string.sub(entry, 1, at - 1) or entry
+    local run = at and string.sub(entry, at + 1) or redis.call('HGET', claims, token)
+    local ref = run and parse_ref(redis.call('HGET', refs, run))
+    local dead = ref and ref.state == 'c' and ref.holder == token and ref.again == ''
+    if at and dead then
+      redis.call('HDEL', refs, run)
+    elseif run and not at then
+      redis.call('HDEL', claims, token)
+      if dead then
+        local keep = tonumber(redis.call('HGET', parked_key(key, 'pn'), 'k') or '') or 3600000
+        redis.call('ZADD', ends, string.format('%d', now + keep), token .. ' ' .. run)
+        keep_parked(ends)
+      end
+    end
+  end
+end
+
 -- The reference claimed by holder `token` (if any) becomes served: its body started
 -- under default acks, or ended. Returns 1 if one did.
 local function serve_claim(key, token, now)
   local claims = parked_key(key, 'pc')
   local run = redis.call('HGET', claims, token)
   if not run then return 0 end
-  redis.call('HDEL', claims, token)
+  claim_until(key, token, nil)
   local ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), run))
   if not (ref and ref.state == 'c' and ref.holder == token) then return 0 end
   local keep = tonumber(redis.call('HGET', parked_key(key, 'pn'), 'k') or '') or 3600000

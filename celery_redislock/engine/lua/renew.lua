@@ -31,6 +31,15 @@ local lease_end = now + lease
 local lost = 0
 local reasserted = 0
 
+-- The end of the claim this holder made on a parked run at `key` ('}:pe:', parking.lua)
+-- moves with its lease: a claim lapses only once its holder's lease ran out.
+local function claim_moves(key, token)
+  local at = string.find(key, '}:s:', 1, true)
+  local ends = key .. ':pe'
+  if at then ends = string.sub(key, 1, at) .. ':pe:' .. string.sub(key, at + 4) end
+  redis.call('ZADD', ends, 'XX', lease_end, token)
+end
+
 local function keep_alive(key)
   if redis.call('PTTL', key) < lease then
     -- never shorter: PTTL was below the lease; recorded as admit.lua reads it ('#ttl')
@@ -73,6 +82,7 @@ for i = 1, #KEYS do
   if current and tonumber(current) > now then
     redis.call('ZADD', key, 'XX', lease_end, member)
     add_units(key, token_of(member), cost, lease_end, 'XX')
+    claim_moves(key, token_of(member))
     keep_alive(key)
   else
     if current then
