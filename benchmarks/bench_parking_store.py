@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from celery_redislock.engine.admission import Busy, Lease, SlotLimit, admit, declare_fresh
 from celery_redislock.engine.parking import (
+    ParkAsk,
     due,
     park_admit,
     prepare_park_admit,
@@ -75,8 +76,8 @@ def park_many(client: Any, limiters: List[SlotLimit], first: int, count: int) ->
     pipe = client.pipeline(transaction=False)
     calls = []
     for i in range(first, first + count):
-        call = prepare_park_admit(client, limiters, lease=600,
-                                  run=run_id(task_id("w", i), 0), description="bench")
+        call = prepare_park_admit(client, limiters, ParkAsk(
+            lease=600, run=run_id(task_id("w", i), 0), description="bench"))
         assert call is not None
         name, sha = call.script.evalsha(client)
         pipe.execute_command(name, sha, len(call.keys), *call.keys, *call.args)

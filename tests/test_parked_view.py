@@ -27,6 +27,7 @@ from celery_redislock.engine.fair import set_weight
 from celery_redislock.engine.keys import semaphore_key
 from celery_redislock.engine.parked_view import ParkedLine, read_parked_lines
 from celery_redislock.engine.parking import (
+    ParkAsk,
     due,
     park_admit,
     parked_index,
@@ -178,7 +179,7 @@ def park_many(client: Any, name: str, count: int) -> None:
     for start in range(0, count, 1000):
         pipe = client.pipeline(transaction=False)
         for n in range(start, min(count, start + 1000)):
-            call = prepare_park_admit(client, limit, lease=30, run=run_id(f"m{n}", 0))
+            call = prepare_park_admit(client, limit, ParkAsk(lease=30, run=run_id(f"m{n}", 0)))
             assert call is not None
             pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
         pipe.execute()

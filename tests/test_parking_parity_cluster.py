@@ -20,6 +20,7 @@ from celery_redislock.engine.admission import (
 from celery_redislock.engine.parking import (
     DeadlineMove,
     GaveUp,
+    ParkAsk,
     due,
     local_index,
     local_rate_index,
@@ -87,8 +88,8 @@ def test_limits_in_two_slots_keep_todays_line_on_a_cluster(client):
     groups = by_hash_slot(client, list(keys))
     a, b = keys[groups[0][0]], keys[groups[1][0]]
     assert prepare_park_admit(client, [SlotLimit(a, 1, PREFIX), SlotLimit(b, 1, PREFIX)],
-                              lease=5, run="t:0") is None
-    assert prepare_park_admit(client, [SlotLimit(a, 1, PREFIX)], lease=5, run="t:0")
+                              ParkAsk(lease=5, run="t:0")) is None
+    assert prepare_park_admit(client, [SlotLimit(a, 1, PREFIX)], ParkAsk(lease=5, run="t:0"))
 
 
 def test_a_rate_limited_run_parks_and_is_moved_on_a_cluster(client):

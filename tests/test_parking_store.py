@@ -24,6 +24,7 @@ from celery_redislock.engine.admission import (
     owner_prefix,
 )
 from celery_redislock.engine.parking import (
+    ParkAsk,
     due,
     leave,
     moved_nothing,
@@ -92,11 +93,13 @@ def test_a_newcomer_takes_a_free_slot_and_a_refusal_parks(redis_client):
 
 def test_prepare_answers_none_off_the_parked_line(redis_client):
     # nothing to wait for; a rate limit now waits on it too (test_parking_mixed_store.py)
-    assert prepare_park_admit(redis_client, [], lease=5, run="t:0") is None
-    call = prepare_park_admit(redis_client, [limit()], lease=5, run="t:0")
+    assert prepare_park_admit(redis_client, [], ParkAsk(lease=5, run="t:0")) is None
+    call = prepare_park_admit(redis_client, [limit()], ParkAsk(lease=5, run="t:0"))
     assert call is not None and call.script.name == "admit_parked.lua"
     assert isinstance(call.outcome(call.script.run(redis_client, call.keys, call.args)),
                       Lease)
+    assert isinstance(prepare_park_admit(redis_client, [limit()],
+                                         ParkAsk(lease=5, run="u:0")).run(), Busy)
 
 
 def test_due_hands_over_a_slot_whose_lease_ran_out(redis_client):

@@ -103,9 +103,9 @@ from .scripts import (
 )
 
 __all__ = [
-    "KEEP_SERVED_MS", "RESERVE_MS", "DeadlineMove", "GaveUp", "ParkAdmitCall", "ParkRef",
-    "ParkedMove", "due", "leave", "moved_nothing", "moves_of", "park_admit", "parked_index",
-    "parked_keys", "prepare_park_admit", "run_id", "started",
+    "KEEP_SERVED_MS", "RESERVE_MS", "DeadlineMove", "GaveUp", "ParkAdmitCall", "ParkAsk",
+    "ParkRef", "ParkedMove", "due", "leave", "moved_nothing", "moves_of", "park_admit",
+    "parked_index", "parked_keys", "prepare_park_admit", "run_id", "started",
 ]
 
 #: How long a served reference is kept (ms): as long as the broker may give back a copy
@@ -207,6 +207,10 @@ class ParkAdmitCall:
         """The script to send: :data:`~.scripts.ADMIT_PARKED`."""
         return ADMIT_PARKED
 
+    def run(self) -> Union[Outcome, GaveUp]:
+        """Send the script and read its reply (blocking)."""
+        return self.outcome(self.script.run(self.client, self.keys, self.args))
+
     def outcome(self, reply: Any) -> Union[Outcome, GaveUp]:
         """The outcome ``reply`` stands for: a Lease, Busy (with ``park``), Served or
         Paused, each with the moves owed (:class:`ParkedMove`) in ``handoffs``."""
@@ -299,55 +303,88 @@ def _seen(client: Any) -> int:
     return -1 if is_cluster(client) else seen_incarnation(client)
 
 
-def prepare_park_admit(
-    client: Any,
-    limiters: Sequence[Any],
-    *,
-    lease: float,
-    run: str,
-    parked: Optional[ParkRef] = None,
-    description: str = "",
-    owner: str = "",
-    keep_served_ms: int = KEEP_SERVED_MS,
-    reserve_ms: int = RESERVE_MS,
-    park_paused: bool = False,
-    max_wait: Optional[float] = None,
-    priority: Optional[int] = None,
-    priority_aging: float = 10.0,
-) -> Optional[ParkAdmitCall]:
-    """:func:`park_admit` as one script call for the caller to send, or None when the
-    run cannot wait on the parked line (see :func:`parks`): the caller keeps today's
-    path. ``run`` is :func:`run_id`; ``parked`` the :class:`ParkRef` in the header of a
-    copy moved out of parking (None for a copy never parked; a ref whose key is no
-    longer among ``limiters`` is ignored: the copy asks as a newcomer). With
-    ``park_paused`` a semaphore an operator paused parks the run (Busy with ``park``,
-    ``retry_hint`` the pause's remaining time, or 0 for none) instead of answering
-    Paused; the poll hands its slots over once the pause ends. ``max_wait`` (s): a run
-    parked that long since it was first refused is given up (:class:`GaveUp`), found by
-    the poll within about a poll of its deadline (``lua/deadline.lua``). ``priority``
-    (higher first; None: none) puts the run in that band of its sub-line
-    (:func:`.fair.with_band`): a slot handed to the line goes to the band whose oldest
-    run has the lowest ``since - priority x priority_aging`` (s)."""
+@dataclass(frozen=True)
+class ParkAsk:
+    """One run's ask of the parked line, in one value: what :func:`prepare_park_admit`
+    (semaphores, with rate limits or not) and :func:`.parking_rate.prepare_rate_admit`
+    (one rate limit alone) make a script call of, and :func:`park_admit` sends.
+
+    * ``lease`` (s): the lease an admitted run holds; ``run``: :func:`run_id`;
+    * ``parked``: the :class:`ParkRef` in the header of a copy moved out of parking
+      (None for a copy never parked; a ref whose key is no longer among the limiters is
+      ignored: the copy asks as a newcomer);
+    * ``description``, ``owner``: the holder's description and its token's prefix;
+    * ``keep_served_ms``: how long a served reference is kept (the broker's visibility
+      timeout); ``reserve_ms``: how long a slot handed to the line stays reserved;
+    * ``park_paused``: a semaphore an operator paused parks the run (Busy with ``park``,
+      ``retry_hint`` the pause's remaining time, or 0 for none) instead of answering
+      Paused; the poll hands its slots over once the pause ends;
+    * ``max_wait`` (s): a run parked that long since it was first refused is given up
+      (:class:`GaveUp`), found by the poll within about a poll of its deadline
+      (``lua/deadline.lua``);
+    * ``priority`` (higher first; None: none) puts the run in that band of its sub-line
+      (:func:`.fair.with_band`): a slot handed to the line goes to the band whose oldest
+      run has the lowest ``since - priority x priority_aging`` (s);
+    * ``book_ms`` (one rate limit alone): how far ahead the caller holds a run for the
+      start booked for it (0: it parks).
+
+        >>> ask = ParkAsk(lease=30, run=run_id("5f0c", 0), max_wait=600)
+        >>> ask.keep_served_ms == KEEP_SERVED_MS, ask.parked is None
+        (True, True)
+        >>> from dataclasses import replace
+        >>> replace(ask, parked=ParkRef("k", "1:7")).parked.park_id
+        '1:7'
+    """
+
+    lease: float
+    run: str
+    parked: Optional[ParkRef] = None
+    description: str = ""
+    owner: str = ""
+    keep_served_ms: int = KEEP_SERVED_MS
+    reserve_ms: int = RESERVE_MS
+    park_paused: bool = False
+    max_wait: Optional[float] = None
+    priority: Optional[int] = None
+    priority_aging: float = 10.0
+    book_ms: int = 0
+
+
+def prepare_park_admit(client: Any, limiters: Sequence[Any],
+                       ask: ParkAsk) -> Optional[ParkAdmitCall]:
+    """:func:`park_admit` as one script call for the caller to send (``EVALSHA`` of
+    ``call.script`` with ``call.keys`` and ``call.args``, the reply read by
+    ``call.outcome(reply)``; or ``call.run()``, blocking), or None when the run cannot
+    wait on the parked line (see :func:`parks`): the caller keeps today's path.
+
+        >>> import redis
+        >>> client = redis.Redis.from_url(redis_url)
+        >>> call = prepare_park_admit(client, [SlotLimit("prepare-doc", 1, "doc:")],
+        ...                           ParkAsk(lease=5, run=run_id("t0", 0)))
+        >>> lease = call.run()
+        >>> type(lease).__name__, lease.release()
+        ('Lease', True)
+    """
     if not parks(client, limiters):
         return None
     rates = [limiter for limiter in limiters if isinstance(limiter, RateLimit)]
     limiters = [limiter for limiter in limiters if isinstance(limiter, SlotLimit)]
-    if priority is not None:
-        limiters = [with_band(limiter, priority) for limiter in limiters]
+    if ask.priority is not None:
+        limiters = [with_band(limiter, ask.priority) for limiter in limiters]
     keys = [limiter.key for limiter in limiters]
     prefix = (limiters or rates)[0].prefix
     rate_keys = [rate.key for rate in rates] + (
         [rate_index_of(client, prefix, rates[0].key)] if rates else [])
-    home = _home(parked, keys, rate_keys)
-    token = owner + new_token()
-    args = [token, milliseconds(lease), description, run, home,
-            parked.park_id if parked is not None and home else "", keep_served_ms,
-            reserve_ms, *(limiter.slots for limiter in limiters), _seen(client),
-            grace_bound_ms(client, lease), "1" if park_paused else "0",
-            *_optional_args(limiters, rates, max_wait, priority, priority_aging)]
+    home = _home(ask.parked, keys, rate_keys)
+    token = ask.owner + new_token()
+    args = [token, milliseconds(ask.lease), ask.description, ask.run, home,
+            ask.parked.park_id if ask.parked is not None and home else "",
+            ask.keep_served_ms, ask.reserve_ms, *(limiter.slots for limiter in limiters),
+            _seen(client), grace_bound_ms(client, ask.lease),
+            "1" if ask.park_paused else "0", *_optional_args(limiters, rates, ask)]
     index = _index_of(client, prefix, keys[0] if keys else rates[0].key)
-    return ParkAdmitCall(client, [*limiters, *rates], token, lease, description, reserve_ms,
-                         [*keys, index, *rate_keys], args)
+    return ParkAdmitCall(client, [*limiters, *rates], token, ask.lease, ask.description,
+                         ask.reserve_ms, [*keys, index, *rate_keys], args)
 
 
 def _home(parked: Optional[ParkRef], keys: Sequence[str], rate_keys: Sequence[str]) -> int:
@@ -361,8 +398,7 @@ def _home(parked: Optional[ParkRef], keys: Sequence[str], rate_keys: Sequence[st
 
 
 def _optional_args(limiters: Sequence[SlotLimit], rates: Sequence[RateLimit],
-                   max_wait: Optional[float], priority: Optional[int],
-                   priority_aging: float) -> List[Any]:
+                   ask: ParkAsk) -> List[Any]:
     """The script's trailing arguments, each sent only when it or a later one is needed:
     the fair lines' sub-lines (fair.lua), the max wait, the priority's aging, the costs
     (parked_cost.lua), then each rate's interval, tolerance (µs) and cost
@@ -370,8 +406,10 @@ def _optional_args(limiters: Sequence[SlotLimit], rates: Sequence[RateLimit],
     weighted = bool(rates) or any(limiter.cost != 1 for limiter in limiters)
     groups: List[Tuple[bool, List[Any]]] = [
         (any(limiter.fair for limiter in limiters), [limiter.fair for limiter in limiters]),
-        (max_wait is not None, [milliseconds(max_wait) if max_wait is not None else ""]),
-        (priority is not None, [milliseconds(priority_aging) if priority is not None else ""]),
+        (ask.max_wait is not None,
+         [milliseconds(ask.max_wait) if ask.max_wait is not None else ""]),
+        (ask.priority is not None,
+         [milliseconds(ask.priority_aging) if ask.priority is not None else ""]),
         (weighted, [limiter.cost for limiter in limiters]),
     ]
     needed = [index for index, (wanted, _) in enumerate(groups) if wanted]
@@ -388,42 +426,26 @@ def _rate_args(rates: Sequence[RateLimit]) -> List[Any]:
     return args
 
 
-def park_admit(
-    client: Any,
-    limiters: Sequence[Any],
-    *,
-    lease: float,
-    run: str,
-    parked: Optional[ParkRef] = None,
-    description: str = "",
-    owner: str = "",
-    keep_served_ms: int = KEEP_SERVED_MS,
-    reserve_ms: int = RESERVE_MS,
-    park_paused: bool = False,
-    max_wait: Optional[float] = None,
-    priority: Optional[int] = None,
-    priority_aging: float = 10.0,
-) -> Union[Outcome, GaveUp]:
-    """Admit ``run`` past every semaphore, or park it (one script; see the module).
+def park_admit(client: Any, limiters: Sequence[Any], ask: Optional[ParkAsk] = None,
+               **fields: Any) -> Union[Outcome, GaveUp]:
+    """Admit the run of ``ask`` past every limit, or park it (one script; see the
+    module): :func:`prepare_park_admit`, sent. The ask's fields may be given as keywords
+    instead of ``ask`` (``lease=5, run=...`` for ``ParkAsk(lease=5, run=...)``).
 
         >>> import redis
         >>> client = redis.Redis.from_url(redis_url)
         >>> limit = [SlotLimit("park-doc", 1, "doc:")]
-        >>> first = park_admit(client, limit, lease=5, run=run_id("t1", 0))
+        >>> first = park_admit(client, limit, ParkAsk(lease=5, run=run_id("t1", 0)))
         >>> second = park_admit(client, limit, lease=5, run=run_id("t2", 0))
         >>> type(first).__name__, second.park.key == limit[0].key
         ('Lease', True)
         >>> first.release(), first.handoffs == [ParkedMove(limit[0].key)]
         (True, True)
     """
-    call = prepare_park_admit(client, limiters, lease=lease, run=run, parked=parked,
-                              description=description, owner=owner,
-                              keep_served_ms=keep_served_ms, reserve_ms=reserve_ms,
-                              park_paused=park_paused, max_wait=max_wait,
-                              priority=priority, priority_aging=priority_aging)
+    call = prepare_park_admit(client, limiters, ask or ParkAsk(**fields))
     if call is None:
         raise ValueError("park_admit: semaphores only (on Redis Cluster, in one hash slot)")
-    return call.outcome(call.script.run(client, call.keys, call.args))
+    return call.run()
 
 
 def parked_keys(client: Any, prefix: str = "redislock:") -> List[str]:

@@ -60,7 +60,7 @@ from .admission import (
     milliseconds,
     new_token,
 )
-from .parking import KEEP_SERVED_MS, GaveUp, local_rate_index, moves_of, rate_index, rate_index_of
+from .parking import GaveUp, ParkAsk, local_rate_index, moves_of, rate_index, rate_index_of
 from .scripts import LINE, LuaScript, is_cluster
 
 __all__ = ["LEAD_MS", "RateAdmitCall", "due_rate", "is_rate_key", "prepare_rate_admit",
@@ -111,6 +111,10 @@ class RateAdmitCall:
         """The script to send."""
         return RATE_PARKED
 
+    def run(self) -> Union[Outcome, GaveUp]:
+        """Send the script and read its reply (blocking)."""
+        return self.outcome(self.script.run(self.client, self.keys, self.args))
+
     def outcome(self, reply: Any) -> Union[Outcome, GaveUp]:
         """The outcome ``reply`` stands for: Lease, Booked, Busy (with ``park``), Served,
         Paused or GaveUp."""
@@ -148,58 +152,46 @@ class RateAdmitCall:
                       0, now_ms, lease_end, 0, 1, 0, [])
 
 
-def prepare_rate_admit(
-    client: Any,
-    limiters: Sequence[Any],
-    *,
-    lease: float,
-    run: str,
-    parked: Optional[ParkRef] = None,
-    description: str = "",
-    owner: str = "",
-    keep_served_ms: int = KEEP_SERVED_MS,
-    book_ms: int = 0,
-    max_wait: Optional[float] = None,
-) -> Optional[RateAdmitCall]:
-    """The admission's one script call, or None when the run cannot wait on a rate
-    limit's parked line (see :func:`rate_parks`). ``run`` is :func:`.parking.run_id`;
-    ``parked`` the :class:`ParkRef` of a copy moved out of parking; ``book_ms`` how far
-    ahead the caller holds a run for the start booked for it (0: it parks); ``max_wait``
-    (s): a run parked that long since it was first refused is given up."""
+def prepare_rate_admit(client: Any, limiters: Sequence[Any],
+                       ask: ParkAsk) -> Optional[RateAdmitCall]:
+    """The admission's one script call for the run of ``ask`` (its lease, run, parked
+    copy's ref, holder, served references' keep, booking and max wait; a rate an
+    operator paused always parks the run, and a rate line has no priority bands), or
+    None when the run cannot wait on a rate limit's parked line (see
+    :func:`rate_parks`)."""
     if not rate_parks(client, limiters):
         return None
-    limiter = limiters[0]
+    limiter, parked = limiters[0], ask.parked
     interval = limiter.rate.interval * 1_000_000
     park_id = parked.park_id if parked is not None and parked.key == limiter.key else ""
-    args = [run, park_id, keep_served_ms, int(book_ms), repr(interval),
-            repr(interval * limiter.rate.burst), milliseconds(lease),
-            "" if max_wait is None else milliseconds(max_wait)]
-    return RateAdmitCall(client, list(limiters), owner + new_token(), lease, description,
+    args = [ask.run, park_id, ask.keep_served_ms, int(ask.book_ms), repr(interval),
+            repr(interval * limiter.rate.burst), milliseconds(ask.lease),
+            "" if ask.max_wait is None else milliseconds(ask.max_wait)]
+    return RateAdmitCall(client, list(limiters), ask.owner + new_token(), ask.lease,
+                         ask.description,
                          [limiter.key, rate_index_of(client, limiter.prefix, limiter.key)],
                          args)
 
 
-def rate_park_admit(client: Any, limiters: Sequence[Any], *, lease: float, run: str,
-                    parked: Optional[ParkRef] = None, book_ms: int = 0,
-                    keep_served_ms: int = KEEP_SERVED_MS,
-                    max_wait: Optional[float] = None) -> Union[Outcome, GaveUp]:
-    """Admit ``run`` past its rate limit, book it a start, or park it (one script).
+def rate_park_admit(client: Any, limiters: Sequence[Any], ask: Optional[ParkAsk] = None,
+                    **fields: Any) -> Union[Outcome, GaveUp]:
+    """Admit the run of ``ask`` past its rate limit, book it a start, or park it (one
+    script): :func:`prepare_rate_admit`, sent. The ask's fields may be given as keywords
+    instead of ``ask``.
 
         >>> import redis
         >>> from celery_redislock.engine.rate import Rate
         >>> client = redis.Redis.from_url(redis_url)
         >>> limit = [RateLimit("rate-park-doc", Rate.parse("1/10s", burst=0), "doc:")]
-        >>> first = rate_park_admit(client, limit, lease=5, run="t1:0")
+        >>> first = rate_park_admit(client, limit, ParkAsk(lease=5, run="t1:0"))
         >>> second = rate_park_admit(client, limit, lease=5, run="t2:0")
         >>> type(first).__name__, second.park.key == limit[0].key
         ('Lease', True)
     """
-    call = prepare_rate_admit(client, limiters, lease=lease, run=run, parked=parked,
-                              book_ms=book_ms, keep_served_ms=keep_served_ms,
-                              max_wait=max_wait)
+    call = prepare_rate_admit(client, limiters, ask or ParkAsk(**fields))
     if call is None:
         raise ValueError("rate_park_admit: one rate limiter of cost 1")
-    return call.outcome(call.script.run(client, call.keys, call.args))
+    return call.run()
 
 
 def rate_parked_keys(client: Any, prefix: str = "redislock:") -> List[str]:

@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import weakref
+from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
@@ -56,7 +57,7 @@ from .waiting_run import WaitingRun
 logger = logging.getLogger(__name__)
 
 __all__ = ["POLL", "ParkRef", "ParkedMove", "Poll", "hop", "leave_soon", "owe", "park",
-           "parks", "prepare", "split", "started"]
+           "parked_ref", "parks", "prepare", "split", "started"]
 
 #: How often (s) each worker's main process asks the lock store for moves owed.
 POLL = 0.2
@@ -90,32 +91,24 @@ def say_store_line(task_name: str, why: str) -> None:
                        "redislock_line = \"broker\": %s", task_name, why)
 
 
-def prepare(client: Any, limiters: Sequence[Any], *, lease: float, task_id: str,
-            attempt: int, waited: WaitingRun, description: str, owner: str,
-            keep_served_ms: int, max_wait: Optional[float] = None,
-            book_ms: int = 0, priority: Optional[int] = None,
-            priority_aging: float = 10.0) -> Optional[Any]:
-    """The admission's one script for this run (None: keep today's line). A paused
-    semaphore parks the run too (one message, handed over once the pause ends), rather
-    than sending it back with a countdown. A run of one rate limit whose start is
-    within ``book_ms`` is booked it (held here, no broker round trip), else it parks in
-    the rate key's parking queue (:mod:`..engine.parking_rate`). Any other mix
+def prepare(client: Any, limiters: Sequence[Any], ask: store.ParkAsk) -> Optional[Any]:
+    """The admission's one script for the run of ``ask`` (None: keep today's line). A
+    paused semaphore parks the run too (one message, handed over once the pause ends),
+    rather than sending it back with a countdown. A run of one rate limit whose start is
+    within ``ask.book_ms`` is booked it (held here, no broker round trip), else it parks
+    in the rate key's parking queue (:mod:`..engine.parking_rate`). Any other mix
     (semaphores and rate limits, several rates, a cost above 1) is decided all or nothing
     in one script (``lua/parked_rates.lua``): a far start parks the run at its rate's
-    line, promised that start, and it holds no slot while it waits. ``priority``
-    (:func:`priority_of`): the band it waits in, higher first, ``priority_aging`` s of
-    waiting worth one step."""
-    parked = ParkRef(waited.line, waited.park_id) if waited.parked else None
+    line, promised that start, and it holds no slot while it waits. ``ask.priority``
+    (:func:`priority_of`): the band it waits in, higher first."""
     if parking_rate.rate_parks(client, limiters):
-        return parking_rate.prepare_rate_admit(
-            client, limiters, lease=lease, run=store.run_id(task_id, attempt), parked=parked,
-            description=description, owner=owner, keep_served_ms=keep_served_ms,
-            book_ms=book_ms, max_wait=max_wait)
-    return store.prepare_park_admit(
-        client, limiters, lease=lease, run=store.run_id(task_id, attempt), parked=parked,
-        description=description, owner=owner, keep_served_ms=keep_served_ms,
-        park_paused=True, max_wait=max_wait, priority=priority,
-        priority_aging=priority_aging)
+        return parking_rate.prepare_rate_admit(client, limiters, ask)
+    return store.prepare_park_admit(client, limiters, replace(ask, park_paused=True))
+
+
+def parked_ref(waited: WaitingRun) -> Optional[ParkRef]:
+    """Where the copy carrying ``waited`` was parked (None: a copy never parked)."""
+    return ParkRef(waited.line, waited.park_id) if waited.parked else None
 
 
 def priority_of(option: Optional[int], request: Any) -> Optional[int]:

@@ -42,7 +42,7 @@ from ..engine.admission import (
 from ..engine.channel import limit_waits, settle_all
 from ..engine.holder import parse_holder, unit_of
 from ..engine.keeper import lease_keeper
-from ..engine.parking import GaveUp, ParkAdmitCall
+from ..engine.parking import GaveUp, ParkAdmitCall, ParkAsk, run_id
 from ..engine.parking_rate import is_rate_key
 from ..engine.refusal import (
     TRANSIENT,
@@ -231,12 +231,7 @@ class _Attempt:
         it brings are published at once. On the parking line (``parking``: a pool
         process, see :mod:`.pool_park`), its one script."""
         if self.parking:
-            call = broker_line.prepare(
-                self.setup.client, self.limiters, lease=self.setup.limits.lease,
-                task_id=self.request.id, attempt=self.request.retries or 0,
-                waited=self.waited, description=self.description, owner=self.owner,
-                keep_served_ms=self.setup.keep_served_ms,
-                max_wait=self.setup.limits.retry.max_wait)
+            call = broker_line.prepare(self.setup.client, self.limiters, self.park_ask())
             if call is not None:
                 return self.published(call.outcome(
                     call.script.run(self.setup.client, call.keys, call.args)))
@@ -244,6 +239,17 @@ class _Attempt:
             self.setup.client, self.limiters, lease=self.setup.limits.lease,
             description=self.description, promises=self.promises, owner=self.owner,
             ticket=self.ticket, reserve_ms=self.reserve_ms, probe=probe, book_ms=book_ms))
+
+    def park_ask(self, book_ms: int = 0, priority: Optional[int] = None) -> ParkAsk:
+        """This run's ask of the parking line (:func:`.broker_line.prepare`)."""
+        retry = self.setup.limits.retry
+        return ParkAsk(lease=self.setup.limits.lease,
+                       run=run_id(self.request.id, self.request.retries or 0),
+                       parked=broker_line.parked_ref(self.waited),
+                       description=self.description, owner=self.owner,
+                       keep_served_ms=self.setup.keep_served_ms, max_wait=retry.max_wait,
+                       book_ms=book_ms, priority=priority,
+                       priority_aging=retry.priority_aging)
 
     def published(self, outcome: Any) -> Any:
         """``outcome``, the hand-offs it brings published."""
@@ -475,15 +481,10 @@ class Asking:
         when it takes more than one (Redis Cluster): :meth:`blocking` then."""
         attempt = self.attempt
         if attempt.parking:
-            request = attempt.request
-            return broker_line.prepare(
-                self.client, attempt.limiters, lease=attempt.setup.limits.lease,
-                task_id=request.id, attempt=request.retries or 0, waited=attempt.waited,
-                description=attempt.description, owner=attempt.owner,
-                keep_served_ms=attempt.setup.keep_served_ms,
-                max_wait=attempt.setup.limits.retry.max_wait, book_ms=self.book_ms,
-                priority=broker_line.priority_of(attempt.setup.limits.retry.priority, request),
-                priority_aging=attempt.setup.limits.retry.priority_aging)
+            priority = broker_line.priority_of(attempt.setup.limits.retry.priority,
+                                               attempt.request)
+            return broker_line.prepare(self.client, attempt.limiters,
+                                       attempt.park_ask(self.book_ms, priority))
         return prepare_admit(
             self.client, attempt.limiters, lease=attempt.setup.limits.lease,
             description=attempt.description, promises=attempt.promises,
