@@ -35,11 +35,13 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+from redis.exceptions import RedisError
 
 from ..config.settings import Settings, read_settings, redis_client
 from ..engine import parking as store
 from ..engine import parking_rate
 from ..engine.admission import ParkedMove, ParkRef, handoffs_of
+from ..engine.refusal import describe_error
 from .parking import (
     Done,
     LoopHop,
@@ -226,9 +228,10 @@ def _moved(app: Any, key: str, late: bool, done: Done, tried: int = 0,
             return
         try:
             store.moved_nothing(redis_client(app, read_settings(app)), key, sub)
-        except Exception as exc:  # the reservation lapses instead
-            logger.warning("celery-redislock: could not give back a reservation of %s: %r",
-                           key, exc)
+        except RedisError as exc:  # an outage or a refusal: the reservation lapses instead
+            logger.warning("celery-redislock: could not give back a reservation of %s (%s); "
+                           "it lapses and the poll hands it over again", key,
+                           describe_error(exc))
     elif done.error is not None:
         logger.warning("celery-redislock: a move out of the parking queue of %s failed "
                        "(%r); its reservation lapses and the poll hands it over again", key,

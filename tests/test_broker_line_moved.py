@@ -1,0 +1,61 @@
+"""After a move that found its parking queue empty, the mover's callback gives the
+reservation back (``moved_nothing``): a lock store that did not answer, or refused, is
+logged and the reservation lapses (the poll hands it over again); anything else is a
+bug, left to the mover, which logs it with its traceback."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List
+
+import pytest
+from celery import Celery
+from redis.exceptions import ConnectionError, NoPermissionError
+
+from celery_redislock.engine import parking as store
+from celery_redislock.integration import broker_line
+from celery_redislock.integration.parking import Done, Outcome
+
+KEY = "redislock:{x}:s:moved"
+
+
+def app() -> Celery:
+    celery = Celery("moved", set_as_current=False)
+    celery.conf.update(redislock_url="redis://127.0.0.1:1/0", redislock_line="broker")
+    return celery
+
+
+def empty() -> Done:
+    return Done("move", "j", "q", Outcome(False, "empty"))
+
+
+@pytest.mark.parametrize("error", [ConnectionError("Connection refused"),
+                                   NoPermissionError("no permissions to run 'evalsha'")])
+def test_a_store_error_is_logged_and_the_reservation_lapses(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        error: Exception) -> None:
+    def fails(client: Any, key: str, sub: str = "") -> bool:
+        raise error
+
+    monkeypatch.setattr(store, "moved_nothing", fails)
+    with caplog.at_level(logging.WARNING):
+        broker_line._moved(app(), KEY, False, empty())
+    assert any("could not give back a reservation" in record.getMessage()
+               for record in caplog.records)
+
+
+def test_any_other_error_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(client: Any, key: str, sub: str = "") -> bool:
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(store, "moved_nothing", broken)
+    with pytest.raises(TypeError):
+        broker_line._moved(app(), KEY, False, empty())
+
+
+def test_an_empty_queue_gives_the_reservation_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    given_back: List[str] = []
+    monkeypatch.setattr(store, "moved_nothing",
+                        lambda client, key, sub="": given_back.append(key) or True)
+    broker_line._moved(app(), KEY, False, empty())
+    assert given_back == [KEY]
