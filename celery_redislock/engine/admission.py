@@ -27,6 +27,8 @@ from .rate import Rate
 from .refusal import describe_error, is_transient
 from .scripts import (
     ADMIT,
+    ADMIT_RATE,
+    ADMIT_SLOTS,
     ADOPT,
     FOLLOW,
     FRESH,
@@ -821,7 +823,25 @@ def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: fl
     """One admit.lua call for limiters that share a Redis node and hash slot."""
     call = AdmitCall.of(client, limiters, token, lease, description, promises, ticket,
                         reserve_ms, probe, book_ms)
-    return call.outcome(ADMIT.run(client, call.keys, call.args))
+    return call.outcome(call.script.run(client, call.keys, call.args))
+
+
+def script_for(limiters: Sequence[Limiter]) -> Any:
+    """The admission script for ``limiters``, by mode: semaphores only, rate limiters
+    only, or both kinds at once (one admission; each script is the same without the
+    other kind's code).
+
+        >>> script_for([SlotLimit("a", 1, "doc:")]).name
+        'admit_slots.lua'
+        >>> script_for([RateLimit("b", Rate(5, 1.0), "doc:")]).name
+        'admit_rate.lua'
+        >>> script_for([SlotLimit("a", 1, "doc:"), RateLimit("b", Rate(5, 1.0), "doc:")]).name
+        'admit.lua'
+    """
+    rates = sum(1 for limiter in limiters if isinstance(limiter, RateLimit))
+    if rates == 0:
+        return ADMIT_SLOTS
+    return ADMIT_RATE if rates == len(limiters) else ADMIT
 
 
 @dataclass(frozen=True)
@@ -842,8 +862,10 @@ class AdmitCall:
 
     @property
     def script(self) -> Any:
-        """The script to send (:data:`~.scripts.ADMIT`)."""
-        return ADMIT
+        """The script to send: :data:`~.scripts.ADMIT_SLOTS` for semaphores only,
+        :data:`~.scripts.ADMIT_RATE` for rate limiters only, else :data:`~.scripts.ADMIT`
+        (the same admission, by mode)."""
+        return script_for(self.limiters)
 
     @classmethod
     def of(cls, client: Any, limiters: Sequence[Limiter], token: str, lease: float,

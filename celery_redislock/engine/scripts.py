@@ -105,7 +105,15 @@ _PLAIN = "_redislock_plain_scripts"
 LINE = ["store.lua", "units.lua", "fair.lua", "parked_cost.lua", "parking.lua", "deadline.lua",
         "line.lua"]
 
-ADMIT = LuaScript.load("admit.lua", after=LINE)
+#: The admissions by mode, over the same preludes (admit_args.lua: the arguments and
+#: replies; admit_waiter.lua: a waiting copy of the store's line; admit_semaphore.lua,
+#: admit_rates.lua: each kind of limiter): semaphores only, rate limiters only, both.
+ADMIT_SLOTS = LuaScript.load("admit_slots.lua", after=[
+    *LINE, "admit_args.lua", "admit_waiter.lua", "admit_semaphore.lua"])
+ADMIT_RATE = LuaScript.load("admit_rate.lua", after=[
+    "units.lua", "line.lua", "admit_args.lua", "admit_rates.lua"])
+ADMIT = LuaScript.load("admit.lua", after=[
+    *LINE, "admit_args.lua", "admit_waiter.lua", "admit_semaphore.lua", "admit_rates.lua"])
 RELEASE = LuaScript.load("release.lua", after=LINE)
 RENEW = LuaScript.load("renew.lua", after=["store.lua", "units.lua"])
 REGISTER = LuaScript.load("register.lua", after=["store.lua"])
