@@ -116,8 +116,10 @@ local function rate_gave_up(key, ref, interval, now_us)
     redis.call('HINCRBY', counts, 'p', -1)
     return
   end
-  local tail = tonumber(redis.call('RPOP', parked_key(key, 'pq')) or '')
+  local fifo = parked_key(key, 'pq')
+  local tail = tonumber(redis.call('LINDEX', fifo, -1) or '')
   if not tail then return end
+  redis.call('LTRIM', fifo, 0, -2)
   local line = tonumber(redis.call('HGET', key, 'line') or '') or 0
   if line >= tail and line <= tail + interval + 1 then
     redis.call('HSET', key, 'line', string.format('%d', math.max(tail, now_us)))
