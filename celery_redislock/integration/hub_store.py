@@ -92,20 +92,8 @@ class HubStore:
         """Run ``script`` without waiting: ``then`` gets its reply, or a ``RedisError``
         (an error reply, the connection failed, no reply within the deadline)."""
         name, sha = script.evalsha(self.client)
-        sent_whole = [False]
-
-        def replied(reply: Any) -> None:
-            if isinstance(reply, ErrorReply):
-                again = None if sent_whole[0] else script.eval_again(self.client, reply)
-                if again is None:
-                    return then(ResponseError(str(reply)))
-                sent_whole[0] = True
-                return self.send(pack(*again, len(keys), *keys, *args), replied)
-            if isinstance(reply, BaseException) and not isinstance(reply, RedisError):
-                reply = ConnectionError(f"the lock store failed: {reply!r}")
-            then(reply)
-
-        self.send(pack(name, sha, len(keys), *keys, *args), replied)
+        self.send(pack(name, sha, len(keys), *keys, *args),
+                  _ScriptReply(self, script, keys, args, then))
 
     def send(self, packed: bytes, then: Then, ask: bool = True) -> None:
         """Queue one command: an ask (see :class:`~..engine.resp.Pipeline`), or one
@@ -309,6 +297,33 @@ class HubStore:
             self.sock.close()
         self.sock, self.connecting, self.unsent = None, False, b""
         _call_each(self.pipeline.fail(exc))
+
+
+class _ScriptReply:
+    """What :meth:`HubStore.run_script` does with the reply to its ``EVALSHA``: hand it
+    to ``then``, or on ``NOSCRIPT`` send the script whole, once. (An object, not a
+    closure that names itself: such a closure is a reference cycle, which would keep
+    everything its caller's callback refers to until the garbage collector runs.)"""
+
+    __slots__ = ("args", "keys", "script", "sent_whole", "store", "then")
+
+    def __init__(self, store: HubStore, script: LuaScript, keys: Sequence[str],
+                 args: Sequence[Any], then: Then) -> None:
+        self.store, self.script, self.keys, self.args, self.then = (
+            store, script, keys, args, then)
+        self.sent_whole = False
+
+    def __call__(self, reply: Any) -> None:
+        if isinstance(reply, ErrorReply):
+            store = self.store
+            again = None if self.sent_whole else self.script.eval_again(store.client, reply)
+            if again is None:
+                return self.then(ResponseError(str(reply)))
+            self.sent_whole = True
+            return store.send(pack(*again, len(self.keys), *self.keys, *self.args), self)
+        if isinstance(reply, BaseException) and not isinstance(reply, RedisError):
+            reply = ConnectionError(f"the lock store failed: {reply!r}")
+        return self.then(reply)
 
 
 def _release_failed(lease: Lease, failure: Any) -> None:
