@@ -488,35 +488,66 @@ def _act_at_end(consumer: Any, request: Any, release: Optional[Callable[[], None
     (``on_success``, whatever the task's state) or a failure the trace returned
     (``on_failure`` with ``return_ok``). A pool process lost, or killed at a hard time
     limit or by a terminating revoke (its body may still run for a moment), has its
-    slots freed by :mod:`.recovery` once the process is gone."""
-    released = [release is None]
+    slots freed by :mod:`.recovery` once the process is gone.
 
-    def give_back() -> None:
-        if not released[0] and release is not None:
-            released[0] = True
-            release()
-
-    def succeeded(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return ended_well(*args, **kwargs)
-        finally:
-            give_back()
-            _serve_waiting_now(consumer)
-
-    def failed(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return ended_badly(*args, **kwargs)
-        finally:
-            if kwargs.get("return_ok"):
-                give_back()
-            _serve_waiting_now(consumer)
-
-    ended_well, ended_badly = request.on_success, request.on_failure
+    The wrappers are taken off the request once the run's end is handled: they refer to
+    the request (its own methods), which would otherwise refer to them, a cycle that
+    only Python's garbage collector frees (every request and its message kept until a
+    collection, and collections run far more often: about 45 µs of the worker's main
+    process per run at 400 runs/s). The pool keeps the wrappers it was handed until it
+    calls one of them."""
+    end = _RunEnd(consumer, request, release)
     try:
-        request.on_success, request.on_failure = succeeded, failed
+        request.on_success, request.on_failure = end.succeeded, end.failed
     except AttributeError:  # a request class with __slots__ only: the timer serves
         if release is not None:
             request.request_dict[ADMITTED].pop(MAIN_RELEASES, None)
+
+
+class _RunEnd:
+    """The wrappers of a request's ``on_success`` and ``on_failure`` that
+    :func:`_act_at_end` puts on it (as bound methods of one object, not closures that
+    refer to each other: such closures are a reference cycle through the request, which
+    only Python's garbage collector frees)."""
+
+    __slots__ = ("consumer", "ended_badly", "ended_well", "release", "request")
+
+    def __init__(self, consumer: Any, request: Any,
+                 release: Optional[Callable[[], None]]) -> None:
+        self.consumer, self.request, self.release = consumer, request, release
+        self.ended_well, self.ended_badly = request.on_success, request.on_failure
+
+    def give_back(self) -> None:
+        release, self.release = self.release, None
+        if release is not None:
+            release()
+
+    def unwrap(self) -> None:
+        """Take the wrappers off the request: the run's end is handled (the pool keeps
+        the ones it was handed until it calls one)."""
+        own = getattr(self.request, "__dict__", None)
+        if own is not None:
+            if getattr(own.get("on_success"), "__self__", None) is self:
+                del own["on_success"]
+            if getattr(own.get("on_failure"), "__self__", None) is self:
+                del own["on_failure"]
+
+    def succeeded(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.ended_well(*args, **kwargs)
+        finally:
+            self.give_back()
+            self.unwrap()
+            _serve_waiting_now(self.consumer)
+
+    def failed(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.ended_badly(*args, **kwargs)
+        finally:
+            if kwargs.get("return_ok"):
+                self.give_back()
+            self.unwrap()
+            _serve_waiting_now(self.consumer)
 
 
 def _serve_waiting_now(consumer: Any) -> None:
