@@ -52,8 +52,8 @@ REQUIRED_COMMANDS = (
     "evalsha", "eval", "ping", "info", "time", "scan", "select", "config|get", "exists",
     "pttl", "pexpire", "zadd", "zrem", "zscore", "zmscore", "zcount", "zcard", "zrank",
     "zrange", "zrangebyscore", "zremrangebyscore", "hget", "hset", "hmget", "hdel",
-    "hexists", "hincrby", "hlen", "get", "set", "del", "rpush", "rpop", "lpop", "lindex",
-    "llen", "lrange", "ltrim", "lset", "lpush",
+    "hexists", "hincrby", "hlen", "get", "set", "del", "rpush", "lpop", "lindex", "llen",
+    "lrange", "ltrim", "lset", "lpush",
 )
 
 
