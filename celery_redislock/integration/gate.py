@@ -95,6 +95,7 @@ from .execution import (
 )
 from .hub_store import HubStore, hub_store
 from .recovery import forget_copy, limits_of
+from .task_context import context_of
 from .waiting_run import carries_wait
 
 logger = logging.getLogger(__name__)
@@ -243,7 +244,7 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     if not room and not ahead and (hold.may_wait_unprobed() or _parks(task, limits, loop)):
         return _wait_for_room(consumer, request, handle, hold)
     return _settle(consumer, request, handle, hold, limits, lambda: ask_before_pool(
-        task, limits, request._context, room=room or ahead, promises=hold.promises,
+        task, limits, context_of(request), room=room or ahead, promises=hold.promises,
         may_wait=hold.waits < SHORT_WAITS, loop=loop), ahead=ahead)
 
 
