@@ -1,7 +1,7 @@
 """The Celery app of ``bench_admission``, loaded by the worker and by the sender.
 
-The peer benchmark's environment (``benchmarks/peers_app.py``: broker, backend, lock
-store and counter URLs) with these kinds, each a task that sleeps
+Its environment, task names and counters are :mod:`benchmarks.app_common`'s (shared with
+``benchmarks/peers_app.py``). These kinds, each a task that sleeps
 ``ADMISSION_TASK_SECONDS`` (default 0: a no-op) and takes one argument unique per run:
 
 * ``plain``: a plain task;
@@ -16,7 +16,7 @@ store and counter URLs) with these kinds, each a task that sleeps
   (both lock in ``apply_async``, on the sender, and unlock at the run's end).
 
 Each kind exists twice: ``adm.<kind>.ignored`` stores no result, ``adm.<kind>.stored``
-does. A ``task_postrun`` handler counts each finished run with one ``INCR``.
+does; a ``task_postrun`` handler counts each finished run.
 """
 
 from __future__ import annotations
@@ -24,74 +24,46 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-import redis
-from celery import Celery, Task
+from celery import Task
 from celery.signals import task_postrun
 
 import celery_redislock
 from celery_redislock import LimitedTask
 from celery_redislock.config.settings import read_settings
 
-try:
-    from celery_once import QueueOnce
-except ImportError:  # the bench extra is not installed: that kind is left out
-    QueueOnce = None
-try:
-    from celery_singleton import Singleton
-except ImportError:
-    Singleton = None
+from . import app_common
+from .app_common import MODES, PLAIN, SLOTS, KindOptions
+from .app_common import counter_key as counter_key
 
 QUEUE = "redislock-bench-admission"
-#: Far more slots than the worker has processes: the limited kinds are never contended.
-SLOTS = 1000
-PLAIN = "plain"
-MODES = ("ignored", "stored")
 TASK_SECONDS = float(os.environ.get("ADMISSION_TASK_SECONDS", "0"))
-LOCK_URL = os.environ["REDISLOCK_BENCH_LOCK_URL"]
 
-app = Celery("redislock_bench_admission", broker=os.environ["REDISLOCK_BENCH_BROKER_URL"],
-             backend=os.environ["REDISLOCK_BENCH_BACKEND_URL"])
-app.conf.update(
-    redislock_url=LOCK_URL,
-    ONCE={"backend": "celery_once.backends.Redis",
-          "settings": {"url": LOCK_URL, "default_timeout": 3600}},
-    singleton_backend_url=LOCK_URL,
-    task_default_queue=QUEUE,
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-)
+app = app_common.make_app("redislock_bench_admission", QUEUE)
 
 #: The package settings each limited kind runs under (beside the app's defaults).
-SETTINGS: Dict[str, Dict[str, str]] = {
+SETTINGS: Dict[str, Dict[str, Any]] = {
     "blocking": {"gate": "blocking"},
     "async": {"gate": "async"},
     "parked": {"gate": "async", "line": "broker"},
 }
 
 
-def kind_options() -> Dict[str, Tuple[Optional[type], Dict[str, Any]]]:
+def kind_options() -> KindOptions:
     """Each kind's base class and task options; kinds whose library is missing are left out."""
-    kinds: Dict[str, Tuple[Optional[type], Dict[str, Any]]] = {PLAIN: (None, {})}
+    kinds: KindOptions = {PLAIN: (None, {})}
     for kind in SETTINGS:
         kinds[kind] = (LimitedTask, {"lock_slots": SLOTS, "lock_key": f"adm-{kind}"})
-    if QueueOnce is not None:
-        kinds["once"] = (QueueOnce, {"once": {"graceful": True}})
-    if Singleton is not None:
-        kinds["singleton"] = (Singleton, {})
-    return kinds
+    return {**kinds, **app_common.peer_kinds()}
 
 
 KINDS: List[str] = list(kind_options())
 
 
 def task_name(kind: str, mode: str) -> str:
+    """The name of the task of ``kind`` in ``mode`` (``ignored`` or ``stored``)."""
     return f"adm.{kind}.{mode}"
-
-
-def counter_key(name: str) -> str:
-    return f"bench:done:{name}"
 
 
 def work(run: str) -> None:
@@ -100,13 +72,7 @@ def work(run: str) -> None:
         time.sleep(TASK_SECONDS)
 
 
-for _kind, (_base, _options) in kind_options().items():
-    for _mode in MODES:
-        _extra = dict(_options)
-        if _base is not None:
-            _extra["base"] = _base
-        app.task(name=task_name(_kind, _mode), ignore_result=_mode == "ignored",
-                 **_extra)(work)
+app_common.define_tasks(app, kind_options(), task_name, work)
 celery_redislock.install(app)
 
 
@@ -120,13 +86,7 @@ def _kind_settings(sender: Any, **_: Any) -> None:
             sender.tasks[task_name(kind, mode)]._redislock_settings = settings
 
 
-_counter_client: Optional[redis.Redis] = None
-
-
 @task_postrun.connect
 def count_finished(sender: Optional[Task] = None, **_: Any) -> None:
-    global _counter_client
-    if sender is not None and sender.name.startswith("adm."):
-        if _counter_client is None:
-            _counter_client = redis.Redis.from_url(os.environ["REDISLOCK_BENCH_COUNTER_URL"])
-        _counter_client.incr(counter_key(sender.name))
+    """Count one finished run of the task that just ran."""
+    app_common.count_finished(sender, "adm.")
