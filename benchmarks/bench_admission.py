@@ -34,7 +34,7 @@ from celery_redislock.testing import RedisServer
 from . import bench_peers
 from .bench_task_overhead import CpuMeter, Worker
 from .common import environment, write_json
-from .prototypes.bench_admission import delay_proxy
+from .prototypes.delay_proxy import running as delay_proxy
 
 APP = "benchmarks.admission_app"
 bench_peers.LABELS.update({

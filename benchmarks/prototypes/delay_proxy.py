@@ -8,17 +8,22 @@ only listens on loopback.
 
     python -m benchmarks.prototypes.delay_proxy --target 127.0.0.1:6379 --delay-ms 1
 
-prints ``listening <port>`` once ready.
+prints ``listening <port>`` once ready; :func:`running` starts it for a benchmark:
+
+    with running(lock.port, delay_ms=1.0, seconds=3600) as port:
+        lock_url = f"redis://127.0.0.1:{port}/0"
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import subprocess
 import sys
 import time
-from typing import Optional, Sequence, Tuple
+from typing import Iterator, Optional, Sequence, Tuple
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -68,6 +73,24 @@ async def _serve(target: Tuple[str, int], delay: float, seconds: float) -> None:
     while time.monotonic() < end and os.getppid() == parent:
         await asyncio.sleep(0.2)
     server.close()
+
+
+@contextlib.contextmanager
+def running(port: int, delay_ms: float, seconds: float) -> Iterator[int]:
+    """This proxy, in its own process, in front of 127.0.0.1:``port``; yields its port."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.prototypes.delay_proxy", "--target",
+         f"127.0.0.1:{port}", "--delay-ms", str(delay_ms), "--seconds", str(seconds)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().split()
+        if len(line) != 2:
+            raise RuntimeError("the delay proxy did not start")
+        yield int(line[1])
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
