@@ -34,7 +34,9 @@ import weakref
 from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+from celery.apps.worker import Worker as CommandWorker
+from celery.bootsteps import CLOSE, RUN, TERMINATE
+from celery.signals import worker_init, worker_process_shutdown, worker_ready, worker_shutdown
 from redis.exceptions import RedisError
 
 from ..config.settings import Settings, read_settings, redis_client
@@ -42,6 +44,7 @@ from ..engine import parking as store
 from ..engine import parking_rate
 from ..engine.admission import ParkedMove, ParkRef, handoffs_of
 from ..engine.refusal import describe_error
+from ..errors import LockConfigurationError
 from .parking import (
     Done,
     LoopHop,
@@ -292,11 +295,12 @@ def _leave(app: Any, ref: ParkRef, run: str) -> None:
 class Poll:
     """A thread of the worker's main process: every :data:`POLL` s, the moves owed for
     slots freed without a release (``due``), over the keys the lock store's index and
-    the broker's registry of parking queues know."""
+    the broker's registry of parking queues know. ``worker``: an embedded worker whose
+    end ends the poll (it may never send ``worker_shutdown``); None: until stopped."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, worker: Any = None) -> None:
         self.app = app
-        self.settings = read_settings(app)
+        self.worker = worker
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="redislock-poll", daemon=True)
 
@@ -309,7 +313,9 @@ class Poll:
 
     def _run(self) -> None:
         connection = None
-        while not self._stop.wait(POLL):
+        while not self._stop.wait(POLL) and not _ended(self.worker):
+            if not _running(self.worker):  # not started (or refused to start): no poll
+                continue
             try:
                 if connection is None:
                     connection = self.app.connection_for_write()
@@ -324,7 +330,8 @@ class Poll:
 
     def once(self, broker: Any) -> List[ParkedMove]:
         """One poll: the moves owed now, handed to the mover."""
-        client, prefix = redis_client(self.app, self.settings), self.settings.prefix
+        settings = read_settings(self.app)  # as the app's runs read it (not at start)
+        client, prefix = redis_client(self.app, settings), settings.prefix
         counted = recount(broker)
         note_sub_lines(counted)
         lengths = by_key(counted, prefix)
@@ -358,12 +365,45 @@ def by_key(lines: Dict[str, int], prefix: str) -> Dict[str, int]:
 _polls: Dict[int, Poll] = {}
 
 
+def _ended(worker: Any) -> bool:
+    """Whether embedded ``worker`` (None: none) has stopped or is stopping."""
+    blueprint = getattr(worker, "blueprint", None)
+    return blueprint is not None and blueprint.state in (CLOSE, TERMINATE)
+
+
+def _running(worker: Any) -> bool:
+    """Whether embedded ``worker`` runs (None: the command's worker, which does)."""
+    return worker is None or getattr(getattr(worker, "blueprint", None), "state", None) == RUN
+
+
 @worker_ready.connect
-def _start_poll(sender: Any = None, **_: Any) -> None:
+def _start_poll(sender: Any = None, worker: Any = None, **_: Any) -> None:
+    """Start this process's poll for ``sender``'s app (``worker``: an embedded worker,
+    whose poll replaces an earlier embedded worker's and ends with it)."""
     app = getattr(sender, "app", None)
     if app is None or read_settings(app).line != "broker":
         return
-    _polls[os.getpid()] = Poll(app).start()
+    found = _polls.get(os.getpid())
+    if found is not None:
+        if found.worker is None or found.worker is worker:
+            return
+        found.stop()
+    _polls[os.getpid()] = Poll(app, worker).start()
+
+
+@worker_init.connect
+def _start_poll_embedded(sender: Any = None, **_: Any) -> None:
+    """A worker embedded in a process (``celery.contrib.testing``'s ``start_worker``, the
+    ``celery_worker`` fixture, a ``WorkController`` made by hand) never sends
+    ``worker_ready``, which only the ``celery worker`` command's worker does: without
+    this, nothing there would hand over slots freed without a release, nor give up a
+    parked run past its ``lock_max_wait``."""
+    if sender is None or isinstance(sender, CommandWorker):
+        return
+    try:
+        _start_poll(sender, worker=sender)
+    except LockConfigurationError:  # the worker's start check says so
+        return
 
 
 @worker_shutdown.connect
