@@ -557,8 +557,12 @@ def _parked(attempt: _Attempt, park: Park, server_ms: int) -> Parked:
     """The run is to wait in the parking line of ``park.ref`` (said as a refusal is)."""
     task, request = attempt.task, attempt.request
     wait = broker_line.parked_wait(attempt.waited, park.ref, server_ms or None)
-    signals.lock_contended.send(sender=task, task_id=request.id, key=park.name,
-                                countdown=0.0, reason=f"parked behind {park.name!r}")
+    if is_rate_key(park.ref.key):  # said as on the old line: a rate refusal, not a slot's
+        signals.rate_limited.send(sender=task, task_id=request.id, key=park.name,
+                                  countdown=0.0, promise=None)
+    else:
+        signals.lock_contended.send(sender=task, task_id=request.id, key=park.name,
+                                    countdown=0.0, reason=f"parked behind {park.name!r}")
     why = ("a later start of the rate %r is promised to it" if is_rate_key(park.ref.key)
            else "the slots of %r are taken")
     logger.log(logging.DEBUG if attempt.waited.parked else logging.INFO,
@@ -580,6 +584,9 @@ def _without_store(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, 
     if exc is not None:
         report_store_error(task, request.id, _names(attempt.limiters), exc)
     if attempt.parking:  # one copy: held here, never re-published (its header kept)
+        if exc is not None and error_kind(exc) == "unreachable":  # else said above
+            logger.info("celery-redislock: task %s[%s] held: it could not reach the lock "
+                        "store; it asks again in %.2f s", task.name, request.id, STORE_HOLD)
         return Later(STORE_HOLD, attempt.promises)
     requeue(task, request, args, kwargs, attempt.setup.limits.retry, None)
 

@@ -13,9 +13,11 @@ Connect to them like Celery's own signals; ``sender`` is the task::
                     since it was first refused, on the server's clock; 0 if never)
 ``lock_contended``  a run was refused by a concurrency limit, or could not reach
                     the lock store, and goes back to the queue: ``task_id``,
-                    ``key``, ``countdown`` (s), ``reason``
+                    ``key``, ``countdown`` (s; 0 for a run parked on the parking
+                    line), ``reason``
 ``rate_limited``    a run was refused by a rate limit: ``task_id``, ``key``,
-                    ``countdown`` (s), ``promise`` (µs, server clock)
+                    ``countdown`` (s), ``promise`` (µs, server clock; for a run
+                    parked on the parking line: countdown 0, promise None)
 ``lock_released``   a run gave its slots back: ``task_id``, ``lease``, ``held`` (s)
 ``lease_lost``      a renewal found a running task's lease gone: ``task_id``,
                     ``lease``
