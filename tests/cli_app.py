@@ -26,7 +26,7 @@ from celery_redislock import LimitedTask
 from celery_redislock.admin.control import pause_key_of
 from celery_redislock.integration.signals import lock_contended
 
-from worker_app import BROKER_URL_ENV, FAST_RETRY, AppUrls
+from worker_app import BROKER_URL_ENV, FAST_RETRY, AppUrls, line_from_environment
 
 URL_ENV = "CLI_APP_REDISLOCK_URL"
 CRAWL = "cli_app.crawl"
@@ -74,6 +74,7 @@ def create_worker_app(urls: AppUrls) -> Celery:
     app = Celery("cli_app", broker=urls.broker, backend=urls.backend, set_as_current=False)
     app.conf.update(redislock_url=urls.lock, broker_connection_retry_on_startup=True,
                     worker_prefetch_multiplier=1)
+    line_from_environment(app)
     records: Optional[redis.Redis] = None
 
     def record_store() -> redis.Redis:

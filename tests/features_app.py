@@ -17,7 +17,7 @@ from celery import Celery
 import celery_redislock
 from celery_redislock import LimitedTask, SingletonTask
 
-from worker_app import BROKER_URL_ENV, AppUrls, recorder
+from worker_app import BROKER_URL_ENV, AppUrls, line_from_environment, recorder
 
 UNIQUE_SLEEP = "features_app.unique_sleep"
 UNIQUE_RAISE = "features_app.unique_raise"
@@ -67,6 +67,7 @@ def create_app(urls: AppUrls) -> Celery:
             PERIODIC_DROP: {"period": "3s", "key": "drop:{job}"},
         },
     )
+    line_from_environment(app)
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=UNIQUE_SLEEP, lock_unique=True,
               lock_slots=5, lock_key="job:{job}", lock_lease=2, **FAST_RETRY)

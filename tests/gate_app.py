@@ -25,7 +25,7 @@ from celery.signals import task_postrun, task_prerun
 
 from celery_redislock import LimitedTask
 
-from worker_app import BROKER_URL_ENV, AppUrls, recorder
+from worker_app import BROKER_URL_ENV, AppUrls, line_from_environment, recorder
 
 SLOTTED = "gate_app.slotted"
 RATED = "gate_app.rated"
@@ -56,6 +56,7 @@ def create_app(urls: AppUrls) -> Celery:
         redislock_admit_before_pool=os.environ.get(POOL_ASKS_ENV) != "1",
         redislock_gate=os.environ.get(GATE_ENV, "blocking"),
     )
+    line_from_environment(app)
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=SLOTTED, lock_slots=1,
               lock_key=SLOTTED_KEY, lock_lease=LEASE, lock_retry_backoff=0.05,

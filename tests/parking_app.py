@@ -2,7 +2,7 @@
 
 Like :mod:`fault_app` (same URLs from the environment, the same records: ``runs:<id>``,
 ``peaks:<key>`` counted from inside the bodies with each process's identity), on the
-line that ``REDISLOCK_TEST_LINE`` names (``redislock_line``: ``"store"``, today's, or
+line that ``REDISLOCK_TEST_LINE`` names (``redislock_line``: ``"store"`` when unset, or
 ``"broker"``, the parking line). Further records:
 
 ``attempts:<id>:<retries>``  how many bodies ran for that attempt (``upstream``)
@@ -36,9 +36,8 @@ from celery_redislock.integration.signals import lock_contended
 
 from fault_app import fault_recorder
 from rabbit_app import AMQP_URL, queue_name
-from worker_app import BROKER_URL_ENV, AppUrls
+from worker_app import BROKER_URL_ENV, LINE_ENV, AppUrls
 
-LINE_ENV = "REDISLOCK_TEST_LINE"
 KILL_ENV = "REDISLOCK_TEST_KILL_AT_PARK"
 VISIBILITY_ENV = "REDISLOCK_TEST_VISIBILITY"
 GATE_ENV = "REDISLOCK_TEST_GATE"
@@ -77,9 +76,7 @@ def create_app(urls: AppUrls) -> Celery:
                     redislock_limits={TENANTS: TENANT_LIMITS})
     if rabbit:
         app.conf.task_default_queue = queue_name(urls).replace("test", "parking")
-    line = os.environ.get(LINE_ENV, "store")
-    if line != "store":
-        app.conf.redislock_line = line
+    app.conf.redislock_line = os.environ.get(LINE_ENV, "store")
     app.conf.redislock_gate = os.environ.get(GATE_ENV, "blocking")
 
     def record() -> Any:

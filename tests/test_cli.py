@@ -24,6 +24,7 @@ from celery_redislock.engine.scripts import HOLDERS
 
 from cli_app import CALL_API_PATIENT, CRAWL, URL_ENV, api_name, create_app, create_worker_app
 from support import LOCK_DB, wait_until
+from worker_app import LINE_ENV
 from worker_cluster import WorkerCluster
 
 TESTS = Path(__file__).resolve().parent
@@ -576,10 +577,14 @@ def test_watch_bad_input_fails_cleanly(app, args, message):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """One real prefork worker running ``cli_app``'s tasks."""
-    with WorkerCluster(tmp_path_factory.mktemp("cli-workers"), app_module="cli_app",
-                       app_factory=create_worker_app, workers=1, concurrency=2) as running:
-        yield running
+    """One real prefork worker running ``cli_app``'s tasks, on the old "store" line: its
+    test reads that line's waiters (tickets, positions; set-slots waking the first)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(LINE_ENV, "store")
+        with WorkerCluster(tmp_path_factory.mktemp("cli-workers"), app_module="cli_app",
+                           app_factory=create_worker_app, workers=1,
+                           concurrency=2) as running:
+            yield running
 
 
 def test_waiting_runs_in_line_order(cluster):

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
 
 
-pytestmark = pytest.mark.slow
+# The hand-off of the "store" line (its waiting line, re-published copies): pinned to it.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("store_line")]
 
 PREFIX = "redislock:"
 

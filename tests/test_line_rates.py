@@ -261,6 +261,7 @@ def test_lowered_rate_moves_promised_starts_later(redis_client) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("store_line")  # the old line's waiting lines and hand-offs
 def test_slot_and_rate_backlog_waits_in_line_at_the_full_rate(
         worker_cluster_factory: WorkerClusterFactory) -> None:
     """A task with two slots per customer and 10/s over all customers (burst 1), on 2

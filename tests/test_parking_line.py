@@ -1,13 +1,13 @@
-"""End to end, on both lines: the failures of today's waiting line, and the parking line.
+"""End to end, on both lines: the failures of the old waiting line, and the parking line.
 
 Each test runs real ``celery worker`` processes (prefork, :mod:`parking_app`) on a
-private redis-server, once with ``redislock_line = "store"`` (today's: a waiting copy
-sent back with a countdown, its message parked in the lock store) and once with
-``"broker"`` (the parking line: one message in a parking queue of the broker, the lock
-store keeping references). What today's line gets wrong is marked ``xfail(strict=True)``
-on it: should it start to pass, the mark must go. Bodies count from inside how many of a
-key run at once (with their processes' identities, see :mod:`fault_app`) and how many
-times each run (or attempt) ran.
+private redis-server, once with ``redislock_line = "store"`` (the old line, deprecated: a
+waiting copy sent back with a countdown, its message parked in the lock store) and once
+with ``"broker"`` (the parking line, the default: one message in a parking queue of the
+broker, the lock store keeping references). What the old line gets wrong is marked
+``xfail(strict=True)`` on it: should it start to pass, the mark must go. Bodies count
+from inside how many of a key run at once (with their processes' identities, see
+:mod:`fault_app`) and how many times each run (or attempt) ran.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def lines(store_fails: bool, always: bool = True) -> List[Any]:
     """The two lines as parameters: today's marked as failing when it does (``always``:
     in every run; else in most, and the mark is not strict)."""
     store = pytest.param("store", marks=[pytest.mark.xfail(
-        strict=always, reason="today's line gets this wrong")] if store_fails else [])
+        strict=always, reason="the old line gets this wrong")] if store_fails else [])
     broker = pytest.param("broker", marks=[] if BROKER_LINE_READY else [pytest.mark.xfail(
         strict=False, reason="the parking line is not wired yet")])
     return [store, broker]
@@ -413,7 +413,8 @@ def _give_back_unacknowledged(cluster: WorkerCluster, broker: redis.Redis) -> No
 def test_the_setting_is_checked() -> None:
     app = create_app_conf(redislock_line="broker")
     assert read_settings(app).line == "broker"
-    assert read_settings(create_app_conf()).line == "store"
+    assert read_settings(create_app_conf()).line == "broker"  # the default
+    assert read_settings(create_app_conf(redislock_line="store")).line == "store"
     with pytest.raises(LockConfigurationError, match="redislock_line"):
         read_settings(create_app_conf(redislock_line="queue"))
 
@@ -451,7 +452,7 @@ def test_every_run_parks_from_a_process_that_can(
                                      task_name="t.rate_deadline", max_wait=30.0)
     said = [r.getMessage() for r in caplog.records if "keeps the \"store\" line" in r.getMessage()]
     assert said == []  # without an event loop the process that runs it parks it
-    store_settings = read_settings(create_app_conf())
+    store_settings = read_settings(create_app_conf(redislock_line="store"))
     assert not broker_line.parks(store_settings, client, one, loop=True, task_name="t.light")
 
 

@@ -43,6 +43,8 @@ app.conf.redislock_limits = {
     "startup_app.tasks.call_api": {"rate": "100/m", "key": "token:{api_token}"},
     "startup_app.crawl": {"slots": 0},
 } if os.environ.get("BROKEN") else {}
+if os.environ.get("LINE"):
+    app.conf.redislock_line = os.environ["LINE"]
 celery_redislock.install(app)
 """
 
@@ -173,6 +175,34 @@ def test_unreachable_lock_store_is_named_in_one_line(tmp_path, redis_server, clo
         assert "fail-closed" in lines[0] and "redislock_url" in lines[0]
         assert "s3cret" not in log.read_text()
         assert "Traceback" not in log.read_text()
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+@pytest.mark.parametrize("line", ["store", ""])
+def test_the_old_line_is_said_deprecated_once_at_start(tmp_path, redis_server, line):
+    """``redislock_line = "store"``: one warning as the worker starts, saying it goes in the
+    next release; on the default line, none."""
+    broker = redis_server.database_url(BROKER_DB)
+    log = tmp_path / "worker.log"
+    with log.open("w") as sink:
+        worker = subprocess.Popen(worker_command(tmp_path), cwd=tmp_path, stdout=sink,
+                                  stderr=subprocess.STDOUT,
+                                  env=environment(tmp_path, broker, redis_server.url,
+                                                  LINE=line))
+    try:
+        deadline = time.monotonic() + 60
+        while " ready." not in log.read_text() and time.monotonic() < deadline:
+            assert worker.poll() is None, log.read_text()
+            time.sleep(0.1)
+        assert " ready." in log.read_text(), log.read_text()
+        said = [text for text in ours(log.read_text()) if "deprecated" in text]
+        if line:
+            assert len(said) == 1 and "WARNING" in said[0], log.read_text()
+            assert 'redislock_line = "store" is deprecated' in said[0]
+        else:
+            assert said == [], said
     finally:
         worker.terminate()
         worker.wait(timeout=30)

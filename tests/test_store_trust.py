@@ -26,6 +26,10 @@ from celery_redislock.metrics import MemorySink, disable_metrics, enable_metrics
 
 from support import BROKER_DB, FAST_RETRY, LOCK_DB, wait_until
 
+# Messages parked in the lock store are the old "store" line's (the parking line keeps
+# none there: tests/test_parking_line.py): pinned to it.
+pytestmark = pytest.mark.celery(redislock_line="store")
+
 PREFIX = "redislock:"
 MARKER = "forged-ran"
 

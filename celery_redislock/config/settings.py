@@ -42,11 +42,12 @@
                            most 1 s); ``"async"`` (experimental) sends the admissions on
                            a connection driven by the worker's event loop, batched, and
                            never waits (prefork and solo pools; others ask blocking).
-``redislock_line``         Where a refused run waits: ``"store"`` (the default: a copy
-                           sent back with a countdown, and its message parked in the
-                           lock store's line) or ``"broker"`` (experimental: one message
-                           in a parking queue of the broker, the lock store keeping only
-                           references; semaphores only, prefork and solo pools).
+``redislock_line``         Where a refused run waits: ``"broker"`` (the default, the
+                           *parking line*: one message in a parking queue of the broker,
+                           the lock store keeping only references) or ``"store"``
+                           (deprecated, removed in the next release; a worker on it says
+                           so as it starts: a copy sent back with a countdown, and its
+                           message parked in the lock store's line).
 ``redislock_rate_recheck`` Seconds (default 1.0): a run promised a rate start further
                            away asks again after at least this long (and a tenth of its
                            wait), so that a rate changed at run time reaches it; ``None``:
@@ -74,6 +75,12 @@ from .sentinel import SCHEME, sentinel_master
 DEFAULT_URL = "redis://localhost:6379/0"
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", SCHEME)
 
+#: The values of ``redislock_line``.
+LINES = ("store", "broker")
+
+#: ``redislock_line`` when not set.
+DEFAULT_LINE = "broker"
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -95,7 +102,7 @@ class Settings:
     #: ``redislock_gate``: ``"blocking"`` or ``"async"`` (see :data:`GATES`).
     gate: str = "blocking"
     #: ``redislock_line``: ``"store"`` or ``"broker"`` (see :data:`LINES`).
-    line: str = "store"
+    line: str = DEFAULT_LINE
     #: ``redislock_max_lease``: the longest lease (s) of any holder, at least; None: the
     #: longest lease of the app's limited tasks.
     max_lease: Optional[float] = None
@@ -153,13 +160,6 @@ def _gate(conf: Any) -> str:
         raise LockConfigurationError(
             f"setting redislock_gate must be 'blocking' or 'async', not {value!r}")
     return str(value)
-
-
-#: The values of ``redislock_line``.
-LINES = ("store", "broker")
-
-#: ``redislock_line`` when not set.
-DEFAULT_LINE = "store"
 
 
 def _line(conf: Any) -> str:

@@ -78,6 +78,32 @@ def lock_store_warning(app: Any) -> Optional[str]:
     return warning
 
 
+#: What a worker on the deprecated ``redislock_line = "store"`` logs as it starts.
+STORE_LINE_DEPRECATED = (
+    'redislock_line = "store" is deprecated and will be removed in the next release: '
+    'its waiting runs are kept as two copies (a countdown copy in the broker and a parked '
+    'message in the lock store). The default, "broker", parks a refused run as one '
+    'message in a parking queue of the broker; remove the setting to use it')
+
+
+def line_deprecation(app: Any) -> Optional[str]:
+    """The deprecation warning a worker logs as it starts when its app chose the old
+    ``"store"`` line (None: it did not, or the package is switched off).
+
+        >>> from celery import Celery
+        >>> line_deprecation(Celery(set_as_current=False)) is None  # the default: "broker"
+        True
+        >>> old = Celery(set_as_current=False)
+        >>> old.conf.redislock_line = "store"
+        >>> line_deprecation(old).startswith('redislock_line = "store" is deprecated')
+        True
+    """
+    settings = read_settings(app)
+    if settings.enabled and settings.line == "store":
+        return STORE_LINE_DEPRECATED
+    return None
+
+
 def start_problems(worker: Any) -> List[str]:
     """Why ``worker`` must not start, one sentence each (none: ``[]``): every problem of
     its app's limits (:func:`~celery_redislock.config.limits_setting.configuration_problems`:
@@ -122,6 +148,9 @@ class CheckAtStart(bootsteps.Step):
             refuse_to_start(list(problems))
         if warning is not None:  # logged here, once the worker's logging is set up
             logger.warning("celery-redislock: %s", warning)
+        deprecated = line_deprecation(worker.app)
+        if deprecated is not None:
+            logger.warning("celery-redislock: %s", deprecated)
         super().__init__(worker, **kwargs)
 
 
