@@ -18,7 +18,6 @@ from celery_redislock.integration.signals import lock_contended, rate_limited
 import redis_process
 from redis_process import RedisServer
 from support import BROKER_DB, LOCK_DB
-from worker_app import LINE_ENV
 
 #: The fixtures of real multi-worker clusters (``cluster``, ...), for every test module.
 pytest_plugins = ["worker_cluster"]
@@ -133,11 +132,3 @@ def no_stale_event_loop():
 
     set_event_loop(None)
 
-
-@pytest.fixture
-def store_line(monkeypatch):
-    """The deprecated ``redislock_line = "store"`` for this test's workers and the apps
-    the test apps make (:data:`worker_app.LINE_ENV`): for the tests of that line's
-    internals (waiting copies with countdowns, parked copies in the lock store, the
-    hand-off), which go with it."""
-    monkeypatch.setenv(LINE_ENV, "store")

@@ -2,8 +2,8 @@
 
 Like :mod:`fault_app` (same URLs from the environment, the same records: ``runs:<id>``,
 ``peaks:<key>`` counted from inside the bodies with each process's identity), on the
-line that ``REDISLOCK_TEST_LINE`` names (``redislock_line``: ``"store"`` when unset, or
-``"broker"``, the parking line). Further records:
+parking line (``REDISLOCK_TEST_LINE`` may name ``redislock_line``; unset: ``"broker"``).
+Further records:
 
 ``attempts:<id>:<retries>``  how many bodies ran for that attempt (``upstream``)
 ``forged``                   list: the tags of ``record`` bodies (a forged task's runs)
@@ -76,7 +76,7 @@ def create_app(urls: AppUrls) -> Celery:
                     redislock_limits={TENANTS: TENANT_LIMITS})
     if rabbit:
         app.conf.task_default_queue = queue_name(urls).replace("test", "parking")
-    app.conf.redislock_line = os.environ.get(LINE_ENV, "store")
+    app.conf.redislock_line = os.environ.get(LINE_ENV, "broker")
     app.conf.redislock_gate = os.environ.get(GATE_ENV, "blocking")
 
     def record() -> Any:

@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-import redis.exceptions
 from celery import Celery, chain
 from celery.exceptions import Ignore, Reject
 
@@ -49,8 +48,6 @@ def test_body_runs_holding_a_slot_which_is_released(celery_app, celery_worker, l
                if key != INCARNATION)
 
 
-# The old line's waiting copies, redelivered with countdowns: pinned to it.
-@pytest.mark.celery(redislock_line="store")
 def test_contention_neither_uses_retry_budget_nor_shows_in_retries(
     celery_app, celery_worker, lock_client, deliveries
 ):
@@ -68,11 +65,8 @@ def test_contention_neither_uses_retry_budget_nor_shows_in_retries(
     blocker = Semaphore(lock_client, "budget", slots=1, lease=30)
     held = blocker.acquire(blocking=False)
     result = patient.delay()
-    try:
-        wait_until(lambda: deliveries[result.id] >= 12, what="12 contended deliveries")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}: saw {deliveries[result.id]}, state {result.state}: "
-                             f"{result.result!r}") from None
+    wait_until(lambda: deliveries[result.id] >= 1, what="the run to be refused (it parks)")
+    time.sleep(1.0)  # parked: it waits, and its body does not run, however long
     assert own_retries_seen == []  # the body never ran while the slot was taken
     blocker.release(held)
     assert result.get(timeout=10) == 1
@@ -237,49 +231,6 @@ def test_unreachable_lock_store_fails_closed(celery_app, celery_worker, own_redi
         lock_store_error.disconnect(store_error)
 
 
-# The old line's waiting line and tickets: pinned to it.
-@pytest.mark.celery(redislock_line="store")
-def test_a_waiter_whose_admission_answer_was_lost_still_runs_once(
-    celery_app, celery_worker, lock_client, monkeypatch
-):
-    """The lock store goes away just after admitting a waiting run, before the worker
-    reads the answer: the run goes back to the broker as if refused, and its admission
-    (which went through) marked its ticket served. It must still run, exactly once, once
-    the slot that lost admission took comes back (its lease is never renewed)."""
-    from celery_redislock.engine.admission import Lease
-    from celery_redislock.integration import execution
-
-    runs = []
-
-    @celery_app.task(base=LimitedTask, lock_key="lost-answer", lock_lease=1.0,
-                     shared=False, **FAST_RETRY)
-    def waiter():
-        runs.append(1)
-        return "ran"
-
-    real_admit = execution.admit
-    lost = []
-
-    def admit_then_lose_the_answer(client, limiters, **options):
-        outcome = real_admit(client, limiters, **options)
-        ticket = options.get("ticket")
-        if not lost and ticket is not None and ticket.id and isinstance(outcome, Lease):
-            lost.append(outcome)  # admitted in Redis; the worker never hears of it
-            raise redis.exceptions.ConnectionError("the connection dropped")
-        return outcome
-
-    monkeypatch.setattr(execution, "admit", admit_then_lose_the_answer)
-    celery_worker.reload()
-    blocker = Semaphore(lock_client, "lost-answer", slots=1, lease=30)
-    held = blocker.acquire(blocking=False)
-    result = waiter.delay()
-    wait_until(lambda: lock_client.zcard(_line_key(lock_client)) == 1,
-               what="the run to join the waiting line")
-    blocker.release(held)
-    assert result.get(timeout=15) == "ran"
-    assert len(lost) == 1 and runs == [1]
-
-
 def _line_key(lock_client):
     from celery_redislock.engine.keys import LINE, companion_key, semaphore_key
 
@@ -422,37 +373,6 @@ def test_signals_report_contention_acquire_and_release(celery_app, celery_worker
     assert by_name["lock_acquired"]["lease"].name == "signalled"
     assert by_name["lock_released"]["held"] >= 0
     assert by_name["lock_released"]["task_id"] == result.id
-
-
-# The old line's countdowns (a parked run has none): pinned to it.
-@pytest.mark.celery(redislock_line="store")
-def test_countdowns_stay_below_the_visibility_timeout(celery_app, celery_worker, lock_client):
-    """A countdown longer than the broker's visibility_timeout would be redelivered (so run
-    twice) by the Redis and SQS transports: it is capped at half of it."""
-    from celery_redislock.integration import signals
-
-    celery_app.conf.broker_transport_options = {"visibility_timeout": 0.4}
-    countdowns = []
-
-    def record(sender=None, countdown=None, **_):
-        countdowns.append(countdown)
-
-    signals.lock_contended.connect(record, weak=False)
-    try:
-        @celery_app.task(base=LimitedTask, lock_key="visibility", lock_retry_backoff=30,
-                         lock_retry_jitter=False, shared=False)
-        def patient():
-            return "ran"
-
-        celery_worker.reload()
-        held = Semaphore(lock_client, "visibility").acquire(blocking=False)
-        result = patient.delay()
-        wait_until(lambda: len(countdowns) >= 2, what="two refusals")
-        Semaphore(lock_client, "visibility").release(held)
-        assert result.get(timeout=10) == "ran"
-    finally:
-        signals.lock_contended.disconnect(record)
-    assert all(0 < countdown <= 0.2 for countdown in countdowns)
 
 
 def test_fail_open_runs_without_a_slot_when_the_lock_store_is_down(

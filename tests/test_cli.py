@@ -22,10 +22,8 @@ from celery_redislock.engine.admission import Busy, Lease, Paused, SlotLimit, ad
 from celery_redislock.engine.keys import semaphore_key
 from celery_redislock.engine.scripts import HOLDERS
 
-from cli_app import CALL_API_PATIENT, CRAWL, URL_ENV, api_name, create_app, create_worker_app
-from support import LOCK_DB, wait_until
-from worker_app import LINE_ENV
-from worker_cluster import WorkerCluster
+from cli_app import CRAWL, URL_ENV, create_app
+from support import LOCK_DB
 
 TESTS = Path(__file__).resolve().parent
 DESCRIPTION = '{"task": "proj.t", "worker": "w1@host", "pid": 123, "id": "task-1"}'
@@ -570,78 +568,6 @@ def test_watch_bad_input_fails_cleanly(app, args, message):
     result = invoke(app, "watch", "--once", *args)
     assert_clean_failure(result)
     assert message in result.stderr
-
-
-# --- waiting runs of a real worker ---------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """One real prefork worker running ``cli_app``'s tasks, on the old "store" line: its
-    test reads that line's waiters (tickets, positions; set-slots waking the first)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(LINE_ENV, "store")
-        with WorkerCluster(tmp_path_factory.mktemp("cli-workers"), app_module="cli_app",
-                           app_factory=create_worker_app, workers=1,
-                           concurrency=2) as running:
-            yield running
-
-
-def test_waiting_runs_in_line_order(cluster):
-    """A run holds the token's only slot; three more wait: inspect lists them in the
-    order they asked, status counts them, watch shows them, set-slots wakes the first."""
-    token = uuid.uuid4().hex[:12]
-    name, app = api_name(token), cluster.app
-    records = cluster.redis.client(db=3)
-    holder = app.send_task(CALL_API_PATIENT, (token,), {"hold": True})
-    wait_until(lambda: records.hexists("started", holder.id), timeout=30,
-               what="the first run to start")
-    waiting = []
-    for count in range(1, 4):  # one at a time, so the line's order is the sending order
-        waiting.append(app.send_task(CALL_API_PATIENT, (token,), {"hold": True}))
-        wait_until(lambda n=count: limit_state(app, name).waiting == n, timeout=30,
-                   what=f"{count} run(s) to wait in line")
-
-    data = json.loads(invoke(app, "inspect", name, "--json").stdout)
-    assert set(data) == INSPECT_FIELDS
-    assert (data["used"], data["limit"], data["waiting"]) == (1, 1, 3)
-    assert [h["task_id"] for h in data["holders"]] == [holder.id]
-    assert data["holders"][0]["task"] == CALL_API_PATIENT
-    assert [w["position"] for w in data["waiters"]] == [0, 1, 2]
-    assert [w["task_id"] for w in data["waiters"]] == [r.id for r in waiting]
-    for waiter in data["waiters"]:
-        assert waiter["task"] == CALL_API_PATIENT and waiter["worker"].startswith("worker1@")
-        assert waiter["ticket"].startswith(waiter["task_id"] + ".")
-        assert waiter["age_seconds"] >= 0 and waiter["reserved"] is False
-    ages = [w["age_seconds"] for w in data["waiters"]]
-    assert ages == sorted(ages, reverse=True)  # the oldest first
-
-    text_lines = invoke(app, "inspect", name).stdout.splitlines()
-    assert "1/1 slots used, 3 waiting" in text_lines[0]
-    line_at = text_lines.index("waiting line:")
-    assert text_lines[line_at + 1].split() == ["POS", "TASK", "TASK", "ID", "WORKER", "AGE",
-                                               "RESERVED"]
-    assert [row.split()[2] for row in text_lines[line_at + 2:]] == [r.id for r in waiting]
-
-    row = status_of(app, name)
-    assert (row["used"], row["limit"], row["waiting"], row["contended"]) == (1, 1, 3, True)
-
-    view = invoke(app, "watch", "--once", "--rows", "2", "--wide").stdout.splitlines()
-    assert next(line.split() for line in view if line.startswith(name))[1:3] == ["1/1", "3"]
-    waits = [line.split() for line in view if line.strip().startswith("waits")]
-    assert [(w[1], w[3].rstrip(",")) for w in waits] == [
-        ("#0", waiting[0].id), ("#1", waiting[1].id)]
-    assert any(line.strip() == "... 1 more waiting" for line in view)
-
-    result = invoke(app, "set-slots", name, "2")
-    assert result.exit_code == 0, result.output
-    assert result.stdout.strip().endswith("1 waiting run(s) woken")
-    wait_until(lambda: records.hexists("started", waiting[0].id), timeout=5,
-               what="the oldest waiter to start")  # at once, not on its 10-20 s countdown
-    assert not any(records.hexists("started", r.id) for r in waiting[1:])
-    records.set(f"go:{token}", 1)
-    for result in [holder, *waiting]:
-        assert result.get(timeout=30) == result.id
 
 
 # --- one truth about slots and rates; rows sorted and within the terminal -----------

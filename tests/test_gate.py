@@ -36,7 +36,6 @@ from gate_app import PLAIN, POOL_ASKS_ENV, RATE, RATED, SLOTTED, SLOTTED_KEY, cr
 from worker_app import (
     LIMITED_KEY,
     LIMITED_SLEEP,
-    LINE_ENV,
     SHORT_LEASE_KEY,
     SHORT_LEASE_SLEEP,
 )
@@ -89,16 +88,6 @@ class TaskEvents:
         self._thread.join(5)
 
 
-def on_store_line_if_gevent(pool: str, monkeypatch: Any) -> None:
-    """A gevent worker has no event loop: on the parking line (the default) it asks a
-    run's limits in the greenlet that runs it, so a run that parks is one more run to
-    Celery (prerun, postrun, task-received), as with ``redislock_admit_before_pool =
-    False``. The gate keeps runs that wait out of Celery's sight there on the deprecated
-    "store" line only: gevent's cases run on it."""
-    if pool == "gevent":
-        monkeypatch.setenv(LINE_ENV, "store")
-
-
 @pytest.fixture
 def events_of() -> Iterator[Any]:
     started: List[TaskEvents] = []
@@ -140,14 +129,16 @@ def assert_seen_once(record: Any, events: TaskEvents, ids: List[str]) -> None:
     assert {task_id: events.received[task_id] for task_id in ids} == dict.fromkeys(ids, 1)
 
 
-@pytest.mark.parametrize("pool", ["prefork", GEVENT])
+# gevent: a run parks from the greenlet that runs it, so it is one more run to Celery
+# (prerun, postrun, task-received) there; its limits are tested by
+# test_greenlets_keep_a_limit.
+@pytest.mark.parametrize("pool", ["prefork"])
 def test_a_rate_limited_backlog_is_run_once(worker_cluster_factory: WorkerClusterFactory,
                                             events_of: Any, pool: str,
                                             monkeypatch: Any) -> None:
     """Ten runs at once under a rate of 4/s (burst 1), on two workers of two processes
     (or greenlets): most wait (in the worker's main process for a start within half a
     second, or sent back with a promised start), yet each is one run to Celery."""
-    on_store_line_if_gevent(pool, monkeypatch)
     cluster = worker_cluster_factory(workers=2, concurrency=2, app_module="gate_app",
                                      app_factory=create_app, pool=pool)
     events = events_of(cluster)
@@ -162,7 +153,7 @@ def test_a_rate_limited_backlog_is_run_once(worker_cluster_factory: WorkerCluste
     assert starts[-1] - starts[0] >= (len(ids) - 2) / RATE * 0.6 * 1_000_000
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads", GEVENT])
+@pytest.mark.parametrize("pool", ["prefork", "threads"])  # gevent: see above
 def test_runs_that_arrive_at_a_busy_pool_are_run_once(
         worker_cluster_factory: WorkerClusterFactory, events_of: Any, pool: str,
         monkeypatch: Any) -> None:
@@ -171,7 +162,6 @@ def test_runs_that_arrive_at_a_busy_pool_are_run_once(
     prefetches eight messages): the limits of runs that wait for a free process are only
     probed, so no run reaches a process to be refused there; each is one run to Celery,
     and one at a time."""
-    on_store_line_if_gevent(pool, monkeypatch)
     cluster = worker_cluster_factory(workers=1, concurrency=2, app_module="gate_app",
                                      app_factory=create_app, pool=pool)
     events = events_of(cluster)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -27,21 +27,7 @@ from celery_redislock.engine.admission import (
 )
 from celery_redislock.engine.keys import companion_key, semaphore_key
 from celery_redislock.engine.rate import Rate
-from celery_redislock.integration.handoff import join_line, publish, reservation_ms
-
-from cluster_checks import (
-    assert_each_ran_once,
-    lock_store,
-    lua_commands,
-    peaks,
-    record_store,
-    wait_for_results,
-    wait_until,
-)
-from worker_app import PACED, PACED_KEY, PACED_RATE
-
-if TYPE_CHECKING:
-    from worker_cluster import WorkerClusterFactory
+from celery_redislock.integration.handoff import join_line, reservation_ms
 
 PREFIX = "redislock:"
 KEEP_MS = 60_000
@@ -257,51 +243,6 @@ def test_lowered_rate_moves_promised_starts_later(redis_client) -> None:
     newcomer = admit(redis_client, [rate], lease=1)
     assert isinstance(newcomer, RateLimited) and newcomer.promise > ninth.promise
     control.clear_rate(redis_client, "lower")
-
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("store_line")  # the old line's waiting lines and hand-offs
-def test_slot_and_rate_backlog_waits_in_line_at_the_full_rate(
-        worker_cluster_factory: WorkerClusterFactory) -> None:
-    """A task with two slots per customer and 10/s over all customers (burst 1), on 2
-    workers x 3 processes. While the test holds the four slots of two customers, 40
-    runs (20 each) are sent: each joins its customer's line. Once the slots are given
-    back the backlog goes through the lines: served in exactly the order of each line
-    (read with MONITOR), never more than two at once per customer, never more than
-    10 + 1 admissions in any second, at the full rate (at least 95 % of 10/s from the
-    first admission to the last, server clock); every task ran once."""
-    cluster = worker_cluster_factory(workers=2, concurrency=3)
-    lock = lock_store(cluster)
-    names = [f"{PACED_KEY}:{customer}" for customer in (0, 1)]
-    held = [admit(lock, [SlotLimit(name, 2, PREFIX)], lease=30)
-            for name in names for _ in range(2)]
-    task = cluster.app.tasks[PACED]
-    results = [task.delay(number % 2) for number in range(40)]
-    lines = [companion_key(semaphore_key(name, PREFIX), "q") for name in names]
-    wait_until(lambda: sum(lock.zcard(line) for line in lines) == 40, 30, "40 in line")
-    order = {name: [ticket.decode() for ticket in lock.zrange(line, 0, -1)]
-             for name, line in zip(names, lines)}
-    with lua_commands(cluster) as commands:
-        for lease in held:
-            lease._reserve_ms = RESERVE_MS
-            lease.release()
-            publish(cluster.app, lease.handoffs)
-        wait_for_results(cluster, results)
-
-    record = record_store(cluster)
-    assert_each_ran_once(record, results)
-    admitted = sorted(int(record.hget("admitted", result.id)) * 1000 for result in results)
-    burst = 1
-    rate = (len(admitted) - 1 - burst) / ((admitted[-1] - admitted[0]) / 1e6)
-    print(f"\nadmitted at {rate:.2f}/s; most admissions in a second "
-          f"{most_in_any_window(admitted, 1_000_000)}; gaps over 150 ms: "
-          f"{[round((b - a) / 1e3) for a, b in zip(admitted, admitted[1:]) if b - a > 150_000]}")
-    for name in names:
-        assert len(order[name]) == 20 and served_in_line(commands, name) == order[name]
-        assert max(peaks(record, name)) <= 2
-    assert most_in_any_window(admitted, 1_000_000) <= PACED_RATE + burst
-    assert rate >= 0.95 * PACED_RATE
 
 
 def served_in_line(commands: List[List[str]], name: str) -> List[str]:

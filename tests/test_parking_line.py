@@ -1,13 +1,11 @@
-"""End to end, on both lines: the failures of the old waiting line, and the parking line.
+"""End to end, the parking line: the failures of the old waiting line (retired), which
+the parking line must not have.
 
 Each test runs real ``celery worker`` processes (prefork, :mod:`parking_app`) on a
-private redis-server, once with ``redislock_line = "store"`` (the old line, deprecated: a
-waiting copy sent back with a countdown, its message parked in the lock store) and once
-with ``"broker"`` (the parking line, the default: one message in a parking queue of the
-broker, the lock store keeping references). What the old line gets wrong is marked
-``xfail(strict=True)`` on it: should it start to pass, the mark must go. Bodies count
-from inside how many of a key run at once (with their processes' identities, see
-:mod:`fault_app`) and how many times each run (or attempt) ran.
+private redis-server, on the parking line (one message in a parking queue of the
+broker, the lock store keeping references). Bodies count from inside how many of a key
+run at once (with their processes' identities, see :mod:`fault_app`) and how many times
+each run (or attempt) ran.
 """
 
 from __future__ import annotations
@@ -65,13 +63,10 @@ BROKER_LINE_READY = True
 
 
 def lines(store_fails: bool, always: bool = True) -> List[Any]:
-    """The two lines as parameters: today's marked as failing when it does (``always``:
-    in every run; else in most, and the mark is not strict)."""
-    store = pytest.param("store", marks=[pytest.mark.xfail(
-        strict=always, reason="the old line gets this wrong")] if store_fails else [])
-    broker = pytest.param("broker", marks=[] if BROKER_LINE_READY else [pytest.mark.xfail(
-        strict=False, reason="the parking line is not wired yet")])
-    return [store, broker]
+    """The line as a parameter: the parking line (the old line, which got some of these
+    wrong, ``store_fails``, is retired)."""
+    return [pytest.param("broker", marks=[] if BROKER_LINE_READY else [pytest.mark.xfail(
+        strict=False, reason="the parking line is not wired yet")])]
 
 
 @pytest.fixture
@@ -131,7 +126,7 @@ def assert_on_line(cluster: WorkerCluster, line: str) -> None:
     """The runs that waited waited on ``line``."""
     logs = cluster.logs()
     assert (" parked: " in logs) == (line == "broker")
-    assert (" deferred: " in logs) == (line == "store")
+    assert " deferred: " not in logs
 
 
 def test_the_async_gate_parks_too(start_cluster: Any) -> None:
@@ -171,7 +166,7 @@ def test_two_limits_at_once(start_cluster: Any) -> None:
     assert_on_line(cluster, "broker")
 
 
-@pytest.mark.parametrize("line", ["store", "broker"])
+@pytest.mark.parametrize("line", ["broker"])
 def test_hand_off_latency(start_cluster: Any, line: str) -> None:
     """From a body's end to the next waiting run's start, one slot, 12 runs queued."""
     cluster = start_cluster(line)
@@ -414,7 +409,7 @@ def test_the_setting_is_checked() -> None:
     app = create_app_conf(redislock_line="broker")
     assert read_settings(app).line == "broker"
     assert read_settings(create_app_conf()).line == "broker"  # the default
-    assert read_settings(create_app_conf(redislock_line="store")).line == "store"
+    assert read_settings(create_app_conf(redislock_line="store")).line == "broker"  # retired
     with pytest.raises(LockConfigurationError, match="redislock_line"):
         read_settings(create_app_conf(redislock_line="queue"))
 
@@ -450,10 +445,8 @@ def test_every_run_parks_from_a_process_that_can(
                                      task_name="t.deadline", max_wait=30.0)
             assert broker_line.parks(settings, client, rated, loop=True,  # deadline.lua
                                      task_name="t.rate_deadline", max_wait=30.0)
-    said = [r.getMessage() for r in caplog.records if "keeps the \"store\" line" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "cannot park its runs" in r.getMessage()]
     assert said == []  # without an event loop the process that runs it parks it
-    store_settings = read_settings(create_app_conf(redislock_line="store"))
-    assert not broker_line.parks(store_settings, client, one, loop=True, task_name="t.light")
 
 
 class _Request:

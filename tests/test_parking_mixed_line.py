@@ -57,4 +57,4 @@ def test_two_slots_and_five_a_second_park_forty_runs(start_cluster: Any) -> None
     assert most_in_a_second(starts, 900_000) <= 5 + BURST
     logs = cluster.logs()
     assert " parked: " in logs and " deferred: " not in logs  # no copy with a countdown
-    assert 'keeps the "store" line' not in logs
+    assert 'cannot park its runs' not in logs

@@ -159,7 +159,7 @@ def test_only_limits_in_several_slots_keep_todays_line_said_once(client, caplog)
                                      loop=True, task_name="t.rate")
             assert not broker_line.parks(settings, client, two_slots, loop=True,
                                          task_name="t.two")
-    said = [r.getMessage() for r in caplog.records if 'keeps the "store" line' in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if 'cannot park its runs' in r.getMessage()]
     assert len(said) == 1 and "t.two" in said[0]
 
 
@@ -188,4 +188,4 @@ def test_rate_limited_runs_park_with_a_cluster_lock_store(celery_app, celery_wor
         poll.stop()
     assert starts[-1] - starts[0] >= 900_000, starts  # 6 starts at 5/s: a second apart
     logs = "\n".join(record.getMessage() for record in caplog.records)
-    assert " parked: " in logs and 'keeps the "store" line' not in logs
+    assert " parked: " in logs and 'cannot park its runs' not in logs

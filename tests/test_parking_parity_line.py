@@ -69,7 +69,7 @@ def test_max_wait_fails_parked_runs_on_time_with_the_line_long(start_cluster: An
     wait_until(ready(cluster, [holder]), TIMEOUT, "the holder's end")
     assert holder.status == "SUCCESS"
     logs = cluster.logs()
-    assert " parked: " in logs and "keeps the \"store\" line" not in logs
+    assert " parked: " in logs and "cannot park its runs" not in logs
 
 
 def test_cost_two_runs_under_three_units_never_exceed_three(start_cluster: Any) -> None:
@@ -86,7 +86,7 @@ def test_cost_two_runs_under_three_units_never_exceed_three(start_cluster: Any) 
     assert len(held) == len(results) and max(held) <= UNITS
     assert [int(record.get(f"runs:{r.id}") or 0) for r in results] == [1] * len(results)
     logs = cluster.logs()
-    assert " parked: " in logs and "keeps the \"store\" line" not in logs
+    assert " parked: " in logs and "cannot park its runs" not in logs
 
 
 @pytest.mark.parametrize("how", ["gevent", "pool asks"])
@@ -107,5 +107,5 @@ def test_runs_decided_where_they_run_park_and_run_once(start_cluster: Any, how: 
     assert max(peaks(record, ONE_PREFIX + how.replace(" ", "-"))) == 1
     assert [int(record.get(f"runs:{r.id}") or 0) for r in results] == [1] * len(results)
     logs = cluster.logs()
-    assert " parked: " in logs and "keeps the \"store\" line" not in logs
+    assert " parked: " in logs and "cannot park its runs" not in logs
     assert " deferred: " not in logs

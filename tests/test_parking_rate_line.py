@@ -164,7 +164,7 @@ def test_a_rate_and_slots_task_parks_too(start_cluster: Any) -> None:
     starts = [int(value) for value in record.hgetall("started").values()]
     assert most_in_a_second(starts, 900_000) <= 5 + BURST
     logs = cluster.logs()
-    assert 'keeps the "store" line' not in logs and " deferred: " not in logs
+    assert 'cannot park its runs' not in logs and " deferred: " not in logs
 
 
 @pytest.mark.parametrize("name", [RATED_WAITS, RATED_SLOTS_WAITS])
@@ -196,7 +196,7 @@ def test_a_rate_limit_with_a_max_wait_gives_parked_runs_up_on_time(start_cluster
     line, tat = (int(lock.hget(rated, field) or 0) for field in ("line", "tat"))
     assert line <= tat  # a run sent now is admitted at the first start after the first run
     logs = cluster.logs()
-    assert " parked: " in logs and 'keeps the "store" line' not in logs
+    assert " parked: " in logs and 'cannot park its runs' not in logs
 
 
 @pytest.mark.parametrize("restart", ["with data", "empty"])

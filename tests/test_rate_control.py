@@ -82,16 +82,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerCluster]
         yield started
 
 
-@pytest.fixture
-def store_cluster(tmp_path_factory: pytest.TempPathFactory,
-                  store_line: None) -> Iterator[WorkerCluster]:
-    """:func:`cluster` on the old "store" line (see the test that uses it)."""
-    with WorkerCluster(tmp_path_factory.mktemp("rate-workers"), app_module="features_app",
-                       app_factory=features_app.create_app, workers=2,
-                       concurrency=2) as started:
-        yield started
-
-
 def _starts(record) -> List[float]:
     return sorted(int(value) / 1e6 for value in record.hvals("started"))
 
@@ -137,40 +127,6 @@ def test_rate_lowered_at_run_time_slows_starts_on_every_worker(cluster: WorkerCl
 
 def _admissions(record) -> List[float]:
     return sorted(int(value) / 1e3 for value in record.hvals("admitted"))
-
-
-@pytest.mark.slow
-def test_rate_raised_at_run_time_moves_the_waiting_runs_earlier(
-        store_cluster: WorkerCluster) -> None:
-    """A backlog of 20 runs at 2/s (no burst) is promised starts up to 10 s ahead; once
-    a few have started the rate is raised to 20/s: the waiting runs hear of it (they ask
-    again at least every second or so) and their promised starts are re-planned, so the
-    rest are admitted within about 2 s of the change (server clock) instead of their old
-    starts, up to 8 s later; never above 20 a second after the change.
-
-    On the old "store" line only: runs parked on the parking line keep the starts they
-    were promised when they parked (the poll moves each at its promise), so a rate raised
-    at run time reaches only the runs that ask after it; a known difference."""
-    cluster = store_cluster
-    task = cluster.app.tasks[RATED]
-    record = record_store(cluster)
-    control.set_rate(cluster.app, RATED_KEY, "2/s")
-    for _ in range(20):
-        task.delay()
-    wait_until(lambda: record.hlen("admitted") >= 4, 30, "4 starts at 2/s")
-    control.set_rate(cluster.app, RATED_KEY, "20/s")
-    seconds, micros = cluster.redis.client().time()
-    changed_at = seconds + micros / 1e6
-    wait_until(lambda: record.hlen("admitted") >= 20, 30, "every run admitted")
-    admitted = _admissions(record)
-    before = [t for t in admitted if t < changed_at]
-    after = [t for t in admitted if t >= changed_at]
-    print(f"\n{len(before)} admitted at 2/s; the other {len(after)} within "
-          f"{after[-1] - changed_at:.2f} s of the raise to 20/s")
-    assert min(b - a for a, b in zip(before, before[1:])) > 0.45  # 2/s before
-    assert after[-1] - changed_at < 2.5, [round(t - changed_at, 2) for t in after]
-    assert most_in_any_window(after, 1.0) <= 20
-    control.clear_rate(cluster.app, RATED_KEY)
 
 
 def most_in_any_window(times: List[float], window: float) -> int:

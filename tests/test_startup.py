@@ -181,9 +181,9 @@ def test_unreachable_lock_store_is_named_in_one_line(tmp_path, redis_server, clo
 
 
 @pytest.mark.parametrize("line", ["store", ""])
-def test_the_old_line_is_said_deprecated_once_at_start(tmp_path, redis_server, line):
-    """``redislock_line = "store"``: one warning as the worker starts, saying it goes in the
-    next release; on the default line, none."""
+def test_the_old_line_is_said_retired_once_at_start(tmp_path, redis_server, line):
+    """``redislock_line = "store"``: one warning as the worker starts, saying it is retired
+    and ignored; on the default line, none."""
     broker = redis_server.database_url(BROKER_DB)
     log = tmp_path / "worker.log"
     with log.open("w") as sink:
@@ -197,10 +197,10 @@ def test_the_old_line_is_said_deprecated_once_at_start(tmp_path, redis_server, l
             assert worker.poll() is None, log.read_text()
             time.sleep(0.1)
         assert " ready." in log.read_text(), log.read_text()
-        said = [text for text in ours(log.read_text()) if "deprecated" in text]
+        said = [text for text in ours(log.read_text()) if "retired" in text]
         if line:
             assert len(said) == 1 and "WARNING" in said[0], log.read_text()
-            assert 'redislock_line = "store" is deprecated' in said[0]
+            assert 'redislock_line = "store" is retired' in said[0]
         else:
             assert said == [], said
     finally:

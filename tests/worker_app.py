@@ -35,8 +35,8 @@ BROKER_URL_ENV = "REDISLOCK_TEST_BROKER_URL"
 BACKEND_URL_ENV = "REDISLOCK_TEST_BACKEND_URL"
 LOCK_URL_ENV = "REDISLOCK_TEST_LOCK_URL"
 RECORD_URL_ENV = "REDISLOCK_TEST_RECORD_URL"
-#: A worker's ``redislock_line`` (unset: the package's default, ``"broker"``). The tests of
-#: the old line's internals set ``"store"`` (see :func:`line_from_environment`).
+#: A worker's ``redislock_line`` (unset: the package's default, ``"broker"``, its only
+#: value; see :func:`line_from_environment`).
 LINE_ENV = "REDISLOCK_TEST_LINE"
 
 #: Limit keys under which the tasks below record their runs.
@@ -171,11 +171,7 @@ def recorder(url: str) -> Recorder:
 
 
 def line_from_environment(app: Celery) -> Celery:
-    """``app`` on the line :data:`LINE_ENV` names, if set (else the package's default).
-
-    The tests of the ``"store"`` line's internals (waiting copies with countdowns, parked
-    copies in the lock store, the hand-off) set it for their workers and their own app;
-    they go with that line, which is deprecated."""
+    """``app`` on the line :data:`LINE_ENV` names, if set (else the package's default)."""
     line = os.environ.get(LINE_ENV)
     if line:
         app.conf.redislock_line = line

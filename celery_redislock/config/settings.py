@@ -42,12 +42,11 @@
                            most 1 s); ``"async"`` (experimental) sends the admissions on
                            a connection driven by the worker's event loop, batched, and
                            never waits (prefork and solo pools; others ask blocking).
-``redislock_line``         Where a refused run waits: ``"broker"`` (the default, the
+``redislock_line``         Where a refused run waits: ``"broker"``, the only value (the
                            *parking line*: one message in a parking queue of the broker,
-                           the lock store keeping only references) or ``"store"``
-                           (deprecated, removed in the next release; a worker on it says
-                           so as it starts: a copy sent back with a countdown, and its
-                           message parked in the lock store's line).
+                           the lock store keeping only references). ``"store"``, the old
+                           line's, is retired: a worker whose app still names it says so
+                           as it starts, and its runs park as on ``"broker"``.
 ``redislock_rate_recheck`` Seconds (default 1.0): a run promised a rate start further
                            away asks again after at least this long (and a tenth of its
                            wait), so that a rate changed at run time reaches it; ``None``:
@@ -75,8 +74,13 @@ from .sentinel import SCHEME, sentinel_master
 DEFAULT_URL = "redis://localhost:6379/0"
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", SCHEME)
 
-#: The values of ``redislock_line``.
-LINES = ("store", "broker")
+#: The values of ``redislock_line``: the parking line only.
+LINES = ("broker",)
+
+#: The retired value of ``redislock_line`` (the old line: a copy sent back with a
+#: countdown, and its message parked in the lock store): read as :data:`DEFAULT_LINE`,
+#: with a warning as the worker starts (:func:`..integration.startup.line_deprecation`).
+RETIRED_LINE = "store"
 
 #: ``redislock_line`` when not set.
 DEFAULT_LINE = "broker"
@@ -101,7 +105,7 @@ class Settings:
     admit_before_pool: bool = True
     #: ``redislock_gate``: ``"blocking"`` or ``"async"`` (see :data:`GATES`).
     gate: str = "blocking"
-    #: ``redislock_line``: ``"store"`` or ``"broker"`` (see :data:`LINES`).
+    #: ``redislock_line``: ``"broker"`` (see :data:`LINES`).
     line: str = DEFAULT_LINE
     #: ``redislock_max_lease``: the longest lease (s) of any holder, at least; None: the
     #: longest lease of the app's limited tasks.
@@ -163,11 +167,15 @@ def _gate(conf: Any) -> str:
 
 
 def _line(conf: Any) -> str:
-    """``redislock_line``: one of :data:`LINES`."""
+    """``redislock_line``: one of :data:`LINES` (the retired :data:`RETIRED_LINE` is read
+    as the default)."""
     value = conf.get("redislock_line", DEFAULT_LINE)
+    if value == RETIRED_LINE:
+        return DEFAULT_LINE
     if value not in LINES:
         raise LockConfigurationError(
-            f"setting redislock_line must be 'store' or 'broker', not {value!r}")
+            f"setting redislock_line must be 'broker' (the parking line; 'store' is "
+            f"retired), not {value!r}")
     return str(value)
 
 

@@ -78,22 +78,21 @@ def parks(settings: Settings, client: Any, limiters: Sequence[Any], *, loop: boo
     of cost 1 alone: :mod:`..engine.parking_rate`, else ``lua/parked_rates.lua``), with
     their ``lock_max_wait`` kept (:mod:`.parked_deadline`). A run whose limits lie in
     several hash slots of a Redis Cluster (one script cannot decide them all at once)
-    keeps today's line, logged once per task."""
-    if settings.line != "broker":
-        return False
+    is sent back with a countdown instead, one copy, logged once per task."""
     if store.parks(client, limiters):
         return loop  # without an event loop, the process that runs it parks it
-    say_store_line(task_name, "on Redis Cluster it parks runs whose limits lie in one hash "
-                              "slot (one limit, or a semaphore and a rate of one name)")
+    say_no_park(task_name, "on Redis Cluster it parks runs whose limits lie in one hash "
+                           "slot (one limit, or a semaphore and a rate of one name)")
     return False
 
 
-def say_store_line(task_name: str, why: str) -> None:
-    """Log once per task that its runs keep the \"store\" line, and ``why``."""
+def say_no_park(task_name: str, why: str) -> None:
+    """Log once per task that its runs cannot park, and ``why``: a refused run is sent
+    back with a countdown (one copy, in no line)."""
     if task_name not in _said:
         _said.add(task_name)
-        logger.warning("celery-redislock: task %s keeps the \"store\" line although "
-                       "redislock_line = \"broker\": %s", task_name, why)
+        logger.warning("celery-redislock: task %s cannot park its runs (%s): a refused run "
+                       "is sent back with a countdown", task_name, why)
 
 
 def prepare(client: Any, limiters: Sequence[Any], ask: store.ParkAsk) -> Optional[Any]:
@@ -381,7 +380,7 @@ def _start_poll(sender: Any = None, worker: Any = None, **_: Any) -> None:
     """Start this process's poll for ``sender``'s app (``worker``: an embedded worker,
     whose poll replaces an earlier embedded worker's and ends with it)."""
     app = getattr(sender, "app", None)
-    if app is None or read_settings(app).line != "broker":
+    if app is None:
         return
     found = _polls.get(os.getpid())
     if found is not None:

@@ -28,7 +28,6 @@ from ..engine.admission import (
     Lease,
     Outcome,
     Paused,
-    RateLimit,
     RateLimited,
     SlotLimit,
     Ticket,
@@ -51,7 +50,6 @@ from ..engine.refusal import (
     is_transient,
     server_message,
 )
-from ..engine.scripts import is_cluster
 from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable, LockWaitTimeout
 from . import broker_line, handoff, parked_deadline, pool_park, signals
 from .decide import Action, End, Hold, Park, Run, SendBack, Situation, WaitHere, decide
@@ -699,22 +697,12 @@ def _carry_out(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any]
         _follow_an_earlier_run(attempt, args, kwargs, outcome)
     if isinstance(action, Run):
         return action.lease
-    if isinstance(action, SendBack):
+    if isinstance(action, SendBack):  # one copy, with a countdown, in no line
         requeue(task, request, args, kwargs, limits.retry, action.refusal,
-                attempt.setup.client,
-                attempt.reserve_ms if _joins_lines(attempt) and not attempt.parking else 0,
+                attempt.setup.client, 0,
                 [limiter.key for limiter in attempt.limiters if isinstance(limiter, SlotLimit)])
     return _wait_in_place(task, limits, attempt.setup.client, attempt.limiters,
                           attempt.description, attempt.owner, action.refusal)
-
-
-def _joins_lines(attempt: _Attempt) -> bool:
-    """Whether a refused run of this attempt waits in its semaphores' lines. A run under
-    a rate limit too does (its promised start is kept in the line, for whichever copy
-    of its message asks), except on Redis Cluster, where its limits lie in different
-    hash slots, admitted one slot after the other: it comes back on countdowns."""
-    return not (is_cluster(attempt.setup.client)
-                and any(isinstance(limiter, RateLimit) for limiter in attempt.limiters))
 
 
 def _run_holding(task: Any, request: Any, lease: Lease, body: Callable[[], Result], *,

@@ -292,7 +292,7 @@ def _parks(task: Any, limits: TaskLimits, loop: bool) -> bool:
     """Whether ``task``'s refused runs may wait on the parking line here: they are not
     probed (a probe takes nothing; the parking line's admission parks the run it
     refuses), they wait for a free pool process, then ask."""
-    return loop and task_settings(task).line == "broker"
+    return loop
 
 
 def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,

@@ -40,16 +40,14 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from celery import signature as make_signature
 from kombu.serialization import dumps, loads, prepare_accept_content
 
 from ..config.settings import read_settings, redis_client
 from ..engine.keys import companion_key
 from ..engine.scripts import ENQUEUE, LEAVE_LINE, WAKE
 from . import broker_line, signals
-from .waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
 
@@ -209,46 +207,20 @@ def leave_line(client: Any, keys: Sequence[str], task_id: str) -> int:
 
 
 def publish(app: Any, messages: Iterable[Any]) -> int:
-    """Re-publish the messages of waiters that were handed a slot; returns how many went.
-
-    A message that cannot be sent is logged and left: its reservation lapses and its
-    waiting copy comes back on its own countdown. A message that fails its check (see
-    :func:`unpack_message`) is never decoded nor run: it is logged as an error naming
-    where it was read, counted (signal ``lock_store_error``, kind ``rejected_entry``)
-    and taken out of its line. A real run's waiting copy is still in the broker, so no
-    task is lost by it. The moves owed to parking lines among them (the parking line)
-    go to this process's mover (see :func:`.broker_line.owe`); on that line a message
-    kept in the lock store is never sent: it is dropped as one that failed its check.
+    """Owe the moves out of parking lines that a script handed over (see
+    :func:`.broker_line.owe`); returns 0: a message kept in the lock store (by a worker
+    of an earlier version, on its "store" line) is never sent nor decoded: it is logged
+    as an error naming where it was read, counted (signal ``lock_store_error``, kind
+    ``rejected_entry``) and taken out of its line. Its run's waiting copy is still in
+    the broker, so no task is lost by it.
     """
     messages, moves = broker_line.split(messages)
     if moves:
         broker_line.owe(app, moves)
-    if not messages:
-        return 0
-    if read_settings(app).line == "broker":
-        for message in messages:  # the parking line keeps no messages in the lock store
-            _reject(app, message, RejectedEntry(
-                "a worker on redislock_line = 'broker' runs nothing kept in the lock store"))
-        return 0
-    trust = Trust.of(app)
-    sent = 0
-    for message in messages:
-        fields: Dict[str, Any] = {}
-        try:
-            fields = dict(unpack_message(message, trust))
-        except Exception as exc:
-            _reject(app, message, exc)
-            continue
-        try:
-            _new_copy(fields)
-            make_signature(fields, app=app).apply_async()
-            sent += 1
-        except Exception as exc:
-            logger.warning("celery-redislock: could not hand a free slot to waiting task "
-                           "%s[%s] (%r); it runs when its countdown ends",
-                           fields.get("task"), (fields.get("options") or {}).get("task_id"),
-                           exc)
-    return sent
+    for message in messages:  # the parking line keeps no messages in the lock store
+        _reject(app, message, RejectedEntry(
+            "a worker on the parking line runs nothing kept in the lock store"))
+    return 0
 
 
 def _reject(app: Any, message: Any, exc: Exception) -> None:
@@ -268,13 +240,6 @@ def _reject(app: Any, message: Any, exc: Exception) -> None:
         except Exception as drop_error:  # it lapses with its ticket's time
             logger.warning("celery-redislock: could not take %s out of its line: %r",
                            where, drop_error)
-
-
-def _new_copy(fields: Dict[str, Any]) -> None:
-    """Give the express copy about to be sent an identity of its own."""
-    options = fields.setdefault("options", {})
-    headers = options.get("headers") or {}
-    options["headers"] = WaitingRun.of_headers(headers).but(copy=new_copy_id()).on(headers)
 
 
 def wake_waiters(app: Any, semaphore_key: str, lease: float = RESERVATION) -> int:

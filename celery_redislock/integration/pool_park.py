@@ -41,7 +41,7 @@ PUBLISH_TIMEOUT = 10.0
 def parks_here(settings: Settings, client: Any, limiters: Sequence[Any]) -> bool:
     """Whether a run under ``limiters`` parks from the process that runs it: the parking
     line is on and its limits are semaphores it takes (:func:`~..engine.parking.parks`)."""
-    return settings.line == "broker" and store.parks(client, limiters)
+    return store.parks(client, limiters)
 
 
 def copy_of_request(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any],

@@ -455,7 +455,7 @@ def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool =
         _free_for_dead_run(sender, request.id, request.args, request.kwargs, "terminated")
     else:
         _leave_lines(sender, request.id, request.args, request.kwargs)
-        if limits_of(sender) is not None and read_settings(sender._get_app()).line == "broker":
+        if limits_of(sender) is not None:
             broker_line.leave_soon(sender._get_app(), getattr(request, "_context", request))
 
 

@@ -24,7 +24,7 @@ from celery.exceptions import WorkerShutdown
 from redis.exceptions import RedisError
 
 from ..config.limits_setting import configuration_problems
-from ..config.settings import read_settings, redis_client
+from ..config.settings import RETIRED_LINE, read_settings, redis_client
 from ..engine.keys import semaphore_key
 from ..engine.refusal import (
     eviction_warning,
@@ -78,28 +78,29 @@ def lock_store_warning(app: Any) -> Optional[str]:
     return warning
 
 
-#: What a worker on the deprecated ``redislock_line = "store"`` logs as it starts.
+#: What a worker whose app names the retired ``redislock_line = "store"`` logs as it
+#: starts.
 STORE_LINE_DEPRECATED = (
-    'redislock_line = "store" is deprecated and will be removed in the next release: '
-    'its waiting runs are kept as two copies (a countdown copy in the broker and a parked '
-    'message in the lock store). The default, "broker", parks a refused run as one '
-    'message in a parking queue of the broker; remove the setting to use it')
+    'redislock_line = "store" is retired and ignored: the old line (a countdown copy in '
+    'the broker and a parked message in the lock store) is gone. Refused runs wait on '
+    'the parking line, as one message in a parking queue of the broker; remove the '
+    'setting')
 
 
 def line_deprecation(app: Any) -> Optional[str]:
-    """The deprecation warning a worker logs as it starts when its app chose the old
-    ``"store"`` line (None: it did not, or the package is switched off).
+    """The warning a worker logs as it starts when its app names the retired ``"store"``
+    line (None: it does not, or the package is switched off).
 
         >>> from celery import Celery
         >>> line_deprecation(Celery(set_as_current=False)) is None  # the default: "broker"
         True
         >>> old = Celery(set_as_current=False)
         >>> old.conf.redislock_line = "store"
-        >>> line_deprecation(old).startswith('redislock_line = "store" is deprecated')
+        >>> line_deprecation(old).startswith('redislock_line = "store" is retired')
         True
     """
-    settings = read_settings(app)
-    if settings.enabled and settings.line == "store":
+    named = app.conf.get("redislock_line")
+    if named == RETIRED_LINE and read_settings(app).enabled:
         return STORE_LINE_DEPRECATED
     return None
 

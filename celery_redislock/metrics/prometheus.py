@@ -48,7 +48,6 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from celery import bootsteps
 from celery.signals import worker_process_init
 
-from ..config.settings import read_settings
 from ..errors import LockConfigurationError
 from ..integration.recovery import process_alive
 from . import (
@@ -254,8 +253,7 @@ class Exporter:
         logged, not fatal."""
         registry = CollectorRegistry()
         SweepingCollector(registry, path=self.path)
-        if read_settings(self.app).line == "broker":
-            registry.register(ParkedLinesCollector(self.app))
+        registry.register(ParkedLinesCollector(self.app))
         error: Optional[OSError] = None
         for port in self.ports:
             try:
