@@ -18,6 +18,7 @@ from celery_redislock.engine.channel import channel_for, settle_all, unsettled
 from celery_redislock.engine.keeper import lease_keeper
 from celery_redislock.integration import handoff
 
+import old_line
 from support import wait_until
 
 #: How long the keeper leaves a thread's releases to it, as the package sets it.
@@ -174,16 +175,16 @@ def _fill_and_join_line(client: Any, lease: Lease, task_id: str) -> None:
     """Take the other slot, then put a run in the semaphore's waiting line."""
     other = admit(client, [SlotLimit(lease.name, 2, "redislock:")], lease=30)
     assert isinstance(other, Lease) and other._took_last_slot
-    message = handoff.pack_message(Signature("proj.waiting", (1,), task_id=task_id), "json")
-    position, handed = handoff.join_line(
-        client, lease._keys[0], handoff.new_ticket(task_id), 0, "{}", message,
+    message = old_line.pack_message(Signature("proj.waiting", (1,), task_id=task_id), "json")
+    position, handed = old_line.join_line(
+        client, lease._keys[0], old_line.new_ticket(task_id), 0, "{}", message,
         keep_ms=60_000, reserve_ms=handoff.reservation_ms(30),
     )
     assert position == 0 and handed == []  # every slot is held: it waits
 
 
 def _task_ids(messages: List[Any]) -> List[str]:
-    return [handoff.unpack_message(message)["options"]["task_id"] for message in messages]
+    return [old_line.unpack_message(message)["options"]["task_id"] for message in messages]
 
 
 def test_release_soon_frees_the_slot_before_this_thread_asks_anything_else(redis_client):
@@ -263,8 +264,8 @@ def test_release_soon_waits_for_the_answer_when_a_waiter_is_likely(redis_client,
         lease = admit(redis_client, [SlotLimit("likely", 2, "redislock:")], lease=30,
                       reserve_ms=handoff.reservation_ms(30))
         assert lease._took_last_slot and not lease._contended
-        message = handoff.pack_message(Signature("proj.waiting", task_id="waiter-3"), "json")
-        handoff.join_line(redis_client, lease._keys[0], handoff.new_ticket("waiter-3"), 0,
+        message = old_line.pack_message(Signature("proj.waiting", task_id="waiter-3"), "json")
+        old_line.join_line(redis_client, lease._keys[0], old_line.new_ticket("waiter-3"), 0,
                           "{}", message, keep_ms=60_000,
                           reserve_ms=handoff.reservation_ms(30))
     handed: List[Any] = []

@@ -28,6 +28,7 @@ from celery_redislock.integration import handoff
 from celery_redislock.integration.waiting import describe
 
 import features_app
+import old_line
 from cluster_checks import (
     assert_each_ran_once,
     assert_slots_all_given_back,
@@ -240,9 +241,9 @@ def _wait_in_line(client: Any, limit: SlotLimit, task_id: str) -> Ticket:
     """A run refused by ``limit`` joins its line, as a worker's run does; its ticket."""
     refused = admit(client, [limit], lease=30, reserve_ms=RESERVE_MS)
     assert isinstance(refused, Busy) and refused.cost == limit.cost
-    ticket = handoff.new_ticket(task_id)
-    message = handoff.pack_message(Signature("proj.run", (), task_id=task_id), "json")
-    _, handed = handoff.join_line(
+    ticket = old_line.new_ticket(task_id)
+    message = old_line.pack_message(Signature("proj.run", (), task_id=task_id), "json")
+    _, handed = old_line.join_line(
         client, limit.key, ticket, refused.server_time_ms, "{}", message, keep_ms=60_000,
         reserve_ms=RESERVE_MS, cost=limit.cost)
     assert handed == [], "nobody is handed a slot while the head needs more than are free"
@@ -253,7 +254,7 @@ def _handed(lease: Lease) -> List[str]:
     lease._reserve_ms = RESERVE_MS
     assert lease.release()
     messages, lease.handoffs[:] = list(lease.handoffs), []
-    return [handoff.unpack_message(message)["options"]["task_id"] for message in messages]
+    return [old_line.unpack_message(message)["options"]["task_id"] for message in messages]
 
 
 def test_a_heavy_head_of_the_line_is_not_starved_by_light_runs(redis_client) -> None:

@@ -27,7 +27,9 @@ from celery_redislock.engine.admission import (
 )
 from celery_redislock.engine.keys import companion_key, semaphore_key
 from celery_redislock.engine.rate import Rate
-from celery_redislock.integration.handoff import join_line, reservation_ms
+from celery_redislock.integration.handoff import reservation_ms
+
+from old_line import join_line
 
 PREFIX = "redislock:"
 KEEP_MS = 60_000

@@ -356,7 +356,8 @@ def test_a_served_ticket_waits_for_the_copy_still_out(redis_client):
     served, and then the ticket is waited for no more."""
     from celery_redislock.engine.admission import Busy, Served, SlotLimit, Ticket, admit
     from celery_redislock.engine.keys import companion_key
-    from celery_redislock.integration.handoff import join_line
+
+    from old_line import join_line
 
     slot = SlotLimit("outstanding", 1, "redislock:")
     holder = admit(redis_client, [slot], lease=10, reserve_ms=10_000)

@@ -49,7 +49,6 @@ from celery import Signature
 
 from celery_redislock.engine.keys import semaphore_key
 from celery_redislock.engine.scripts import ENQUEUE
-from celery_redislock.integration.handoff import pack_message
 from celery_redislock.testing import RedisServer
 
 from ..common import markdown_table, write_json
@@ -71,7 +70,11 @@ def sample_signature(task_id: str) -> Signature:
 
 
 def signed(task_id: str) -> str:
-    return pack_message(sample_signature(task_id), "json", SIGNING_KEY) or ""
+    """The signed message the old line parked in the lock store (its format: an
+    ``hmac-sha256:<hex>`` line, then content type, encoding, form and body)."""
+    text = f"application/json\nutf-8\ntext\n{json.dumps(dict(sample_signature(task_id)))}"
+    mac = hmac.new(SIGNING_KEY, text.encode(), hashlib.sha256).hexdigest()
+    return f"hmac-sha256:{mac}\n{text}"
 
 
 def envelope(task_id: str) -> bytes:

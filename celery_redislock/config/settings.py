@@ -19,12 +19,10 @@
                            ``False``, fails closed). The limit is then not enforced.
                            A store that answers but refuses (full, permissions) never
                            fails open.
-``redislock_signing_key``  Secret (``str`` or ``bytes``, at least 16 bytes) shared by
-                           every worker: the messages that waiting runs park in the lock
-                           store are signed with HMAC-SHA256 under it, and one that fails
-                           the check is dropped, never run. Unset (the default): parked
-                           messages are not signed, are never pickle, and are decoded
-                           only with a serializer of ``accept_content``.
+``redislock_signing_key``  No effect any more: it signed the messages the retired
+                           ``"store"`` line parked in the lock store, which holds none
+                           now. Still checked (``str`` or ``bytes``, at least 16 bytes),
+                           so that a configuration that sets it loads.
 ``redislock_require_noeviction``
                            ``True``: a worker refuses to start unless the lock store's
                            ``maxmemory-policy`` is ``noeviction`` (default ``False``:

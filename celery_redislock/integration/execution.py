@@ -30,7 +30,6 @@ from ..engine.admission import (
     Paused,
     RateLimited,
     SlotLimit,
-    Ticket,
     admit,
     declare_longest_lease,
     handed_young,
@@ -139,8 +138,6 @@ class _Setup:
     client: Any
     #: How long a slot handed to one of its runs stays reserved (worker runs).
     reserve_ms: int
-    #: The place in a waiting line of a run that has not waited yet: none.
-    no_ticket: Ticket
     #: Re-publishes the messages of waiters handed a slot (see :mod:`.handoff`).
     publish: Callable[[Any], Any]
     #: How long a served reference of the parking line is kept (ms; see
@@ -175,7 +172,6 @@ class _Setup:
                 settings=settings,
                 client=client,
                 reserve_ms=handoff.reservation_ms(limits.lease),
-                no_ticket=Ticket("", False, limits.retry.keep_ticket_ms(None), ""),
                 publish=functools.partial(handoff.publish, task.app),
                 keep_served_ms=broker_line.keep_served_ms(task),
             )
@@ -195,7 +191,6 @@ class _Attempt:
     #: The wait so far, as the message carries it.
     waited: WaitingRun
     promises: Dict[str, int]
-    ticket: Ticket
     #: Eager runs have no queue to go back to, nor a broker to hand slots over through.
     eager: bool
     reserve_ms: int
@@ -211,8 +206,6 @@ class _Attempt:
         eager = bool(request.is_eager)
         promises = dict(waited.promises)
         promises.update(getattr(request, PROMISED, None) or {})
-        ticket = setup.no_ticket if not waited.carried else Ticket(
-            waited.ticket, waited.express, setup.no_ticket.keep_ms, waited.copy)
         return cls(
             task=task, setup=setup, request=request,
             limiters=setup.limits.limiters(args, kwargs, setup.settings.prefix),
@@ -220,7 +213,7 @@ class _Attempt:
                                   args=_args_of(request)),
             owner=owner_prefix(request.hostname or "", request.id or "",
                                this_start(request.hostname)),
-            waited=waited, promises=promises, ticket=ticket,
+            waited=waited, promises=promises,
             eager=eager, reserve_ms=0 if eager else setup.reserve_ms,
         )
 
@@ -236,7 +229,7 @@ class _Attempt:
         return self.published(admit(
             self.setup.client, self.limiters, lease=self.setup.limits.lease,
             description=self.description, promises=self.promises, owner=self.owner,
-            ticket=self.ticket, reserve_ms=self.reserve_ms, probe=probe, book_ms=book_ms))
+            reserve_ms=self.reserve_ms, probe=probe, book_ms=book_ms))
 
     def park_ask(self, book_ms: int = 0, priority: Optional[int] = None) -> ParkAsk:
         """This run's ask of the parking line (:func:`.broker_line.prepare`)."""
@@ -486,7 +479,7 @@ class Asking:
         return prepare_admit(
             self.client, attempt.limiters, lease=attempt.setup.limits.lease,
             description=attempt.description, promises=attempt.promises,
-            owner=attempt.owner, ticket=attempt.ticket, reserve_ms=attempt.reserve_ms,
+            owner=attempt.owner, reserve_ms=attempt.reserve_ms,
             probe=self.probe, book_ms=self.book_ms)
 
     def replied(self, call: Union[AdmitCall, ParkAdmitCall], reply: Any) -> BeforePool:
@@ -698,9 +691,7 @@ def _carry_out(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any]
     if isinstance(action, Run):
         return action.lease
     if isinstance(action, SendBack):  # one copy, with a countdown, in no line
-        requeue(task, request, args, kwargs, limits.retry, action.refusal,
-                attempt.setup.client, 0,
-                [limiter.key for limiter in attempt.limiters if isinstance(limiter, SlotLimit)])
+        requeue(task, request, args, kwargs, limits.retry, action.refusal)
     return _wait_in_place(task, limits, attempt.setup.client, attempt.limiters,
                           attempt.description, attempt.owner, action.refusal)
 

@@ -453,27 +453,8 @@ def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool =
         return
     if terminated:
         _free_for_dead_run(sender, request.id, request.args, request.kwargs, "terminated")
-    else:
-        _leave_lines(sender, request.id, request.args, request.kwargs)
-        if limits_of(sender) is not None:
-            broker_line.leave_soon(sender._get_app(), getattr(request, "_context", request))
-
-
-def _leave_lines(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
-    """A revoked run that waited for a slot must not be handed one: take it out of the
-    waiting lines of its semaphores."""
-    limits = limits_of(task)
-    if limits is None:
-        return
-    try:
-        settings = read_settings(task._get_app())
-        client = redis_client(task._get_app(), settings)
-        keys = limits.slot_keys(args or (), kwargs or {}, settings.prefix)
-        for group in by_hash_slot(client, keys):
-            handoff.leave_line(client, group, task_id)
-    except Exception as exc:  # a revoke must never fail because of this
-        logger.warning("celery-redislock: could not take revoked task %s out of its waiting "
-                       "line: %s", task_id, error_text(exc))
+    elif limits_of(sender) is not None:
+        broker_line.leave_soon(sender._get_app(), getattr(request, "_context", request))
 
 
 def _free_what_is_left(app: Any, worker: str, start: str, main_pid: int,

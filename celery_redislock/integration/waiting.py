@@ -8,15 +8,14 @@ re-published copy, which has the same task id, carries on.
 
 What the wait has been so far travels with the message in the ``redislock_wait`` header
 (a :class:`~celery_redislock.integration.waiting_run.WaitingRun`): when it started (on
-the Redis server's clock), how many times the run was refused, the start times rate
-limiters promised it, and its ticket in a semaphore's waiting line (see
-:mod:`celery_redislock.integration.handoff`): a freed slot is handed to the oldest waiter
-at once, so the countdown chosen here is only the fallback.
+the Redis server's clock), how many times the run was refused, and the start times rate
+limiters promised it. On the parking line a refused run parks instead (see
+:mod:`.broker_line`): a run is sent back only when it cannot park (its limits lie in
+several hash slots of a Redis Cluster), as one copy in no line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import time
@@ -24,15 +23,13 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
 from celery.exceptions import Ignore
-from redis.exceptions import RedisError
 
 from ..config.retry import RetryPolicy
 from ..config.settings import Settings, read_settings
 from ..engine.admission import Busy, Paused, RateLimited
 from ..engine.keys import SEMAPHORE_MARK
-from ..engine.refusal import describe_error, error_kind, server_message
 from ..errors import LockWaitTimeout
-from . import handoff, signals
+from . import signals
 from .waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
@@ -118,51 +115,34 @@ def requeue(
     kwargs: Mapping[str, Any],
     policy: RetryPolicy,
     refusal: Refusal,
-    client: Any = None,
-    reserve_ms: int = 0,
-    line_keys: Sequence[str] = (),
 ) -> NoReturn:
-    """Re-publish the current run of ``task`` with a countdown, then end it (``Ignore``).
+    """Re-publish the current run of ``task`` with a countdown, as one copy in no line,
+    then end it (``Ignore``).
 
     ``refusal`` is why it was not admitted: :class:`Busy`, :class:`RateLimited`,
-    :class:`Paused`, or None when the lock store could not be reached. A run refused by
-    a semaphore also takes its place in the semaphore's waiting line (on ``client``),
-    if it is not there yet, when ``reserve_ms`` > 0
-    (see :mod:`celery_redislock.integration.handoff`); ``line_keys`` are the keys of the
-    run's semaphores, whose lines it leaves when it gives up while a rate limit holds it.
-    Raises :class:`LockWaitTimeout` instead when the run has
-    waited, or would have to wait, longer than ``policy.max_wait``.
+    :class:`Paused`, or None when the lock store could not be reached. Raises
+    :class:`LockWaitTimeout` instead when the run has waited, or would have to wait,
+    longer than ``policy.max_wait``.
     """
     run = WaitingRun.of(request)
     ceiling = visibility_ceiling(task)
-    plan = plan_wait(run, refusal, policy, ceiling, _settings(task).rate_recheck,
-                     may_join=client is not None and reserve_ms > 0)
+    plan = plan_wait(run, refusal, policy, ceiling, _settings(task).rate_recheck)
     if isinstance(plan, GiveUp):
-        _give_up(task, request, plan, refusal, client, run.ticket or None, line_keys)
-    attempts, countdown, since, joins_line = (run.attempts, plan.countdown, plan.since,
-                                              plan.joins_line)
-    ticket = run.ticket or None
-    if joins_line:
-        ticket = ticket or handoff.new_ticket(request.id)
-    wait = _sent_back(run, since, dict(plan.promises), ticket, refusal)
+        _give_up(task, request, plan, refusal)
+    attempts, countdown, since = run.attempts, plan.countdown, plan.since
+    wait = WaitingRun(since=since, attempts=run.attempts + 1, promises=dict(plan.promises),
+                      park_id=run.park_id, line=run.line, carried=True)
     headers = wait.on(getattr(request, "headers", None))
-    handoffs: list = []
-    if joins_line:
-        assert isinstance(refusal, (Busy, Paused)) and since is not None and ticket
-        handoffs = _join_line(task, request, args, kwargs, wait, refusal, client, ticket,
-                              since, policy.keep_ticket_ms(ceiling), reserve_ms)
     signature = task.signature_from_request(
         request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
     )
     _publish(signature)
-    if handoffs:
-        handoff.publish(task.app, handoffs)
     _announce(task, request, refusal, countdown)
     # Once per run at INFO (why, and until when); every later deferral at DEBUG.
     logger.log(logging.INFO if attempts == 0 else logging.DEBUG,
                "celery-redislock: task %s[%s] deferred: it %s; %s; waiting %.2f s (attempt %d)",
                task.name, request.id, describe(refusal, task),
-               until_when(refusal, countdown, joins_line), countdown, attempts + 1)
+               until_when(refusal, countdown, False), countdown, attempts + 1)
     raise Ignore()
 
 
@@ -348,77 +328,14 @@ def _too_long(max_wait: float, waited: float, must_wait: float) -> bool:
     return not (waited + must_wait < max_wait or (waited <= 0 and must_wait <= 0))
 
 
-def _give_up(task: Any, request: Any, plan: GiveUp, refusal: Refusal, client: Any,
-             ticket: Optional[str], line_keys: Sequence[str] = ()) -> NoReturn:
-    """Raise :class:`LockWaitTimeout`, leaving the waiting lines."""
+def _give_up(task: Any, request: Any, plan: GiveUp, refusal: Refusal) -> NoReturn:
+    """Raise :class:`LockWaitTimeout`."""
     max_wait, waited, must_wait = plan.max_wait, plan.waited, plan.must_wait
-    keys = [refusal.key] if isinstance(refusal, (Busy, Paused)) else list(line_keys)
-    if ticket and client is not None and keys:
-        with contextlib.suppress(RedisError):  # else dropped when its time runs out
-            handoff.leave_line(client, keys, request.id)
     more = f" and would wait {must_wait:.1f} s more" if must_wait else ""
     raise LockWaitTimeout(
         f"Task {task.name!r}[{request.id}] {describe(refusal, task)} and gave up: it "
         f"waited {waited:.1f} s{more}, beyond its max_wait of {max_wait} s"
     )
-
-
-def _sent_back(run: WaitingRun, since: Optional[int], promises: Dict[str, int],
-               ticket: Optional[str], refusal: Refusal) -> WaitingRun:
-    """The wait of the copy sent back (refused once more; a copy moved out of a parking
-    queue keeps its park id, to take its reservation when it comes back)."""
-    wait = WaitingRun(since=since, attempts=run.attempts + 1, promises=promises,
-                      park_id=run.park_id, line=run.line, carried=True)
-    if not ticket:
-        return wait
-    # The lock store went away during the admission, which may have gone through before
-    # the answer was lost: then the line remembers this copy as the one admitted. The
-    # copy sent back is, to the line, this same copy, so that it still runs (once the
-    # slot the lost answer took comes back) instead of being turned away as served by
-    # another.
-    same_copy = refusal is None and bool(run.copy)
-    return wait.but(ticket=ticket, copy=run.copy if same_copy else handoff.new_copy_id(),
-                    express=same_copy and run.express)
-
-
-def _join_line(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
-               wait: WaitingRun, refusal: Union[Busy, Paused], client: Any, ticket: str,
-               since: int, keep_ms: int, reserve_ms: int) -> list:
-    """Put the run in the semaphore's waiting line, with the express copy of its message
-    (its wait ``wait``) to hand a freed slot to (signed with the app's
-    ``redislock_signing_key`` if it has one); the hand-offs the line made meanwhile, to
-    publish."""
-    express = task.signature_from_request(
-        request, args, kwargs,
-        headers=wait.but(express=True).on(getattr(request, "headers", None)),
-        retries=request.retries,
-    )
-    express.options.pop("countdown", None)
-    express.options.pop("eta", None)
-    settings = _settings(task)
-    message = handoff.pack_message(express, task.serializer or task.app.conf.task_serializer,
-                                   settings.signing_key)
-    if message is None:
-        logger.warning("celery-redislock: task %s[%s] is serialized with pickle and cannot "
-                       "be parked as JSON; with no redislock_signing_key it does not join "
-                       "the waiting line of %r and comes back on its countdown", task.name,
-                       request.id, refusal.name)
-        return []
-    try:
-        _, handoffs = handoff.join_line(
-            client, refusal.key, ticket, since,
-            handoff.waiter_record(task.name, request.id, request.hostname, since),
-            message, keep_ms=keep_ms, reserve_ms=reserve_ms, cost=refusal.cost,
-        )
-    except RedisError as exc:
-        # The copy sent back carries the run; it joins the line next time.
-        logger.warning("celery-redislock: task %s[%s] could not join the waiting line of "
-                       "%r (%s); it comes back on its countdown", task.name, request.id,
-                       refusal.name, describe_error(exc))
-        signals.lock_store_error.send(sender=task, task_id=request.id, key=refusal.name,
-                                      kind=error_kind(exc), message=server_message(exc))
-        return []
-    return list(handoffs)
 
 
 def _announce(task: Any, request: Any, refusal: Refusal, countdown: float) -> None:
