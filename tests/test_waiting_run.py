@@ -269,32 +269,29 @@ def at_now(**changes: Any) -> Busy:
 
 
 PLANS = [
-    # (run, refusal, policy, may_join, plan)
-    (NOT_WAITING, at_now(), POLICY, True, SendBackPlan(0.5, NOW, {}, True)),
-    (NOT_WAITING, at_now(), POLICY, False, SendBackPlan(0.5, NOW, {}, False)),
-    # in line already, third: back after its turn (2 x 3 turns), within max_wait
-    (NOT_WAITING, at_now(position=2), POLICY, True, SendBackPlan(5.0, NOW, {}, False)),
-    (WaitingRun(since=9_000, carried=True), at_now(), POLICY, True,
-     SendBackPlan(0.5, 9_000, {}, True)),
-    (WaitingRun(since=5_200, carried=True), at_now(), POLICY, True,  # 0.2 s left
-     SendBackPlan(pytest.approx(0.2), 5_200, {}, True)),
-    (WaitingRun(since=5_000, carried=True), at_now(), POLICY, True, GiveUp(5.0, 0.0, 5.0)),
-    (WaitingRun(since=4_000, carried=True), at_now(), UNBOUNDED, True,
-     SendBackPlan(0.5, 4_000, {}, True)),
-    (NOT_WAITING, rate(3.0, server_time_ms=NOW), POLICY, True,
-     SendBackPlan(1.0, NOW, {"rk": 42}, False)),
-    (NOT_WAITING, rate(6.0, server_time_ms=NOW), POLICY, True, GiveUp(0.0, 6.0, 5.0)),
-    (NOT_WAITING, rate(3.0, server_time_ms=NOW, other_copy=True), UNBOUNDED, True,
-     SendBackPlan(4.0, NOW, {}, False)),
-    (WaitingRun(since=7_000, carried=True), None, POLICY, True,  # no answer: no clock
-     SendBackPlan(1.0, 7_000, {}, False)),
-    (NOT_WAITING, None, POLICY, True, SendBackPlan(1.0, None, {}, False)),
+    # (run, refusal, policy, plan)
+    (NOT_WAITING, at_now(), POLICY, SendBackPlan(0.5, NOW, {})),
+    # third in a line: back after its turn (2 x 3 turns), within max_wait
+    (NOT_WAITING, at_now(position=2), POLICY, SendBackPlan(5.0, NOW, {})),
+    (WaitingRun(since=9_000, carried=True), at_now(), POLICY, SendBackPlan(0.5, 9_000, {})),
+    (WaitingRun(since=5_200, carried=True), at_now(), POLICY,  # 0.2 s left
+     SendBackPlan(pytest.approx(0.2), 5_200, {})),
+    (WaitingRun(since=5_000, carried=True), at_now(), POLICY, GiveUp(5.0, 0.0, 5.0)),
+    (WaitingRun(since=4_000, carried=True), at_now(), UNBOUNDED,
+     SendBackPlan(0.5, 4_000, {})),
+    (NOT_WAITING, rate(3.0, server_time_ms=NOW), POLICY, SendBackPlan(1.0, NOW, {"rk": 42})),
+    (NOT_WAITING, rate(6.0, server_time_ms=NOW), POLICY, GiveUp(0.0, 6.0, 5.0)),
+    (NOT_WAITING, rate(3.0, server_time_ms=NOW, other_copy=True), UNBOUNDED,
+     SendBackPlan(4.0, NOW, {})),
+    (WaitingRun(since=7_000, carried=True), None, POLICY,  # no answer: no clock
+     SendBackPlan(1.0, 7_000, {})),
+    (NOT_WAITING, None, POLICY, SendBackPlan(1.0, None, {})),
 ]
 
 
-@pytest.mark.parametrize("run, refusal, policy, may_join, plan", PLANS)
-def test_plan_wait(run, refusal, policy, may_join, plan):
-    assert plan_wait(run, refusal, policy, None, may_join=may_join) == plan
+@pytest.mark.parametrize("run, refusal, policy, plan", PLANS)
+def test_plan_wait(run, refusal, policy, plan):
+    assert plan_wait(run, refusal, policy, None) == plan
 
 
 @settings(max_examples=200, deadline=None)
@@ -305,12 +302,12 @@ def test_a_run_sent_back_comes_back_before_its_max_wait_and_ceiling(
         since, attempts, hint, max_wait, ceiling):
     policy = RetryPolicy(backoff=1.0, backoff_max=30.0, max_wait=max_wait)
     run = WaitingRun(since=since, attempts=attempts, carried=True)
-    plan = plan_wait(run, at_now(retry_hint=hint), policy, ceiling, may_join=True)
+    plan = plan_wait(run, at_now(retry_hint=hint), policy, ceiling)
     waited = (NOW - since) / 1000 if since else 0.0
     if isinstance(plan, GiveUp):
         assert max_wait is not None and waited >= max_wait and plan.waited == waited
         return
-    assert plan.since == (since or NOW) and plan.joins_line
+    assert plan.since == (since or NOW)
     assert 0 <= plan.countdown <= (ceiling if ceiling is not None else 30.0)
     if max_wait is not None:
         assert waited < max_wait and plan.countdown <= max_wait - waited + 1e-9

@@ -27,7 +27,6 @@ from celery.exceptions import Ignore
 from ..config.retry import RetryPolicy
 from ..config.settings import Settings, read_settings
 from ..engine.admission import Busy, Paused, RateLimited
-from ..engine.keys import SEMAPHORE_MARK
 from ..errors import LockWaitTimeout
 from . import signals
 from .waiting_run import WaitingRun
@@ -142,7 +141,7 @@ def requeue(
     logger.log(logging.INFO if attempts == 0 else logging.DEBUG,
                "celery-redislock: task %s[%s] deferred: it %s; %s; waiting %.2f s (attempt %d)",
                task.name, request.id, describe(refusal, task),
-               until_when(refusal, countdown, False), countdown, attempts + 1)
+               until_when(refusal, countdown), countdown, attempts + 1)
     raise Ignore()
 
 
@@ -150,13 +149,11 @@ def requeue(
 class SendBackPlan:
     """How a refused run is sent back: after ``countdown`` seconds, its wait begun at
     ``since`` (server ms; None when the lock store was never reached), with the starts
-    rate limiters promised it (``promises``), in the semaphore's waiting line if
-    ``joins_line``."""
+    rate limiters promised it (``promises``)."""
 
     countdown: float
     since: Optional[int]
     promises: Mapping[str, int]
-    joins_line: bool
 
 
 @dataclass(frozen=True)
@@ -171,17 +168,16 @@ class GiveUp:
 
 def plan_wait(run: WaitingRun, refusal: Refusal, policy: RetryPolicy,
               ceiling: Optional[float], recheck: Optional[float] = 1.0,
-              may_join: bool = False) -> Union[SendBackPlan, GiveUp]:
+              ) -> Union[SendBackPlan, GiveUp]:
     """What :func:`requeue` does with ``run`` after ``refusal``, decided without a call
     or a clock: the refusal's server time is now. ``ceiling``: the longest countdown (see
-    :func:`visibility_ceiling`); ``recheck``: ``redislock_rate_recheck``; ``may_join``:
-    the run may wait in a semaphore's line (hand-offs are wanted).
+    :func:`visibility_ceiling`); ``recheck``: ``redislock_rate_recheck``.
 
         >>> from celery_redislock.engine.admission import Busy
         >>> busy = Busy("crawl", 1, 1, 0.5, None, server_time_ms=10_000, key="k:s:crawl")
         >>> policy = RetryPolicy(backoff=1.0, backoff_max=60.0, jitter=False, max_wait=5.0)
-        >>> plan_wait(WaitingRun(since=9_000, carried=True), busy, policy, None, may_join=True)
-        SendBackPlan(countdown=0.5, since=9000, promises={}, joins_line=True)
+        >>> plan_wait(WaitingRun(since=9_000, carried=True), busy, policy, None)
+        SendBackPlan(countdown=0.5, since=9000, promises={})
         >>> plan_wait(WaitingRun(since=4_000, carried=True), busy, policy, None)
         GiveUp(waited=6.0, must_wait=0.0, max_wait=5.0)
     """
@@ -193,13 +189,13 @@ def plan_wait(run: WaitingRun, refusal: Refusal, policy: RetryPolicy,
         if _too_long(policy.max_wait, waited, must_wait):
             return GiveUp(waited, must_wait, policy.max_wait)
         countdown = min(countdown, max(policy.max_wait - waited, 0.0))
-    return SendBackPlan(countdown, since, promises, _joins_line(refusal, may_join, since))
+    return SendBackPlan(countdown, since, promises)
 
 
-def until_when(refusal: Refusal, countdown: float, in_line: bool) -> str:
+def until_when(refusal: Refusal, countdown: float) -> str:
     """Until when a deferred run waits, for the log: times are the Redis server's, UTC.
 
-        >>> until_when(None, 2.0, False)
+        >>> until_when(None, 2.0)
         'back in 2.0 s'
     """
     if refusal is None:
@@ -210,10 +206,7 @@ def until_when(refusal: Refusal, countdown: float, in_line: bool) -> str:
     if isinstance(refusal, Paused):
         end = ("until resumed" if refusal.retry_hint is None else
                f"until {_clock(refusal.server_time_ms + refusal.retry_hint * 1000)}")
-        return f"the pause lasts {end}; back by {back}" + (
-            " or at once on resume" if in_line else "")
-    if in_line or (isinstance(refusal, Busy) and refusal.position is not None):
-        return f"waits in line for a freed slot, back by {back} at the latest"
+        return f"the pause lasts {end}; back by {back}"
     return f"back at {back}"
 
 
@@ -264,18 +257,6 @@ def _wait_so_far(run: WaitingRun, refusal: Refusal) -> Tuple[Optional[int], floa
     now_ms = refusal.server_time_ms if refusal is not None else None
     since = run.since or now_ms
     return since, (now_ms - since) / 1000.0 if now_ms is not None and since else 0.0
-
-
-def _joins_line(refusal: Refusal, may_join: bool, since: Optional[int]) -> bool:
-    """Whether a refused run takes (or keeps, by asking again) a place in a semaphore's
-    waiting line, when hand-offs are wanted: one refused by a full semaphore, and not in
-    its line yet; one refused by a paused semaphore, every time (which keeps its ticket
-    alive however long the pause lasts), so that ``resume`` hands it a slot at once."""
-    if not may_join or since is None:
-        return False
-    if isinstance(refusal, Busy):
-        return refusal.position is None
-    return isinstance(refusal, Paused) and SEMAPHORE_MARK in refusal.key
 
 
 def _settings(task: Any) -> Settings:
