@@ -92,16 +92,25 @@ def create_app(urls: AppUrls) -> Celery:
         if task_id:
             recorder(urls.record).client.hincrby(name, task_id, 1)
 
+    # The handlers are connected for the whole process, which outlives this app in a
+    # test process: they count runs of this app's tasks only (another app's embedded
+    # worker must not call a record store that is gone).
+    def ours(task: Any) -> bool:
+        return getattr(task, "app", None) is app
+
     @task_prerun.connect(weak=False)
     def on_prerun(task_id: Optional[str] = None, task: Any = None, **_: Any) -> None:
+        if not ours(task):
+            return
         count("prerun", task_id)
         if task is not None and task_id:
             state = task.AsyncResult(task_id).state
             recorder(urls.record).client.hset("prerun-state", task_id, state)
 
     @task_postrun.connect(weak=False)
-    def on_postrun(task_id: Optional[str] = None, **_: Any) -> None:
-        count("postrun", task_id)
+    def on_postrun(task_id: Optional[str] = None, task: Any = None, **_: Any) -> None:
+        if ours(task):
+            count("postrun", task_id)
 
     return app
 
