@@ -156,16 +156,25 @@ def started(lease: Any) -> None:
 # --- the mover of this process -----------------------------------------------------------
 
 _movers: Dict[int, Mover] = {}
+_mover_apps: Dict[int, Any] = {}
 _movers_lock = threading.Lock()
 
 
 def mover(app: Any) -> Mover:
-    """This process's mover (made and started on first use; a forked child makes its own)."""
+    """This process's mover for ``app`` (made and started on first use; a forked child
+    makes its own). A process that moves for another app than before (an embedded
+    worker after another, in tests) gets a new mover on that app's broker; the old one
+    is stopped on a thread of its own, so that this call never waits for it."""
     pid = os.getpid()
     with _movers_lock:
         found = _movers.get(pid)
+        if found is not None and _mover_apps.get(pid) is not app:
+            threading.Thread(target=found.stop, kwargs={"timeout": 5.0},
+                             name="redislock-mover-stop", daemon=True).start()
+            found = None
         if found is None:
             found = _movers[pid] = Mover.for_app(app).start()
+            _mover_apps[pid] = app
         return found
 
 
@@ -412,5 +421,6 @@ def _stop(**_: Any) -> None:
     if poll is not None:
         poll.stop()
     found = _movers.pop(os.getpid(), None)
+    _mover_apps.pop(os.getpid(), None)
     if found is not None:
         found.stop(timeout=5.0)
