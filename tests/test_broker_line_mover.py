@@ -20,6 +20,6 @@ def test_a_process_gets_a_new_mover_for_another_app() -> None:
         second = broker_line.mover(second_app)
         assert second is not first
         assert broker_line.mover(second_app) is second
-        wait_until(lambda: not first._thread.is_alive(), 10, "the first mover to stop")
+        wait_until(lambda: not first._thread.is_alive(), 10, what="the first mover to stop")
     finally:
         broker_line._stop()
