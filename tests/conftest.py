@@ -29,7 +29,7 @@ pytest_plugins = ["worker_cluster"]
 #: them is left to run alone at the end while the other processes idle. The other files
 #: follow in their usual order.
 LONGEST_FIRST = (
-    "test_gate.py", "test_faults.py", "test_handoff.py", "test_namesakes.py",
+    "test_gate.py", "test_faults.py", "test_parking_line.py", "test_namesakes.py",
     "test_workers.py", "test_store_loss.py", "test_celery_task.py", "test_config_workers.py",
     "test_redelivery.py", "test_engine_model.py", "test_metrics.py", "test_unique.py",
     "test_store_refusals.py", "test_cli_project.py", "test_quickstart.py",
