@@ -105,7 +105,7 @@ class Cluster:
                 self.bench.work.apply_async((tenant, seconds, n), producer=producer)
 
     def parked(self) -> int:
-        from celery_redislock.integration.parking import PARKING_PREFIX
+        from celery_redislock.parking import PARKING_PREFIX
         return sum(int(self.broker.llen(key)) for key in
                    self.broker.scan_iter(match=PARKING_PREFIX + "*", count=1000)
                    if len(key) == len(PARKING_PREFIX) + 24)

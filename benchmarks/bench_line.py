@@ -167,7 +167,7 @@ def _waiting(case: Case, servers: Servers) -> int:
 
 def parked_in_broker(broker: redis.Redis) -> int:
     """The messages in the broker's parking queues."""
-    from celery_redislock.integration.parking import PARKING_PREFIX
+    from celery_redislock.parking import PARKING_PREFIX
     return sum(broker.llen(name) for name in broker.scan_iter(f"{PARKING_PREFIX}*", count=1000)
                if broker.type(name) == b"list")
 

@@ -3,9 +3,9 @@ RabbitMQ.
 
 For each broker: ``--runs`` Celery messages (real ones, ``--payload`` bytes of argument)
 are received once and parked ``--runs`` times, then moved back, first by direct calls of
-:class:`~celery_redislock.integration.parking.ParkingBroker` on one connection (each a
+:class:`~celery_redislock.parking.ParkingBroker` on one connection (each a
 blocking round trip: the client's wall time per operation), then through a
-:class:`~celery_redislock.integration.parking.Mover` (submitted from this thread, each
+:class:`~celery_redislock.parking.Mover` (submitted from this thread, each
 job's callback counted: the thread's throughput). On Redis the server's own µs per
 script (``INFO commandstats``) is given too, and a move with ``--deep`` messages already
 parked, to show the cost does not grow with the line. RabbitMQ is skipped when it does
@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import kombu
 from celery import Celery
 
-from celery_redislock.integration.parking import Done, Mover, ParkedCopy, broker_for
+from celery_redislock.parking import Done, Mover, ParkedCopy, broker_for
 from celery_redislock.testing import RedisServer
 
 from .common import command_usec, markdown_table, write_json

@@ -20,6 +20,7 @@ below it (``tests/test_layers.py`` checks this):
 ``errors``         the exceptions every layer raises
 ``engine``         semaphores, rate limits and waiting lines in Redis; no Celery
 ``config``         options, settings and limit definitions, checked; runs nothing
+``parking``        the broker's side of the parking line: parking queues, moves; no Celery
 ``integration``    Celery: task classes, the run of a limited task, waiting, recovery
 ``admin``          operators' tools: state reads, the control API, the CLI
 ``metrics``        metrics fed by the signals, and the Prometheus exporter

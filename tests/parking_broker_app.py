@@ -13,7 +13,7 @@ import kombu
 import redis
 from celery import Celery
 
-from celery_redislock.integration.parking import moved_copy
+from celery_redislock.parking import moved_copy
 
 QUEUE = os.environ.get("PARKING_QUEUE", "parking-reports")
 EXCHANGE = kombu.Exchange(QUEUE + "-exchange", type="direct")

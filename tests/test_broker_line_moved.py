@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError, NoPermissionError
 
 from celery_redislock.engine import parking as store
 from celery_redislock.integration import broker_line
-from celery_redislock.integration.parking import Done, Outcome
+from celery_redislock.parking import Done, Outcome
 
 KEY = "redislock:{x}:s:moved"
 

@@ -125,7 +125,7 @@ def test_rabbitmq_as_the_broker(start_cluster: Any, monkeypatch: pytest.MonkeyPa
     from test_rabbitmq import rabbitmq_answers
 
     from celery_redislock.engine.keys import semaphore_key
-    from celery_redislock.integration.parking import line_name, parking_queue
+    from celery_redislock.parking import line_name, parking_queue
 
     from parking_app import RABBIT_ENV
     if not rabbitmq_answers():

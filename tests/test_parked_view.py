@@ -35,8 +35,8 @@ from celery_redislock.engine.parking import (
     run_id,
     started,
 )
-from celery_redislock.integration.parking import ParkedCopy, Route, broker_for, parking_queue
 from celery_redislock.metrics.parked import ParkedLinesCollector
+from celery_redislock.parking import ParkedCopy, Route, broker_for, parking_queue
 from celery_redislock.web.state import Dashboard
 
 from support import BROKER_DB, LOCK_DB

@@ -1,4 +1,4 @@
-"""The broker side of the parking line (``celery_redislock.integration.parking``): parked
+"""The broker side of the parking line (``celery_redislock.parking``): parked
 copies, moves, lengths and the registry on a private Redis broker and on the shared
 RabbitMQ, the mover thread, and a moved run retried by a real ``celery worker``."""
 
@@ -19,7 +19,7 @@ import kombu
 import pytest
 from celery import Celery
 
-from celery_redislock.integration.parking import (
+from celery_redislock.parking import (
     REGISTRY,
     ROUTE_HEADER,
     Done,
@@ -31,8 +31,7 @@ from celery_redislock.integration.parking import (
     parking_queue,
     recount,
 )
-from celery_redislock.integration.parking.naming import is_parking_queue
-from celery_redislock.integration.waiting_run import WAIT_HEADER
+from celery_redislock.parking.naming import WAIT_HEADER, is_parking_queue
 
 from redis_process import RedisServer
 from support import wait_until
@@ -553,7 +552,7 @@ def test_a_moved_run_retries_to_its_original_queue(broker_kind: str, server: Red
 def test_loop_hop_runs_other_threads_calls_on_the_loop_in_order() -> None:
     from kombu.asynchronous import Hub
 
-    from celery_redislock.integration.parking import LoopHop
+    from celery_redislock.parking import LoopHop
 
     hub = Hub()
     hop = LoopHop(hub)
@@ -602,12 +601,12 @@ class FlakyBroker:
 
     def park(self, copy: ParkedCopy, job_id: str) -> Any:
         self._try("park " + job_id)
-        from celery_redislock.integration.parking import Outcome
+        from celery_redislock.parking import Outcome
         return Outcome(True, "parked")
 
     def move(self, queue: str, job_id: str) -> Any:
         self._try("move " + job_id)
-        from celery_redislock.integration.parking import Outcome
+        from celery_redislock.parking import Outcome
         return Outcome(True, "moved")
 
 
@@ -673,8 +672,8 @@ def receive_after_send(app: Celery, queue: str) -> kombu.Message:
 def test_rabbitmq_move_to_a_route_no_queue_takes_sets_it_aside(rabbit_app: Celery) -> None:
     """A parked message whose exchange routes nowhere any more (its queue deleted) is
     not dropped: it goes to the unroutable queue, and the move reports nothing moved."""
-    from celery_redislock.integration.parking.naming import UNROUTABLE
-    from celery_redislock.integration.parking.parked_copy import Route
+    from celery_redislock.parking.naming import UNROUTABLE
+    from celery_redislock.parking.parked_copy import Route
 
     queue = rabbit_app.conf.task_default_queue
     with rabbit_app.connection_for_write() as connection:

@@ -23,7 +23,7 @@ from kombu.serialization import dumps
 from celery_redislock.config.settings import read_settings
 from celery_redislock.engine.keys import companion_key, semaphore_key
 from celery_redislock.errors import LockConfigurationError
-from celery_redislock.integration.parking import parking_queue
+from celery_redislock.parking import parking_queue
 
 from cluster_checks import lock_store, peaks, record_store, slots_come_back, wait_until
 from parking_app import (
@@ -478,8 +478,8 @@ def test_the_original_is_acknowledged_only_once_its_copy_is_parked(
     from celery_redislock.engine.admission import ParkRef
     from celery_redislock.integration import broker_line, gate
     from celery_redislock.integration.execution import Parked
-    from celery_redislock.integration.parking import Done, Outcome
     from celery_redislock.integration.waiting_run import WaitingRun
+    from celery_redislock.parking import Done, Outcome
 
     jobs: List[Any] = []
     monkeypatch.setattr(broker_line, "park", lambda app, message, ref, wait, on_done:
@@ -517,7 +517,7 @@ def test_the_poll_hands_over_a_slot_freed_without_a_release(
     from celery_redislock.engine import parking as store
     from celery_redislock.engine.admission import Busy, SlotLimit
     from celery_redislock.integration import broker_line
-    from celery_redislock.integration.parking import Done, Outcome
+    from celery_redislock.parking import Done, Outcome
 
     app = create_app_conf(redislock_line="broker")
     app.conf.redislock_url = redis_server.url

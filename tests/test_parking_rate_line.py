@@ -22,7 +22,7 @@ from parking_rate_app import (
 )
 
 from celery_redislock.engine.keys import rate_key
-from celery_redislock.integration.parking import parking_queue
+from celery_redislock.parking import parking_queue
 
 from cluster_checks import lock_store, peaks, record_store, wait_until
 from parking_app import LINE_ENV

@@ -7,5 +7,6 @@ refused run does (``waiting``, ``handoff``), the worker's recovery of a lost run
 (``recovery``) and the package's signals (``signals``).
 
 May import: ``celery``, ``kombu``, ``billiard``, ``celery_redislock.errors``,
-``celery_redislock.engine`` and ``celery_redislock.config``.
+``celery_redislock.engine``, ``celery_redislock.config`` and
+``celery_redislock.parking``.
 """

@@ -45,7 +45,7 @@ from ..engine import parking_rate
 from ..engine.admission import ParkedMove, ParkRef, handoffs_of
 from ..engine.refusal import describe_error
 from ..errors import LockConfigurationError
-from .parking import (
+from ..parking import (
     Done,
     LoopHop,
     Mover,

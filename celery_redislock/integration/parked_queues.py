@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict, Optional, Sequence
 
-from .parking import broker_for, parked_lengths, parking_queue
+from ..parking import broker_for, parked_lengths, parking_queue
 
 __all__ = ["ParkingQueues", "parking_queue"]
 

@@ -17,8 +17,7 @@ from collections import abc
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Mapping, Optional
 
-#: The message header that carries a run's wait.
-WAIT_HEADER = "redislock_wait"
+from ..parking.naming import WAIT_HEADER
 
 
 @dataclass(frozen=True)

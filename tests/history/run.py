@@ -18,7 +18,7 @@ from celery import Celery
 from celery_redislock import Semaphore
 from celery_redislock.config.settings import DEFAULT_LINE
 from celery_redislock.engine.parked_view import read_parked_lines
-from celery_redislock.integration.parking.naming import PARKING_PREFIX
+from celery_redislock.parking.naming import PARKING_PREFIX
 
 from .app import VISIBILITY_TIMEOUT, create_app
 from .checker import FINAL_STATES, Verdict, check, classify_lost, collect_bodies

@@ -42,7 +42,10 @@ The contract, for the main process's gate and the poll:
   survive a fork: start it in the process that uses it (prefork: the main process, or
   each pool process after the fork).
 
-Nothing here imports the engine's store; the engine never imports this package.
+May import: the standard library, ``kombu``, ``amqp`` and ``redis`` (the broker's own
+clients) and ``celery_redislock.errors``; never Celery, the engine or the integration
+(``tests/test_layers.py`` checks this). The lock store's side of the line is
+:mod:`celery_redislock.engine.parking`; the integration joins the two.
 """
 
 from .amqp_line import AmqpParking

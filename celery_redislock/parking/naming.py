@@ -27,6 +27,10 @@ DONE_PREFIX = "redislock.parking.done."
 #: The header of a parked copy that names where it goes back to (see :class:`~.copy.Route`).
 ROUTE_HEADER = "redislock_park"
 
+#: The header that carries a run's wait so far (read and written by the integration's
+#: ``WaitingRun``; a parked copy's is replaced by the wait it parks with).
+WAIT_HEADER = "redislock_wait"
+
 
 #: Between a semaphore key and a sub-line's key in the name of a fair sub-line's line.
 SUB_SEPARATOR = "\x1f"

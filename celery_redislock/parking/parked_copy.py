@@ -29,8 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
-from ..waiting_run import WAIT_HEADER
-from .naming import ROUTE_HEADER, parking_queue
+from .naming import ROUTE_HEADER, WAIT_HEADER, parking_queue
 
 #: The message properties a parked copy keeps (Celery reads priority, correlation_id,
 #: reply_to; the others are kept as sent).
