@@ -1,5 +1,5 @@
 """The lock store's connection on the worker's event loop
-(:mod:`celery_redislock.integration.hub_store`), driven by a real kombu ``Hub`` against a
+(:mod:`celery_redislock.engine.hub_store`), driven by a real kombu ``Hub`` against a
 real redis-server, and a listening socket that never answers."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import pytest
 import redis
 from kombu.asynchronous import Hub
 
+from celery_redislock.engine.hub_store import HubStore
 from celery_redislock.engine.resp import pack
 from celery_redislock.engine.scripts import LuaScript
-from celery_redislock.integration.hub_store import HubStore
+from celery_redislock.integration.hub_store import unsupported
 
 ECHO = LuaScript("echo_test.lua", "return {KEYS[1], ARGV[1]}")
 
@@ -85,11 +86,11 @@ class _Consumer:
 
 def test_what_cannot_be_driven_says_why(hub: Hub) -> None:
     plain = redis.Redis()
-    assert "no event loop" in HubStore.unsupported(_Consumer(None, None), plain)
-    assert "thread pool" in HubStore.unsupported(_Consumer(hub, _Pool()), plain)
+    assert "no event loop" in unsupported(_Consumer(None, None), plain)
+    assert "thread pool" in unsupported(_Consumer(hub, _Pool()), plain)
     prefork = type("TaskPool", (), {"__module__": "celery.concurrency.prefork"})()
-    assert HubStore.unsupported(_Consumer(hub, prefork), plain) is None
-    assert "TLS" in HubStore.unsupported(_Consumer(hub, prefork),
+    assert unsupported(_Consumer(hub, prefork), plain) is None
+    assert "TLS" in unsupported(_Consumer(hub, prefork),
                                          redis.Redis.from_url("rediss://localhost"))
 
 

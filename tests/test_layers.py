@@ -108,7 +108,7 @@ def test_the_engine_does_not_import_celery() -> None:
     code = (
         "import sys, celery_redislock.engine, celery_redislock.engine.semaphore, "
         "celery_redislock.engine.rate_limiter, celery_redislock.engine.keeper, "
-        "celery_redislock.engine.scan\n"
+        "celery_redislock.engine.scan, celery_redislock.engine.hub_store\n"
         "from celery_redislock import Semaphore, RateLimiter\n"
         "print(sorted(m for m in ('celery', 'kombu', 'billiard') if m in sys.modules))"
     )

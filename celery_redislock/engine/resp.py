@@ -1,7 +1,7 @@
 """Redis's protocol (RESP2) for a caller that owns its socket, and the order of its replies.
 
 For the worker's main process, which sends admissions without waiting on a socket that
-its event loop watches (see :mod:`~..integration.hub_store`): commands are packed here,
+its event loop watches (see :mod:`.hub_store`): commands are packed here,
 the bytes read are parsed here, and :class:`Pipeline` keeps the callbacks of the commands
 in flight in order, batches the commands queued while an ask waits for its reply, and
 says when the oldest has waited too long. Nothing here touches a socket or a clock.
