@@ -40,12 +40,10 @@ from celery import Celery, Task
 from celery.signals import task_postrun, worker_process_init, worker_process_shutdown
 
 from celery_redislock import LimitedTask
-from celery_redislock.engine.admission import SlotLimit, milliseconds, new_token
+from celery_redislock.engine.admission import CONTENDED, SlotLimit, milliseconds, new_token
 from celery_redislock.engine.channel import channel_for
 from celery_redislock.engine.holder import holder_member
-from celery_redislock.engine.keys import LINE, companion_key
 from celery_redislock.engine.scripts import ADMIT, LuaScript
-from celery_redislock.integration import handoff
 
 BROKER_ENV = "REDISLOCK_BENCH_BROKER_URL"
 BACKEND_ENV = "REDISLOCK_BENCH_BACKEND_URL"
@@ -113,7 +111,6 @@ def round_trip() -> None:
 
 
 _BARE_LIMIT = SlotLimit(BARE_ADMISSION, LIMITED_SLOTS, "redislock:")
-_BARE_LINE = companion_key(_BARE_LIMIT.key, LINE)
 _BARE_DESCRIPTION = (
     '{"task": "bench.bare_admission", "worker": "bench@host", "pid": 12345, '
     '"id": "00000000-0000-0000-0000-000000000000"}'
@@ -127,10 +124,7 @@ def _admission_arguments() -> Tuple[int, List[Any]]:
     global _bare_arguments
     if _bare_arguments is None:
         limits = app.tasks[LIMITED].task_limits()
-        _bare_arguments = (milliseconds(limits.lease), [
-            "", "", limits.retry.keep_ticket_ms(None), handoff.reservation_ms(limits.lease),
-            _BARE_LIMIT.spec({}),
-        ])
+        _bare_arguments = (milliseconds(limits.lease), [_BARE_LIMIT.spec({})])
     return _bare_arguments
 
 
@@ -165,8 +159,8 @@ def _admit_and_release(script: LuaScript) -> None:
                        [token, lease_ms, _BARE_DESCRIPTION, *rest])
     now_ms, _, fence, _, _ = reply.split()
     member = holder_member(token, int(now_ms), int(fence), _BARE_DESCRIPTION)
-    channel_for(client).send(("ZREM", _BARE_LIMIT.key, member), ("EXISTS", _BARE_LINE),
-                             then=_ignore, now=False)
+    channel_for(client).send(("ZREM", _BARE_LIMIT.key, member),
+                             ("ZSCORE", _BARE_LIMIT.key, CONTENDED), then=_ignore, now=False)
 
 
 def _ignore(replies: Any) -> None:

@@ -10,15 +10,14 @@ from typing import Any, List
 
 import pytest
 import redis.exceptions
-from celery import Signature
 
 from celery_redislock.engine import keeper as keeper_module
-from celery_redislock.engine.admission import Lease, SlotLimit, admit
+from celery_redislock.engine.admission import Lease, ParkedMove, SlotLimit, admit
 from celery_redislock.engine.channel import channel_for, settle_all, unsettled
 from celery_redislock.engine.keeper import lease_keeper
+from celery_redislock.engine.parking import park_admit, run_id
 from celery_redislock.integration import handoff
 
-import old_line
 from support import wait_until
 
 #: How long the keeper leaves a thread's releases to it, as the package sets it.
@@ -171,20 +170,23 @@ def _uncontended_lease(client: Any, name: str) -> Lease:
     return lease
 
 
-def _fill_and_join_line(client: Any, lease: Lease, task_id: str) -> None:
-    """Take the other slot, then put a run in the semaphore's waiting line."""
+def _fill_and_park(client: Any, lease: Lease, task_id: str) -> None:
+    """Take the other slot, then park a run at the semaphore (its parked line)."""
     other = admit(client, [SlotLimit(lease.name, 2, "redislock:")], lease=30)
     assert isinstance(other, Lease) and other._took_last_slot
-    message = old_line.pack_message(Signature("proj.waiting", (1,), task_id=task_id), "json")
-    position, handed = old_line.join_line(
-        client, lease._keys[0], old_line.new_ticket(task_id), 0, "{}", message,
-        keep_ms=60_000, reserve_ms=handoff.reservation_ms(30),
-    )
-    assert position == 0 and handed == []  # every slot is held: it waits
+    _park(client, lease, task_id)
 
 
-def _task_ids(messages: List[Any]) -> List[str]:
-    return [old_line.unpack_message(message)["options"]["task_id"] for message in messages]
+def _park(client: Any, lease: Lease, task_id: str) -> None:
+    """Park a run at the (full) semaphore of ``lease``."""
+    parked = park_admit(client, [SlotLimit(lease.name, 2, "redislock:")], lease=30,
+                        run=run_id(task_id, 0))
+    assert parked.park is not None  # every slot is held: it parks
+
+
+def _moves(lease: Lease) -> List[ParkedMove]:
+    """What a release of ``lease`` that hands its slot to the parked line owes."""
+    return [ParkedMove(lease._keys[0])]
 
 
 def test_release_soon_frees_the_slot_before_this_thread_asks_anything_else(redis_client):
@@ -200,12 +202,12 @@ def test_release_soon_frees_the_slot_before_this_thread_asks_anything_else(redis
 
 def test_release_soon_hands_the_slot_to_a_line_formed_meanwhile(redis_client):
     lease = _uncontended_lease(redis_client, "formed")
-    _fill_and_join_line(redis_client, lease, "waiter-1")
+    _fill_and_park(redis_client, lease, "waiter-1")
     handed: List[Any] = []
     lease.release_soon(handed.extend)
     assert handed == []
     channel_for(redis_client).call("PING")  # this thread's next call reads the answer
-    assert _task_ids(handed) == ["waiter-1"]
+    assert handed == _moves(lease)
 
 
 def test_the_keeper_thread_hands_over_when_the_releasing_thread_goes_quiet(redis_client,
@@ -215,12 +217,12 @@ def test_the_keeper_thread_hands_over_when_the_releasing_thread_goes_quiet(redis
     lease = _uncontended_lease(redis_client, "quiet")
     keeper.keep(lease)  # the keeper's thread runs, as it does in every worker process
     keeper.forget(lease)
-    _fill_and_join_line(redis_client, lease, "waiter-2")
-    handed: List[str] = []
-    lease.release_soon(lambda messages: handed.extend(_task_ids(messages)))
+    _fill_and_park(redis_client, lease, "waiter-2")
+    handed: List[Any] = []
+    lease.release_soon(handed.extend)
     # No further call from this thread: the keeper reads the answer.
     wait_until(lambda: handed, timeout=5, what="the keeper to hand the slot over")
-    assert handed == ["waiter-2"]
+    assert handed == _moves(lease)
 
 
 def test_a_release_left_for_the_next_request_frees_the_slot_with_it(redis_client):
@@ -243,12 +245,11 @@ def test_the_keeper_writes_a_release_left_when_no_next_request_comes(redis_clien
     lease = _uncontended_lease(redis_client, "left")
     keeper.keep(lease)
     keeper.forget(lease)
-    _fill_and_join_line(redis_client, lease, "waiter-4")
-    handed: List[str] = []
-    lease.release_soon(lambda messages: handed.extend(_task_ids(messages)),
-                       with_next_request=True)
+    _fill_and_park(redis_client, lease, "waiter-4")
+    handed: List[Any] = []
+    lease.release_soon(handed.extend, with_next_request=True)
     wait_until(lambda: handed, timeout=5, what="the keeper to write the release")
-    assert handed == ["waiter-4"]
+    assert handed == _moves(lease)
     holders = [member.split(b" ", 1)[0] for member in _live_holders(redis_client, lease)]
     assert lease.token.encode() not in holders
 
@@ -258,20 +259,17 @@ def test_release_soon_waits_for_the_answer_when_a_waiter_is_likely(redis_client,
     if why == "contended":
         lease = _uncontended_lease(redis_client, "likely")
         lease._contended = True  # as if a run had been refused before it was admitted
-        _fill_and_join_line(redis_client, lease, "waiter-3")
+        _fill_and_park(redis_client, lease, "waiter-3")
     else:
         _uncontended_lease(redis_client, "likely")
         lease = admit(redis_client, [SlotLimit("likely", 2, "redislock:")], lease=30,
                       reserve_ms=handoff.reservation_ms(30))
         assert lease._took_last_slot and not lease._contended
-        message = old_line.pack_message(Signature("proj.waiting", task_id="waiter-3"), "json")
-        old_line.join_line(redis_client, lease._keys[0], old_line.new_ticket("waiter-3"), 0,
-                          "{}", message, keep_ms=60_000,
-                          reserve_ms=handoff.reservation_ms(30))
+        _park(redis_client, lease, "waiter-3")
     handed: List[Any] = []
     lease.release_soon(handed.extend)
     assert not channel_for(redis_client).unsettled
-    assert _task_ids(handed) == ["waiter-3"]
+    assert handed == _moves(lease)
 
 
 def test_a_young_lease_is_adopted_without_waiting(redis_client):
@@ -320,21 +318,18 @@ def test_an_old_lease_is_adopted_at_once(redis_client):
     mine.release()
 
 
-def test_a_semaphore_with_a_line_is_marked_and_outlives_it(redis_client):
-    """Admissions and uncontended releases look for a line only in a semaphore marked
-    contended ('#hold'): joining the line marks it, and keeps it at least as long as
-    its line, so that the mark cannot expire before the line does."""
+def test_a_semaphore_with_a_line_is_marked(redis_client):
+    """Uncontended releases look for a line only in a semaphore marked contended
+    ('#hold'): a run that parks marks it."""
     lease = _uncontended_lease(redis_client, "marked")
-    key, line = lease._keys[0], lease._keys[0].replace("}:s:", "}:q:")
+    key = lease._keys[0]
     assert redis_client.zscore(key, "#hold") is None
-    _fill_and_join_line(redis_client, lease, "waiter-5")
+    _fill_and_park(redis_client, lease, "waiter-5")
     assert redis_client.zscore(key, "#hold") is not None
-    assert redis_client.pttl(key) >= redis_client.pttl(line) > 60_000
-    handed: List[str] = []
-    lease.release_soon(lambda messages: handed.extend(_task_ids(messages)),
-                       with_next_request=True)
+    handed: List[Any] = []
+    lease.release_soon(handed.extend, with_next_request=True)
     channel_for(redis_client).call("PING")  # the release looks at the mark: a line
-    assert handed == ["waiter-5"]
+    assert handed == _moves(lease)
 
 
 #: Run under gevent's monkey-patching, as Celery's gevent pool runs a worker: many

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterator, List
 
 import pytest
-from celery import Celery, Signature
+from celery import Celery
 
 from celery_redislock import (
     Busy,
@@ -20,7 +20,7 @@ from celery_redislock import (
 )
 from celery_redislock.admin import control
 from celery_redislock.admin.cli import status_row
-from celery_redislock.engine.admission import Lease, RateLimit, SlotLimit, Ticket, admit
+from celery_redislock.engine.admission import Lease, RateLimit, SlotLimit, admit
 from celery_redislock.engine.keys import semaphore_key
 from celery_redislock.engine.rate import Rate
 from celery_redislock.engine.scripts import RELEASE_OWNER
@@ -28,7 +28,6 @@ from celery_redislock.integration import handoff
 from celery_redislock.integration.waiting import describe
 
 import features_app
-import old_line
 from cluster_checks import (
     assert_each_ran_once,
     assert_slots_all_given_back,
@@ -237,72 +236,6 @@ def test_a_weighted_lease_is_reasserted_whole_after_a_loss_of_the_store(redis_cl
     assert lease.release() and Semaphore(redis_client, "lossy", slots=4).holders() == 0
 
 
-def _wait_in_line(client: Any, limit: SlotLimit, task_id: str) -> Ticket:
-    """A run refused by ``limit`` joins its line, as a worker's run does; its ticket."""
-    refused = admit(client, [limit], lease=30, reserve_ms=RESERVE_MS)
-    assert isinstance(refused, Busy) and refused.cost == limit.cost
-    ticket = old_line.new_ticket(task_id)
-    message = old_line.pack_message(Signature("proj.run", (), task_id=task_id), "json")
-    _, handed = old_line.join_line(
-        client, limit.key, ticket, refused.server_time_ms, "{}", message, keep_ms=60_000,
-        reserve_ms=RESERVE_MS, cost=limit.cost)
-    assert handed == [], "nobody is handed a slot while the head needs more than are free"
-    return Ticket(ticket, express=True, keep_ms=60_000, copy=f"{task_id}-express")
-
-
-def _handed(lease: Lease) -> List[str]:
-    lease._reserve_ms = RESERVE_MS
-    assert lease.release()
-    messages, lease.handoffs[:] = list(lease.handoffs), []
-    return [old_line.unpack_message(message)["options"]["task_id"] for message in messages]
-
-
-def test_a_heavy_head_of_the_line_is_not_starved_by_light_runs(redis_client) -> None:
-    """4 slots, 3 taken by light runs: a run of cost 3 waits at the head of the line. The
-    free slot is kept for it: a light newcomer waits behind it, and as light holders end
-    their slots add up until the heavy run is handed 3 together; the light waiter is
-    served after it."""
-    heavy, light = SlotLimit("fair", 4, PREFIX, 3), SlotLimit("fair", 4, PREFIX)
-    sem = Semaphore(redis_client, "fair", slots=4)
-    held = [admit(redis_client, [light], lease=30, reserve_ms=RESERVE_MS) for _ in range(3)]
-    assert all(isinstance(lease, Lease) for lease in held)
-    heavy_ticket = _wait_in_line(redis_client, heavy, "heavy")
-    assert sem.available() == 0, "the free slot is the heavy waiter's"
-    light_ticket = _wait_in_line(redis_client, light, "light")
-    assert _handed(held[0]) == []          # 2 free: not enough for the head
-    assert sem.holders() == 2 and sem.available() == 0
-    assert _handed(held[1]) == ["heavy"]   # 3 free: reserved for it together
-    state = control.limit_state(redis_client, "fair")
-    assert state.used == 4 and [r.cost for r in state.reservations] == [3]
-    assert isinstance(admit(redis_client, [light], lease=30, ticket=light_ticket,
-                            reserve_ms=RESERVE_MS), Busy)
-    lease = admit(redis_client, [heavy], lease=30, ticket=heavy_ticket, reserve_ms=RESERVE_MS)
-    assert isinstance(lease, Lease) and sem.holders() == 4
-    assert control.limit_state(redis_client, "fair").reservations == []
-    assert _handed(held[2]) == ["light"]
-    assert _handed(lease) == []
-    served = admit(redis_client, [light], lease=30, ticket=light_ticket, reserve_ms=RESERVE_MS)
-    assert isinstance(served, Lease) and sem.holders() == 1
-
-
-def test_a_waiter_costing_more_than_a_lowered_limit_does_not_hold_up_the_line(
-        redis_client) -> None:
-    """An operator lowers the slots below a waiting run's cost: it could never be served,
-    so the line passes it over until the limit is raised again."""
-    heavy, light = SlotLimit("lowered", 4, PREFIX, 3), SlotLimit("lowered", 4, PREFIX)
-    held = admit(redis_client, [light], lease=30, reserve_ms=RESERVE_MS)
-    other = admit(redis_client, [light], lease=30, reserve_ms=RESERVE_MS)
-    assert isinstance(held, Lease) and isinstance(other, Lease)
-    _wait_in_line(redis_client, heavy, "heavy")
-    control.set_slots(redis_client, "lowered", 2)
-    assert _handed(held) == []
-    assert isinstance(admit(redis_client, [light], lease=30, reserve_ms=RESERVE_MS), Lease)
-    assert Semaphore(redis_client, "lowered", slots=4).available() == 0
-    control.set_slots(redis_client, "lowered", 5)
-    assert _handed(other) == ["heavy"]
-
-
-@pytest.mark.slow
 def test_weighted_runs_share_the_slots_by_cost(cluster: WorkerCluster) -> None:
     """4 slots on two prefork workers of two processes: runs of cost 3 and 1 (the cost a
     callable of the task's argument). The costs of the bodies running at once never add

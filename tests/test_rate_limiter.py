@@ -13,7 +13,6 @@ from celery_redislock.engine.admission import (
     RateLimit,
     RateLimited,
     SlotLimit,
-    Ticket,
     admit,
 )
 from celery_redislock.testing import RedisServer
@@ -253,17 +252,13 @@ def test_a_booked_start_is_counted_as_taken_at_its_time(redis_client):
 
 
 def test_only_a_lone_rate_limit_books(redis_client):
-    """A run with a slot limit beside its rate, with a place in a waiting line, or
-    probing, is promised its start as before: a booked start would hold its slot, or its
-    line's promise, while it waits."""
+    """A run with a slot limit beside its rate, or probing, is promised its start as
+    before: a booked start would hold its slot while it waits."""
     rate = RateLimit("lone", Rate.parse("10/s", burst=0), "redislock:")
     slots = SlotLimit("lone", 5, "redislock:")
     assert isinstance(admit(redis_client, [rate], lease=5), Lease)
     assert isinstance(admit(redis_client, [slots, rate], lease=5, book_ms=500), RateLimited)
     assert isinstance(admit(redis_client, [rate], lease=5, book_ms=500, probe=True),
-                      RateLimited)
-    ticket = Ticket("t.1", False, 60_000, "o:1")
-    assert isinstance(admit(redis_client, [rate], lease=5, book_ms=500, ticket=ticket),
                       RateLimited)
 
 

@@ -298,9 +298,8 @@ def test_renewal_goes_on_after_the_keeper_meets_an_unexpected_error(redis_client
     assert "the lease keeper failed" in caplog.text
 
 
-def test_available_counts_override_pause_and_the_waiting_line(redis_client):
+def test_available_counts_override_and_pause(redis_client):
     from celery_redislock.admin.control import clear_slots, pause, resume, set_slots
-    from celery_redislock.engine.keys import companion_key
 
     slots = Semaphore(redis_client, "avail", slots=3, lease=30)
     held = slots.acquire(blocking=False)
@@ -308,9 +307,7 @@ def test_available_counts_override_pause_and_the_waiting_line(redis_client):
     set_slots(redis_client, "avail", 5)
     assert slots.available() == 4                   # the operator's override counts
     clear_slots(redis_client, "avail")
-    redis_client.zadd(companion_key(slots.key, "q"), {"ticket-1": 1})  # a task waits
-    assert slots.available() == 1                   # its slot is owed to it
-    redis_client.delete(companion_key(slots.key, "q"))
+    assert slots.available() == 2
     pause(redis_client, "avail", seconds=30)
     assert slots.available() == 0
     resume(redis_client, "avail")
@@ -347,37 +344,3 @@ def test_a_probe_takes_nothing_and_refuses_as_an_admission_does(redis_client):
     # The promise was made: a newcomer is promised the start after it.
     later = admit(redis_client, [rate], lease=10)
     assert isinstance(later, RateLimited) and later.promise > refused.promise
-
-
-def test_a_served_ticket_waits_for_the_copy_still_out(redis_client):
-    """A waiter handed a slot runs from its express copy; its countdown copy is still
-    out (a stopped worker put it back in the queue, say). Once the line has forgotten the
-    ticket (10 minutes beyond the countdown), the countdown copy is still turned away as
-    served, and then the ticket is waited for no more."""
-    from celery_redislock.engine.admission import Busy, Served, SlotLimit, Ticket, admit
-    from celery_redislock.engine.keys import companion_key
-
-    from old_line import join_line
-
-    slot = SlotLimit("outstanding", 1, "redislock:")
-    holder = admit(redis_client, [slot], lease=10, reserve_ms=10_000)
-    ticket = "task-1.0a0b"
-    countdown_copy = Ticket(ticket, False, 1000, "o1")
-    refused = admit(redis_client, [slot], lease=10, ticket=countdown_copy, reserve_ms=10_000)
-    assert isinstance(refused, Busy) and refused.position is None
-    join_line(redis_client, slot.key, ticket, refused.server_time_ms, "{}", "message",
-              keep_ms=1000, reserve_ms=10_000)
-    holder.release()
-    assert holder.handoffs  # the slot was reserved, the express copy sent
-    express = admit(redis_client, [slot], lease=10, ticket=Ticket(ticket, True, 1000, "e1"))
-    assert isinstance(express, Lease)
-    outstanding = f"{companion_key(slot.key, 'o')}:{ticket}"
-    assert 6 * 24 * 3600 * 1000 < redis_client.pttl(outstanding) <= 7 * 24 * 3600 * 1000
-    # The line forgets the served ticket (its memory ran out).
-    redis_client.zrem(companion_key(slot.key, "x"), ticket)
-    redis_client.hdel(companion_key(slot.key, "w"), f"d:{ticket}")
-    assert isinstance(admit(redis_client, [slot], lease=10, ticket=countdown_copy), Served)
-    assert not redis_client.exists(outstanding)
-    # The same express message delivered again (its worker died) is not "served".
-    again = admit(redis_client, [slot], lease=10, ticket=Ticket(ticket, True, 1000, "e1"))
-    assert isinstance(again, Busy)

@@ -4,10 +4,6 @@ Two private redis-servers on loopback, one the broker, one the lock store. For e
 design, a line of ``--waiters`` runs on one key, the same spread over ``--keys`` keys,
 and a short line (``--short``, one key) as the reference for a flat drain:
 
-* ``today``: what the current line keeps per waiter (``enqueue.lua`` of the package:
-  ticket, record, parked copy of the message) and, in the broker, its waiting copy as
-  kombu keeps a message a worker holds (the ``unacked`` hash) -- memory only; those
-  copies are also held by workers and re-ask (see ``bench_hold.py``);
 * ``held`` (a): the run is held by one worker; the lock store keeps its ticket and the
   node holding it; a release reserves the slot and wakes that node by ``PUBLISH``;
 * ``signed`` (b): the lock store is the only store of the waiting run: its ticket in
@@ -48,7 +44,6 @@ import redis
 from celery import Signature
 
 from celery_redislock.engine.keys import semaphore_key
-from celery_redislock.engine.scripts import ENQUEUE
 from celery_redislock.testing import RedisServer
 
 from ..common import markdown_table, write_json
@@ -58,7 +53,7 @@ SIGNING_KEY = os.urandom(32)
 WORK_QUEUE = "celery"
 LEASE_MS, RESERVE_MS = 60000, 10000
 FILL_BATCH = 1000
-DESIGNS = ("today", "held", "signed", "parked")
+DESIGNS = ("held", "signed", "parked")
 
 
 def sample_signature(task_id: str) -> Signature:
@@ -105,7 +100,6 @@ class Stores:
         self.broker, self.lock = broker, lock
         self.scripts = {path.stem: lock.register_script(path.read_text())
                         for path in LUA.glob("*.lua")}
-        assert lock.script_load(ENQUEUE.source) == ENQUEUE.sha
         for script in self.scripts.values():
             lock.script_load(script.script)
 
@@ -148,13 +142,7 @@ def fill(stores: Stores, design: str, keys: List[str], waiters: int) -> float:
 def park_one(stores: Stores, design: str, k: Dict[str, str], ticket: str,
              pipe_lock: Any, pipe_broker: Any) -> None:
     s = stores.scripts
-    if design == "today":
-        record = json.dumps({"task": "proj.tasks.sync_customer", "id": ticket,
-                             "worker": "celery@host-1", "since": 1764250000000})
-        pipe_lock.evalsha(ENQUEUE.sha, 1, k["sem"], ticket, 1764250000000, record,
-                          signed(ticket), 3600000 * 24, RESERVE_MS)
-        pipe_broker.hset("unacked", ticket, envelope(ticket))  # its waiting copy, held
-    elif design == "held":
+    if design == "held":
         s["held_park"](keys=[k["line"], k["nodes"]], args=[ticket, "celery@host-1"],
                        client=pipe_lock)
     elif design == "signed":
@@ -255,8 +243,7 @@ def measure(stores: Stores, design: str, keys: List[str], waiters: int,
         "broker_mb": broker_bytes / 1e6, "broker_bytes_per_waiter": broker_bytes / waiters,
         "idle_cmds_per_s_lock": idle_lock, "idle_cmds_per_s_broker": idle_broker,
     }
-    if design != "today":
-        row.update(drain(stores, design, keys, min(args.drain, waiters)))
+    row.update(drain(stores, design, keys, min(args.drain, waiters)))
     return row
 
 

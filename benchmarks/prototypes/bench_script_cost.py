@@ -43,7 +43,7 @@ def run(client: Any, kind: str, calls: int, sha: str) -> float:
     for i in range(calls):
         token = f"{kind}{i}"
         if kind == "admit.lua":
-            pipe.evalsha(ADMIT.sha, 1, KEY, token, 60000, "d", "", "", 0, 0, "s:1000", 0)
+            pipe.evalsha(ADMIT.sha, 1, KEY, token, 60000, "d", "s:1000", 0)
         else:
             pipe.evalsha(sha, 2, KEY, CONTROL, token, 60000, "d", 1000)
         if i % 100 == 99:

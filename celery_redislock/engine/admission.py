@@ -42,8 +42,8 @@ from .scripts import (
 
 logger = logging.getLogger(__name__)
 
-#: The member of a semaphore that marks it contended (a run was refused, or waits in its
-#: line; see ``admit.lua``): a semaphore with a waiting line always has it.
+#: The member of a semaphore that marks it contended (a run was refused, or parked; see
+#: ``admit.lua``, ``parking.lua``): a semaphore with a parked line always has it.
 CONTENDED = "#hold"
 
 
@@ -136,10 +136,11 @@ class Lease:
     #: The admission took the last free slot: whoever asked next was refused and waits
     #: for this release, so it waits for its answer, which hands the slot over.
     _took_last_slot: bool = field(default=True, repr=False, compare=False)
-    #: How long a slot this lease frees is reserved for a waiter (ms); 0: no hand-off.
+    #: How long a slot this lease frees is reserved for a parked line (ms); 0: no
+    #: hand-off.
     _reserve_ms: int = field(default=0, repr=False, compare=False)
-    #: Messages of waiters handed a slot by this lease's admission or release: the
-    #: caller re-publishes them (see :mod:`celery_redislock.integration.handoff`).
+    #: The moves owed to parked lines handed a slot by this lease's release
+    #: (:class:`ParkedMove`): the caller moves their parked runs (see :mod:`.parking`).
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
     #: On Redis Cluster, one lease per hash slot that the run's limits span.
     _parts: List[Lease] = field(default_factory=list, repr=False, compare=False)
@@ -372,9 +373,9 @@ class Lease:
         """Give the slots back; False if they were no longer held (released already, or
         the lease ran out and someone was admitted since). Safe to call twice.
 
-        A freed slot goes to the oldest waiter of the semaphore's line, if it has one and
-        this lease was taken by a caller that can re-publish messages: the messages to
-        re-publish are added to :attr:`handoffs`. ``wait`` is kept for compatibility:
+        A freed slot goes to the semaphore's parked line, if it has one and this lease
+        was taken by a caller that can move parked runs: the moves owed are added to
+        :attr:`handoffs`. ``wait`` is kept for compatibility:
         this always waits for the answer (see :meth:`release_soon` for a release that
         does not). One round trip; two for the first holders of a key that became
         contended while they ran.
@@ -408,16 +409,16 @@ class Lease:
         request to the lock store (usually its next run's admission), which saves a
         network exchange, or is written by the lease keeper's thread within about
         10 ms. Whoever learns of the run's end meanwhile (its result, a chained step)
-        and finds the semaphore full joins its line, which that release serves. The
-        answer, read at the thread's next call (or by the keeper), says whether a
-        waiting line formed meanwhile; only then is the slot handed over, and the
-        messages to re-publish go to ``on_handoffs``, maybe from the keeper's thread.
-        Otherwise (a line, or the last free slot taken: the next run to ask waits for
-        this release) the release waits for its answer and ``on_handoffs`` gets the
-        messages at once. A release that fails after it was sent is logged; its slot
-        comes back when its lease ends. Raises ``RedisError`` if it could not be sent::
+        and finds the semaphore full parks, and that release serves its line. The
+        answer, read at the thread's next call (or by the keeper), says whether the
+        semaphore became contended meanwhile; only then is the slot handed over, and the
+        moves owed go to ``on_handoffs``, maybe from the keeper's thread. Otherwise (a
+        line, or the last free slot taken: the next run to ask waits for this release)
+        the release waits for its answer and ``on_handoffs`` gets the moves at once. A
+        release that fails after it was sent is logged; its slot comes back when its
+        lease ends. Raises ``RedisError`` if it could not be sent::
 
-            lease.release_soon(lambda messages: handoff.publish(app, messages))
+            lease.release_soon(lambda moves: handoff.publish(app, moves))
         """
         self._give_back()
         channel = channel_for(self._client) if self._keys else None
@@ -438,8 +439,8 @@ class Lease:
             self._member, self._adoption = str(self._adoption[0]), []
 
     def release_handing_over(self, on_handoffs: Callable[[List[Any]], None]) -> bool:
-        """:meth:`release`, then pass the messages of waiters handed the freed slots to
-        ``on_handoffs`` (if any) rather than keeping them in :attr:`handoffs`."""
+        """:meth:`release`, then pass the moves owed to parked lines handed the freed
+        slots to ``on_handoffs`` (if any) rather than keeping them in :attr:`handoffs`."""
         released = self.release()
         handed, self.handoffs[:] = list(self.handoffs), []
         if handed:
@@ -454,9 +455,9 @@ class Lease:
         try:
             if failure is not None:
                 raise failure
-            messages = self._wake_line_formed_meanwhile(*replies)
-            if messages:
-                on_handoffs(messages)
+            moves = self._wake_line_formed_meanwhile(*replies)
+            if moves:
+                on_handoffs(moves)
         except RedisError as exc:
             logger.warning(
                 "celery-redislock: the release of %r by holder %s failed (%s); its slot "
@@ -466,11 +467,10 @@ class Lease:
 
     def _release_uncontended(self) -> bool:
         """Nobody waited when the slot was taken: remove the entry with a plain ``ZREM``,
-        and look, in the same round trip, whether a waiting line formed since (a
-        semaphore with a line is marked contended: its member ``#hold``). Only then
-        (the first holders of a busy spell) does a second call hand the slot over. A run
-        that joins the line after the look finds the slot free itself (``enqueue.lua``
-        hands free slots to the line)."""
+        and look, in the same round trip, whether the semaphore became contended since
+        (a run was refused or parked: its member ``#hold``). Only then (the first
+        holders of a busy spell) does a second call hand the slot over to its parked
+        line. A run that asks after the look finds the slot free itself."""
         key = self._keys[0]
         commands = (("ZREM", key, *self._members(0)), ("ZSCORE", key, CONTENDED))
         channel = channel_for(self._client)
@@ -487,8 +487,8 @@ class Lease:
     def _wake_line_formed_meanwhile(self, removed: Any, contended: Any) -> List[Any]:
         """After an uncontended release (``ZREM``, and ``ZSCORE`` of the mark of a
         contended semaphore): if it freed the slot and the semaphore became contended
-        while the lease was held (a line may have formed), hand the free slots to the
-        line; the messages to re-publish."""
+        while the lease was held (a line may have formed), hand the free slots to its
+        parked line; the moves owed."""
         wake = self.wake_after(removed, contended)
         return [] if wake is None else handoffs_of(WAKE.run(self._client, *wake))
 
@@ -536,7 +536,7 @@ class ParkedMove:
     queue its task is consumed from (or calls :func:`.parking.moved_nothing` if the
     parking queue is empty).
 
-        >>> handoffs_of([b"!move 2 redislock:{ab}:s:reports", b"@w m:t\\n{}"])[:2] == [
+        >>> handoffs_of([b"!move 2 redislock:{ab}:s:reports"]) == [
         ...     ParkedMove("redislock:{ab}:s:reports")] * 2
         True
         >>> handoffs_of([b"!move 1 redislock:{ab}:s:reports\x1ftenant:a"])
@@ -548,7 +548,7 @@ class ParkedMove:
     sub: str = ""
 
 
-#: How a script reports moves owed to a parked line among the messages it hands over.
+#: How a script reports moves owed to a parked line.
 _MOVE_MARK = "!move "
 
 #: Between a key and its sub-line in a move entry (``"!move 1 <key>\x1f<sub>"``).
@@ -556,8 +556,9 @@ SUB_MARK = "\x1f"
 
 
 def handoffs_of(entries: Sequence[Any]) -> List[Any]:
-    """The hand-offs of a script's reply: messages to re-publish (as they came) and, for
-    each ``"!move <count> <key>"`` entry, ``count`` :class:`ParkedMove` entries."""
+    """The hand-offs of a script's reply: for each ``"!move <count> <key>"`` entry,
+    ``count`` :class:`ParkedMove` entries; entries read already (a :class:`ParkedMove`)
+    as they are."""
     handed: List[Any] = []
     for entry in entries:
         text = entry.decode("utf-8", "surrogateescape") if isinstance(entry, bytes) else entry
@@ -710,63 +711,39 @@ def admit(
     description: str = "",
     promises: Optional[Mapping[str, int]] = None,
     owner: str = "",
-    ticket: Optional[Ticket] = None,
     reserve_ms: int = 0,
     probe: bool = False,
     book_ms: int = 0,
 ) -> Outcome:
     """Try once to pass every limiter: a :class:`Lease`, or why not (:class:`Busy`,
-    :class:`RateLimited`, :class:`Paused`, :class:`Served`).
+    :class:`RateLimited`, :class:`Paused`).
 
     ``probe``: take nothing if every limiter would admit the run, and answer
     :class:`WouldAdmit`; a refusal is the same as without it (a rate limiter's promise
     is made). For a caller that cannot hold a slot yet, but can act on a refusal.
 
-    ``book_ms``: a run whose only limiter is a rate limiter, with no ``ticket``, that
-    would be promised a start within that many milliseconds is admitted from that start
-    (:class:`Booked`), for a caller that can hold the run until then and start it on
-    time; one call instead of a promise and a second admission.
+    ``book_ms``: a run whose only limiter is a rate limiter, that would be promised a
+    start within that many milliseconds, is admitted from that start (:class:`Booked`),
+    for a caller that can hold the run until then and start it on time; one call instead
+    of a promise and a second admission.
 
     ``promises`` maps a rate limiter's Redis key to the start time (µs) it promised this
     run earlier. ``owner`` starts the holder token (see :func:`owner_prefix`).
-    ``ticket`` is the run's place in a waiting line, if it has one; ``reserve_ms`` > 0
-    says the caller re-publishes the messages of waiters handed a slot on the way (they
-    come back in the outcome's ``handoffs``). On Redis Cluster, limiters in different
+    ``reserve_ms`` > 0 says the caller moves parked runs out of their parking queues:
+    the lease's release hands the slots it frees to their parked lines (the moves owed
+    come back in its ``handoffs``, see :mod:`.parking`). On Redis Cluster, limiters in different
     hash slots are admitted slot by slot, and a refusal gives back what the earlier
     slots took.
     """
     promises = promises or {}
     token = owner + new_token()
-    ticket = ticket or NO_TICKET
     if len(limiters) > 1 and is_cluster(client):
         groups = _groups(client, limiters)
         if len(groups) > 1:
             return _admit_across_slots(client, groups, token, lease, description, promises,
-                                       ticket, reserve_ms, probe)
-    return _admit_group(client, limiters, token, lease, description, promises, ticket,
-                        reserve_ms, probe, book_ms)
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """A run's place in a waiting line: ``id`` (the task id, a dot, a random part),
-    ``express`` for the copy of its message sent when it was handed a slot, ``copy`` the
-    identity of this copy of the message, and how long (ms) the line remembers the ticket
-    once served (longer than the other copy's countdown; unused without an ``id``)."""
-
-    id: str = ""
-    express: bool = False
-    keep_ms: int = 0
-    copy: str = ""
-
-    @property
-    def mode(self) -> str:
-        if not self.id:
-            return ""
-        return f"{'e' if self.express else 'o'}:{self.copy}"
-
-
-NO_TICKET = Ticket()
+                                       reserve_ms, probe)
+    return _admit_group(client, limiters, token, lease, description, promises, reserve_ms,
+                        probe, book_ms)
 
 
 def _groups(client: Any, limiters: Sequence[Limiter]) -> List[List[Limiter]]:
@@ -779,14 +756,14 @@ def _groups(client: Any, limiters: Sequence[Limiter]) -> List[List[Limiter]]:
 
 
 def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, lease: float,
-                        description: str, promises: Mapping[str, int], ticket: Ticket,
-                        reserve_ms: int, probe: bool = False) -> Outcome:
+                        description: str, promises: Mapping[str, int], reserve_ms: int,
+                        probe: bool = False) -> Outcome:
     """Admit group by group; on a refusal, give back what the earlier groups took. A
     probe asks every group, and takes nothing."""
     taken: List[Tuple[List[Limiter], Lease]] = []
     handoffs: List[Any] = []
     for group in groups:
-        outcome = _admit_group(client, group, token, lease, description, promises, ticket,
+        outcome = _admit_group(client, group, token, lease, description, promises,
                                reserve_ms, probe)
         if isinstance(outcome, WouldAdmit):
             handoffs.extend(outcome.handoffs)
@@ -818,11 +795,11 @@ def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, le
 
 
 def _admit_group(client: Any, limiters: Sequence[Limiter], token: str, lease: float,
-                 description: str, promises: Mapping[str, int], ticket: Ticket,
-                 reserve_ms: int, probe: bool = False, book_ms: int = 0) -> Outcome:
+                 description: str, promises: Mapping[str, int], reserve_ms: int,
+                 probe: bool = False, book_ms: int = 0) -> Outcome:
     """One admit.lua call for limiters that share a Redis node and hash slot."""
-    call = AdmitCall.of(client, limiters, token, lease, description, promises, ticket,
-                        reserve_ms, probe, book_ms)
+    call = AdmitCall.of(client, limiters, token, lease, description, promises, reserve_ms,
+                        probe, book_ms)
     return call.outcome(call.script.run(client, call.keys, call.args))
 
 
@@ -855,7 +832,6 @@ class AdmitCall:
     token: str
     lease: float
     description: str
-    ticket: Ticket
     reserve_ms: int
     keys: List[str]
     args: List[Any]
@@ -869,15 +845,15 @@ class AdmitCall:
 
     @classmethod
     def of(cls, client: Any, limiters: Sequence[Limiter], token: str, lease: float,
-           description: str, promises: Mapping[str, int], ticket: Ticket, reserve_ms: int,
+           description: str, promises: Mapping[str, int], reserve_ms: int,
            probe: bool = False, book_ms: int = 0) -> AdmitCall:
         bound = grace_bound_ms(client, lease)
-        args = [token, milliseconds(lease), description, ticket.id, ticket.mode,
-                ticket.keep_ms, reserve_ms, *(limiter.spec(promises) for limiter in limiters),
+        args = [token, milliseconds(lease), description,
+                *(limiter.spec(promises) for limiter in limiters),
                 -1 if is_cluster(client) else seen_incarnation(client),
                 *(("1" if probe else "0", book_ms, bound)
                   if probe or book_ms or bound > milliseconds(lease) else ())]
-        return cls(client, limiters, token, lease, description, ticket, reserve_ms,
+        return cls(client, limiters, token, lease, description, reserve_ms,
                    [limiter.key for limiter in limiters], args)
 
     def outcome(self, reply: Any) -> Outcome:
@@ -891,21 +867,14 @@ class AdmitCall:
                           now_ms, lease_end, fence, contended, last, [])
         status, now_ms, index = int(reply[0]), int(reply[1]), int(reply[2])
         a, b, c, d = reply[3:7]
-        handoffs = list(reply[7:])
-        if status == 1:
-            saw_incarnation(client, int(b))
-            return _lease(client, limiters, token, lease, description, reserve_ms,
-                          now_ms, int(a), int(b), int(c), int(d), handoffs)
         if status == 5:
-            return WouldAdmit(server_time_ms=now_ms, handoffs=handoffs)
+            return WouldAdmit(server_time_ms=now_ms)
         if status == 6:
             start_ms = int(a) // 1000
             return _booked(limiters[index - 1], _lease(
                 client, limiters, token, lease, description, reserve_ms, start_ms,
-                start_ms + milliseconds(lease), 0, 0, 0, []), int(b), int(c), now_ms,
-                handoffs)
-        return _refusal(limiters[index - 1], status, now_ms, (a, b, c, d), self.ticket,
-                        handoffs)
+                start_ms + milliseconds(lease), 0, 0, 0, []), int(b), int(c), now_ms, [])
+        return _refusal(limiters[index - 1], status, now_ms, (a, b, c, d))
 
 
 def prepare_admit(
@@ -916,7 +885,6 @@ def prepare_admit(
     description: str = "",
     promises: Optional[Mapping[str, int]] = None,
     owner: str = "",
-    ticket: Optional[Ticket] = None,
     reserve_ms: int = 0,
     probe: bool = False,
     book_ms: int = 0,
@@ -928,7 +896,7 @@ def prepare_admit(
     if len(limiters) > 1 and is_cluster(client) and len(_groups(client, limiters)) > 1:
         return None
     return AdmitCall.of(client, limiters, owner + new_token(), lease, description,
-                        promises or {}, ticket or NO_TICKET, reserve_ms, probe, book_ms)
+                        promises or {}, reserve_ms, probe, book_ms)
 
 
 def _booked(limiter: Limiter, lease: Lease, wait_ms: int, counted_until_us: int,
@@ -942,8 +910,7 @@ def _booked(limiter: Limiter, lease: Lease, wait_ms: int, counted_until_us: int,
                   counted_until_us=counted_until_us)
 
 
-def _refusal(limiter: Limiter, status: int, now_ms: int, fields: Sequence[Any],
-             ticket: Ticket, handoffs: List[Any]) -> Outcome:
+def _refusal(limiter: Limiter, status: int, now_ms: int, fields: Sequence[Any]) -> Outcome:
     """admit.lua's refusal by ``limiter`` (``status`` and the four ``fields`` of its
     reply, see the script) as an outcome."""
     a, b, c, d = fields
@@ -956,27 +923,20 @@ def _refusal(limiter: Limiter, status: int, now_ms: int, fields: Sequence[Any],
             retry_hint=max(0, int(b)) / 1000.0,
             average_hold=None if int(c) < 0 else int(c) / 1000.0,
             server_time_ms=now_ms,
-            position=None if int(d) < 0 else int(d),
             key=limiter.key,
-            express=ticket.express,
-            handoffs=handoffs,
             cost=limiter.cost,
         )
     if status == 3:
         return Paused(name=limiter.name, key=limiter.key,
                       retry_hint=None if int(a) < 0 else max(0, int(a) - now_ms) / 1000.0,
-                      server_time_ms=now_ms, handoffs=handoffs,
+                      server_time_ms=now_ms,
                       cost=limiter.cost if isinstance(limiter, SlotLimit) else 1)
-    if status == 4:
-        return Served(name=limiter.name, server_time_ms=now_ms, handoffs=handoffs)
     return RateLimited(
         name=limiter.name,
         key=limiter.key,
         promise=int(a),
         wait=max(0, int(b)) / 1000.0,
         server_time_ms=now_ms,
-        handoffs=handoffs,
-        other_copy=bool(int(c)),
         ahead=int(d),
     )
 

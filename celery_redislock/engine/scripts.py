@@ -100,28 +100,26 @@ _PLAIN = "_redislock_plain_scripts"
 #: Shared functions put in front of the scripts that hand out slots: the store's
 #: incarnation (store.lua), weighted holders (units.lua), the parked line (parking.lua,
 #: with its fair sub-lines: fair.lua, its weighted runs: parked_cost.lua, and its runs'
-#: deadlines: deadline.lua),
-#: then the waiting line (line.lua).
+#: deadlines: deadline.lua), then a semaphore's limit and its hand-over to its parked
+#: line (line.lua).
 LINE = ["store.lua", "units.lua", "fair.lua", "parked_cost.lua", "parking.lua", "deadline.lua",
         "line.lua"]
 
 #: The admissions by mode, over the same preludes (admit_args.lua: the arguments and
-#: replies; admit_waiter.lua: a waiting copy of the store's line; admit_semaphore.lua,
-#: admit_rates.lua: each kind of limiter): semaphores only, rate limiters only, both.
+#: replies; admit_semaphore.lua, admit_rates.lua: each kind of limiter): semaphores only,
+#: rate limiters only, both.
 ADMIT_SLOTS = LuaScript.load("admit_slots.lua", after=[
-    *LINE, "admit_args.lua", "admit_waiter.lua", "admit_semaphore.lua"])
+    *LINE, "admit_args.lua", "admit_semaphore.lua"])
 ADMIT_RATE = LuaScript.load("admit_rate.lua", after=[
     "units.lua", "line.lua", "admit_args.lua", "admit_rates.lua"])
 ADMIT = LuaScript.load("admit.lua", after=[
-    *LINE, "admit_args.lua", "admit_waiter.lua", "admit_semaphore.lua", "admit_rates.lua"])
+    *LINE, "admit_args.lua", "admit_semaphore.lua", "admit_rates.lua"])
 RELEASE = LuaScript.load("release.lua", after=LINE)
 RENEW = LuaScript.load("renew.lua", after=["store.lua", "units.lua"])
 REGISTER = LuaScript.load("register.lua", after=["store.lua"])
 FRESH = LuaScript.load("fresh.lua", after=["store.lua"])
 RELEASE_OWNER = LuaScript.load("release_owner.lua", after=LINE)
-ENQUEUE = LuaScript.load("enqueue.lua", after=LINE)
 WAKE = LuaScript.load("wake.lua", after=LINE)
-LEAVE_LINE = LuaScript.load("leave_line.lua", after=LINE)
 REFUND = LuaScript.load("refund.lua")
 HOLDERS = LuaScript.load("holders.lua", flags="no-writes")
 AVAILABLE = LuaScript.load("available.lua", after=["units.lua", "line.lua"], flags="no-writes")

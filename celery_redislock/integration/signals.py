@@ -21,14 +21,12 @@ Connect to them like Celery's own signals; ``sender`` is the task::
 ``lock_released``   a run gave its slots back: ``task_id``, ``lease``, ``held`` (s)
 ``lease_lost``      a renewal found a running task's lease gone: ``task_id``,
                     ``lease``
-``lock_store_error`` the lock store refused or failed a call, or held a parked
-                    message that failed its check: ``task_id`` (None if no run),
-                    ``key`` (the Redis key or limit concerned, or None), ``kind``
-                    (``full``, ``readonly``, ``loading``, ``auth``,
-                    ``permission``, ``unknown_command``, ``script``,
-                    ``rejected_entry``), ``message`` (the server's, or why the
-                    entry was rejected). ``sender`` is the task, or the app when
-                    no task is concerned (a hand-off by an operator)
+``lock_store_error`` the lock store refused or failed a call: ``task_id`` (None if
+                    no run), ``key`` (the Redis key or limit concerned, or
+                    None), ``kind`` (``full``, ``readonly``, ``loading``,
+                    ``auth``, ``permission``, ``unknown_command``, ``script``),
+                    ``message`` (the server's). ``sender`` is the task, or the
+                    app when no task is concerned
 ==================  ===========================================================
 
 Receivers run inside the task's process; Celery logs and swallows their exceptions.

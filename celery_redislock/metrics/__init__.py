@@ -100,9 +100,8 @@ COUNTDOWN = MetricSpec("countdown_seconds", "histogram",
 HOLDING = MetricSpec("holding", "gauge", "Runs holding their slots now.")
 STORE_ERRORS = MetricSpec("lock_store_errors_total", "counter",
                           "Calls the lock store refused or failed, by kind (full, readonly, "
-                          "loading, auth, permission, unknown_command, script), and parked "
-                          "messages dropped because they failed their check "
-                          "(rejected_entry).", labels=("task", "kind"))
+                          "loading, auth, permission, unknown_command, script).",
+                          labels=("task", "kind"))
 
 FAIR_WAIT = MetricSpec("fair_wait_seconds", "histogram",
                        "Time from a run's first refusal to its admission, for runs under a "

@@ -1,47 +1,34 @@
 -- Admit one run past N limiters at once, semaphores and rate limiters together, all or
 -- nothing, on the server's clock. (store.lua, units.lua, fair.lua, parked_cost.lua,
 -- parking.lua, deadline.lua, line.lua, then admit_args.lua (the arguments and replies),
--- admit_waiter.lua (a waiting copy's ticket), admit_semaphore.lua and admit_rates.lua are
--- put in front of this script when it is loaded.) A run of semaphores only asks
--- admit_slots.lua, a run of rate limiters only admit_rate.lua: the same, without the
--- other kind's code.
+-- admit_semaphore.lua and admit_rates.lua are put in front of this script when it is
+-- loaded.) A run of semaphores only asks admit_slots.lua, a run of rate limiters only
+-- admit_rate.lua: the same, without the other kind's code.
 
 -- Phase 1: look at every limiter; stop at the first one that refuses the run.
 local limiters = {}
-local has_rate = false
 for i = 1, #KEYS do
-  local key, spec = KEYS[i], ARGV[7 + i]
+  local key, spec = KEYS[i], ARGV[3 + i]
   local limiter, refusal
   if string.sub(spec, 1, 1) == 's' then
     limiter, refusal = read_semaphore(i, key, spec)
   else
     limiter, refusal = read_rate_limiter(i, key, spec)
-    has_rate = true
   end
   if not limiter then return refusal end
   limiters[i] = limiter
 end
-
--- A waiting copy keeps the starts promised to it in its semaphore's line.
-local home, kept = nil, {}
-if has_rate and ticket ~= '' then home, kept = waiter_home(limiters) end
 
 -- Phase 1b: every semaphore has a slot for the run; now the rate limiters.
 local rate_refusal = nil
 for i = 1, #KEYS do
   local limiter = limiters[i]
   if limiter.kind == 'r' then
-    local refusal = rate_check(i, limiter, kept)
+    local refusal = rate_check(i, limiter)
     if refusal and not rate_refusal then rate_refusal = refusal end
   end
 end
-if rate_refusal then
-  local answer, promise = rate_refused(rate_refusal)
-  if home and promise and promise ~= rate_refusal.limiter.held then
-    keep_promise(limiters, home, kept, rate_refusal.limiter, promise)
-  end
-  return answer
-end
+if rate_refusal then return rate_refused(rate_refusal) end
 
 if probe then return reply(5, 0, 0, 0, 0, 0) end
 
@@ -56,4 +43,4 @@ for i = 1, #KEYS do
     take_start(limiter)
   end
 end
-return admitted_reply(lease_end, lease_end_text, fence_text, contended, last)
+return admitted_reply(lease_end_text, fence_text, contended, last)

@@ -1,12 +1,12 @@
 -- Admit one run past N rate limiters at once, all or nothing, on the server's clock: the
 -- admission of a run without semaphores (admit.lua without them), which may book a start
--- (ARGV[10+#KEYS]). (units.lua, line.lua, then admit_args.lua (the arguments and
+-- (ARGV[6+#KEYS]). (units.lua, line.lua, then admit_args.lua (the arguments and
 -- replies) and admit_rates.lua are put in front of this script when it is loaded.)
 
 -- Phase 1: read every rate limiter; stop at the first one that is paused.
 local limiters = {}
 for i = 1, #KEYS do
-  local limiter, refusal = read_rate_limiter(i, KEYS[i], ARGV[7 + i])
+  local limiter, refusal = read_rate_limiter(i, KEYS[i], ARGV[3 + i])
   if not limiter then return refusal end
   limiters[i] = limiter
 end
@@ -15,14 +15,14 @@ end
 -- it (a promise, or a booked start).
 local rate_refusal = nil
 for i = 1, #KEYS do
-  local refusal = rate_check(i, limiters[i], {})
+  local refusal = rate_check(i, limiters[i])
   if refusal and not rate_refusal then rate_refusal = refusal end
 end
-if rate_refusal then return (rate_refused(rate_refusal)) end
+if rate_refusal then return rate_refused(rate_refusal) end
 
 if probe then return reply(5, 0, 0, 0, 0, 0) end
 
 -- Phase 2: admitted by every rate limiter: count the run's start in each.
-local lease_end, lease_end_text, fence_text = admitted_member(0)
+local _, lease_end_text, fence_text = admitted_member(0)
 for i = 1, #KEYS do take_start(limiters[i]) end
-return admitted_reply(lease_end, lease_end_text, fence_text, 0, 0)
+return admitted_reply(lease_end_text, fence_text, 0, 0)

@@ -17,8 +17,7 @@
 -- late run); early and refused, it keeps its promise; at or after its promised time and
 -- refused (runs that came early took the free starts), it is promised the start at the
 -- end of the line, as a newcomer is: a start is promised to one run only. Early means at
--- most EARLY_US before the promised start. A waiting copy of the store's line keeps its
--- promises in its semaphore's line (admit_waiter.lua), for both copies of its message.
+-- most EARLY_US before the promised start.
 
 -- The operators' control hash of a rate limiter: its pause, and the interval (us) of a
 -- rate set at run time ('set-rate'), which replaces the configured one (the burst, in
@@ -34,7 +33,7 @@ end
 -- time) never takes a start from the runs due before it.
 local EARLY_US = 500000
 
--- Read rate limiter `limiter`'s spec (see ARGV[7+i]) and state, with the operators'
+-- Read rate limiter `limiter`'s spec (see ARGV[3+i]) and state, with the operators'
 -- interval (us) if one is set.
 local function read_rate(limiter, spec, interval_override)
   local interval, tolerance, promise, cost = string.match(spec,
@@ -160,7 +159,7 @@ local function take_start(limiter)
                    limiter.line)
 end
 
--- Read rate limiter i (`key`, its spec ARGV[7+i]): the limiter, or nil and the reply
+-- Read rate limiter i (`key`, its spec ARGV[3+i]): the limiter, or nil and the reply
 -- that refuses the run (paused by an operator).
 local function read_rate_limiter(i, key, spec)
   local limiter = {kind = 'r', key = key}
@@ -171,21 +170,14 @@ local function read_rate_limiter(i, key, spec)
 end
 
 -- Whether rate limiter i allows the run now (the semaphores have a slot for it); else
--- its refusal. `kept`: the starts a waiter's line keeps for it (admit_waiter.lua).
-local function rate_check(i, limiter, kept)
+-- its refusal.
+local function rate_check(i, limiter)
   replan(limiter)
-  local told = limiter.promise  -- what this copy of the message was promised
-  local held = tonumber(kept[limiter.key] or '')
-  if held then limiter.promise = held end
-  limiter.held = held
-  limiter.other_copy = held ~= nil and held ~= told
   local promise = replanned_promise(limiter, limiter.promise)
   limiter.promise = promise
   local allowed_at = limiter.tat - limiter.tolerance
   if promise == 0 then
     allowed_at = math.max(allowed_at, limiter.line - limiter.tolerance)
-  elseif limiter.other_copy then
-    allowed_at = math.max(allowed_at, promise)  -- the fallback copy is never early
   else
     allowed_at = math.max(allowed_at, promise - EARLY_US)
   end
@@ -196,7 +188,6 @@ local function rate_check(i, limiter, kept)
 end
 
 -- Refused by a rate limiter: keep an early run's promise, else promise a start time.
--- The reply, and the start promised (nil: none, or booked) for a waiter to keep.
 local function rate_refused(rate_refusal)
   local limiter = rate_refusal.limiter
   local promise = rate_refusal.promise
@@ -216,7 +207,7 @@ local function rate_refused(rate_refusal)
   -- so booking it takes no other run's start.
   local first_allowed = limiter.tat - limiter.tolerance
   local next_due = promise >= first_allowed and promise <= first_allowed + limiter.interval / 2
-  if (fresh or next_due) and book_ms > 0 and #KEYS == 1 and ticket == ''
+  if (fresh or next_due) and book_ms > 0 and #KEYS == 1
       and not probe and promise - now_us <= book_ms * 1000 then
     -- Booked: admitted from the promised start, which is counted as taken then (as an
     -- admission at that time counts it: the GCRA conforms there, the line starts after).
@@ -237,10 +228,7 @@ local function rate_refused(rate_refusal)
     end
     write_rate_state(limiter, rate_fields(limiter, fields), limiter.tat, limiter.line)
   end
-  -- Another copy of the run's message holds this promise: this one is told so (it
-  -- comes back after that start, in case that copy never does).
-  local other = (limiter.other_copy and promise == limiter.held) and 1 or 0
   local ahead = math.max(0, math.floor((promise - now_us) / limiter.interval))
-  return reply(2, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000),
-               other, ahead), promise
+  return reply(2, rate_refusal.index, promise, math.ceil((promise - now_us) / 1000), 0,
+               ahead)
 end

@@ -1,21 +1,20 @@
 -- Semaphores in an admission (admit_slots.lua, admit.lua; put in front of them after
--- admit_args.lua and admit_waiter.lua, see scripts.py).
+-- admit_args.lua, see scripts.py).
 --
 -- A semaphore is a leased sorted set. Each holder is a member "token acquired_ms fence
--- description" scored by the end of its lease (ms). Reservations '~ticket' (line.lua)
--- count as holders. Members with negative scores keep statistics and never count:
--- '#fence' (minus the last fencing number), '#slots' (minus the configured number of
--- slots), once a run has been refused or has joined its line, '#hold' (minus 1 + the
--- average hold time in ms; -0.5 until a release since), and '#ttl' (see line.lua: when
--- the key's time to live ends). Only a semaphore with '#hold' can have a waiting line.
--- The key lives at least a minute, and at least until its last lease ends. A run of cost
--- k holds k members (units.lua).
+-- description" scored by the end of its lease (ms). Reservations of its parked line
+-- ('~~<n>', parking.lua) count as holders. Members with negative scores keep statistics
+-- and never count: '#fence' (minus the last fencing number), '#slots' (minus the
+-- configured number of slots), once a run has been refused or a run parked, '#hold'
+-- (minus 1 + the average hold time in ms; -0.5 until a release since), and '#ttl' (see
+-- line.lua: when the key's time to live ends). The key lives at least a minute, and at
+-- least until its last lease ends. A run of cost k holds k members (units.lua).
 
--- Read semaphore i (`key`, its spec 's:<slots>' or 's:<slots>:<cost>', ARGV[7+i]) for
+-- Read semaphore i (`key`, its spec 's:<slots>' or 's:<slots>:<cost>', ARGV[3+i]) for
 -- the run: the limiter when it has a slot for the run, else nil and the reply that
--- refuses it (paused, full, or its ticket served already: admit_waiter.lua).
+-- refuses it (paused, or full).
 local function read_semaphore(i, key, spec)
-  local limiter = {kind = 's', key = key, waiting = false}
+  local limiter = {kind = 's', key = key}
   local slots_text = string.sub(spec, 3)
   local cost = 1
   local colon = string.find(slots_text, ':', 1, true)
@@ -31,27 +30,12 @@ local function read_semaphore(i, key, spec)
   -- Leases and reservations that ran out are dropped first: an admission always
   -- replaces them, so a late release of one of them says it no longer held its slot.
   redis.call('ZREMRANGEBYSCORE', key, '0', now_text)
-  -- A semaphore with a line has '#hold' (enqueue.lua sees to it, and keeps the
-  -- semaphore alive as long as its line): without it, nobody waits, and no more is read.
   limiter.stats = redis.call('ZMSCORE', key, '#fence', '#hold', TTL_END)
-  local has_line = limiter.stats[2] and redis.call('EXISTS', companion(key, 'q')) == 1
-  limiter.has_line = has_line
-  if ticket ~= '' then
-    if waiter_at(limiter, has_line) then return nil, reply(4, i, 0, 0, 0, 0) end
-    if limiter.reserved then return limiter end
-  end
   local used = redis.call('ZCOUNT', key, '(' .. now_text, '+inf')
   local free = slots - used
   -- After a loss of the store's data, no slot is granted until the grace ends.
   local grace = grace_of(key, now, now_us, seen, bound)
   local blocked = free < cost or grace ~= nil
-  if not blocked and has_line then
-    -- Free slots go to the line first, oldest first; the run gets its slots only if
-    -- enough are left when its own turn (or the end of the line) comes.
-    local reached
-    free, reached, blocked = hand_over(key, free, now, reserve, ticket, handed, slots)
-    blocked = blocked or free < cost
-  end
   limiter.last = free <= cost
   if not blocked then return limiter end
   local first = redis.call('ZRANGEBYSCORE', key, '(' .. now_text, '+inf', 'WITHSCORES',
@@ -65,15 +49,13 @@ local function read_semaphore(i, key, spec)
   else
     redis.call('ZADD', key, -0.5, '#hold')  -- contended: releases keep the average
   end
-  local position = -1
-  if limiter.waiting then position = waiter_position(key) end
-  return nil, reply(0, i, used, until_first_end, hold and hold >= 0 and hold or -1, position)
+  return nil, reply(0, i, used, until_first_end, hold and hold >= 0 and hold or -1, 0)
 end
 
 -- Admitted by every limiter: one fencing number for the whole admission, above the last
 -- one of every semaphore (and the server's time in microseconds, so it keeps rising
--- after an idle semaphore was deleted); whether a semaphore is contended (it has a line
--- or keeps an average hold time), and whether the run takes the last free slot of one.
+-- after an idle semaphore was deleted); whether a semaphore is contended (it keeps an
+-- average hold time), and whether the run takes the last free slot of one.
 local function fence_of(limiters)
   local fence, has_semaphore, contended, last = 0, false, 0, 0
   for i = 1, #KEYS do
@@ -82,7 +64,7 @@ local function fence_of(limiters)
       has_semaphore = true
       local stats = limiter.stats
       fence = math.max(fence, stats[1] and (1 - tonumber(stats[1])) or 0)
-      if stats[2] or limiter.has_line then contended = 1 end
+      if stats[2] then contended = 1 end
       if limiter.last then last = 1 end
     end
   end
@@ -92,7 +74,6 @@ end
 
 -- Take the run's slots in semaphore `limiter`: its holder `member` until `lease_end`.
 local function take_slots(limiter, member, lease_end, lease_end_text, fence_text)
-  if ticket ~= '' then waiter_served(limiter) end
   -- The key lives at least until this lease ends: its time to live is read from its
   -- own record (TTL_END, line.lua), which the same command writes when it is extended.
   local ttl_end = ttl_recorded(limiter.key, limiter.stats[3], now)

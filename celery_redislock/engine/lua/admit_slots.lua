@@ -1,13 +1,13 @@
 -- Admit one run past N semaphores at once, all or nothing, on the server's clock: the
 -- admission of a run without rate limits (admit.lua without them). (store.lua, units.lua,
 -- fair.lua, parked_cost.lua, parking.lua, deadline.lua, line.lua, then admit_args.lua
--- (the arguments and replies), admit_waiter.lua (a waiting copy's ticket) and
--- admit_semaphore.lua are put in front of this script when it is loaded.)
+-- (the arguments and replies) and admit_semaphore.lua are put in front of this script
+-- when it is loaded.)
 
 -- Phase 1: look at every semaphore; stop at the first one that refuses the run.
 local limiters = {}
 for i = 1, #KEYS do
-  local limiter, refusal = read_semaphore(i, KEYS[i], ARGV[7 + i])
+  local limiter, refusal = read_semaphore(i, KEYS[i], ARGV[3 + i])
   if not limiter then return refusal end
   limiters[i] = limiter
 end
@@ -20,4 +20,4 @@ local lease_end, lease_end_text, fence_text, member = admitted_member(fence)
 for i = 1, #KEYS do
   take_slots(limiters[i], member, lease_end, lease_end_text, fence_text)
 end
-return admitted_reply(lease_end, lease_end_text, fence_text, contended, last)
+return admitted_reply(lease_end_text, fence_text, contended, last)

@@ -1,21 +1,21 @@
 -- Give back the slots of one holder in N leased semaphores (see admit.lua), and hand
--- them to the oldest waiters of their lines (line.lua and units.lua are put in front of
--- this script).
+-- them to their parked lines (store.lua, units.lua, fair.lua, parked_cost.lua,
+-- parking.lua, deadline.lua and line.lua are put in front of this script).
 --
 -- KEYS[i]   semaphore i
 -- ARGV[1]   the holder's member, "token acquired_ms fence description"
 -- ARGV[2]   how long it held the slots (ms), for the average hold time
--- ARGV[3]   how long a slot handed to a waiter stays reserved for it (ms); 0 for a
---           caller that cannot re-publish a waiter's message (the slot is then simply free)
+-- ARGV[3]   how long a slot handed to a parked line stays reserved for it (ms); 0 for
+--           a caller that cannot move a parked message (the slot is then simply free)
 -- ARGV[3+i] the holder's cost in semaphore i (units.lua), if above 1; missing: 1
 --
--- Returns {released, message...}: in how many of the N semaphores the holder was removed
+-- Returns {released, move...}: in how many of the N semaphores the holder was removed
 -- (0 when it held none: released already, or its lease ran out, so releasing twice is
--- harmless and a holder never frees a slot another holder has), and the messages of the
--- waiters handed a slot, for the caller to re-publish, or for a parked line the moves
--- owed out of its parking queue ('!move <count> <key>', see parking.lua). The reference
--- of a parked run this holder claimed becomes served. The average hold time is kept
--- only for semaphores that have refused a run (waiters use it).
+-- harmless and a holder never frees a slot another holder has), and the moves owed out
+-- of the parking queues of the lines handed a slot ('!move <count> <key>', see
+-- parking.lua). The reference of a parked run this holder claimed becomes served. The
+-- average hold time is kept only for semaphores that have refused a run (a refusal
+-- reports it).
 
 local member = ARGV[1]
 local held = tonumber(ARGV[2])

@@ -1,6 +1,7 @@
 -- Give back every slot held by members that start with a prefix, in N leased semaphores,
--- and hand the freed slots to the waiting lines (line.lua and units.lua are put in front
--- of this script). The units of a weighted holder ('token*2'...) go with it: they match
+-- and hand the freed slots to their parked lines (store.lua, units.lua, fair.lua,
+-- parked_cost.lua, parking.lua, deadline.lua and line.lua are put in front of this
+-- script). The units of a weighted holder ('token*2'...) go with it: they match
 -- a prefix as their holder member "token ..." does.
 --
 -- Holder members of task runs start "<worker node>|<task id>|<start id>:", the start id
@@ -12,7 +13,7 @@
 --
 -- KEYS[i]   semaphore i (see admit.lua)
 -- ARGV[1]   member prefix
--- ARGV[2]   how long a slot handed to a waiter stays reserved for it (ms), or 0
+-- ARGV[2]   how long a slot handed to a parked line stays reserved for it (ms), or 0
 -- ARGV[3]   '' (every member with the prefix), 'own' (only those of start ARGV[4]) or
 --           'dead' (only those of a start that is not live, or of no start)
 -- ARGV[4]   'own': the start id; 'dead': the start of the registry keys of the node's
@@ -24,9 +25,9 @@
 -- redelivered copy of its run's message that follows it (follow.lua) tells a run that
 -- died from one that ended.
 --
--- Returns {freed, message...}: how many slots were freed (a weighted holder's units
--- counted), and the messages of waiters
--- handed a slot, for the caller to re-publish.
+-- Returns {freed, move...}: how many slots were freed (a weighted holder's units
+-- counted), and the moves owed out of the parking queues of the lines handed a slot
+-- ('!move <count> <key>', see parking.lua).
 
 local prefix = ARGV[1]
 local reserve = tonumber(ARGV[2] or '0')

@@ -3,8 +3,8 @@
 --
 -- A run of cost k holds k members of a semaphore, all with the same score (the end of its
 -- lease): its holder member "token acquired_ms fence description" and k - 1 units
--- 'token*2' .. 'token*k'. A slot kept for a waiter of cost k is likewise '~ticket' and
--- '~ticket*2' .. '~ticket*k'. So every count of used slots stays one ZCOUNT, units end
+-- 'token*2' .. 'token*k'. A slot kept for a parked run of cost k is likewise '~~<n>' and
+-- '~~<n>*2' .. '~~<n>*k' (parking.lua). So every count of used slots stays one ZCOUNT, units end
 -- with their holder's lease, and a unit is told from a holder member by having no space.
 
 local UNITS_PER_CALL = 500
