@@ -49,11 +49,6 @@ WRITTEN = [
      WaitingRun(since=1700000000000, attempts=1, carried=True)),
     ({"since": None, "attempts": 3, "promises": {"rk": 5_000_000}},
      WaitingRun(attempts=3, promises={"rk": 5_000_000}, carried=True)),
-    ({"since": 5, "attempts": 2, "promises": {}, "ticket": "id.ab", "copy": "c0ffee01"},
-     WaitingRun(since=5, attempts=2, ticket="id.ab", copy="c0ffee01", carried=True)),
-    ({"since": 5, "attempts": 2, "promises": {}, "ticket": "id.ab", "copy": "c1",
-      "express": True},
-     WaitingRun(since=5, attempts=2, ticket="id.ab", copy="c1", express=True, carried=True)),
     ({"since": 5, "attempts": 1, "promises": {},
       "follows": {"key": "s", "name": "n", "member": "m", "since": 4, "until": 9}},
      WaitingRun(since=5, attempts=1, carried=True,
@@ -65,8 +60,12 @@ WRITTEN = [
 
 
 def test_a_version_1_header_reads_as_a_run_never_parked():
-    run = WaitingRun.parse({"since": 5, "attempts": 2, "promises": {}, "ticket": "id.ab"})
+    """An older worker's header (the retired line's ticket and copy in it): read as a run
+    never parked; its old fields are not written back."""
+    run = WaitingRun.parse({"since": 5, "attempts": 2, "promises": {}, "ticket": "id.ab",
+                            "copy": "c1", "express": True})
     assert not run.parked and run.park_id == "" and run.line == ""
+    assert run.header() == {"since": 5, "attempts": 2, "promises": {}}
     assert WaitingRun.parse({"v": 2, "park_id": "17:3", "line": "k"}).parked
     assert not WaitingRun.parse({"v": 2, "park_id": 7, "line": ["k"]}).parked
 
@@ -101,12 +100,8 @@ MALFORMED = [
     ({"promises": 5}, "promises", {}),
     ({"promises": ["k", 1]}, "promises", {}),
     ({"promises": {"k": "soon", "j": 3, "b": True, "n": float("nan")}}, "promises", {"j": 3}),
-    ({"ticket": 12}, "ticket", ""),
-    ({"ticket": {"x": 1}}, "ticket", ""),
-    ({"copy": ["x"]}, "copy", ""),
-    ({"copy": 12}, "copy", "12"),  # as str() read it before
-    ({"express": "yes"}, "express", True),  # as bool() read it before
-    ({"express": 0}, "express", False),
+    ({"park_id": 12}, "park_id", ""),
+    ({"line": {"x": 1}}, "line", ""),
     ({"follows": "abc"}, "follows", None),
     ({"follows": {"key": "s"}}, "follows", None),  # no member, no until: nothing to look at
     ({"follows": {"key": "s", "member": "m", "until": "later"}}, "follows", None),
@@ -132,7 +127,7 @@ def test_presence_and_removal_of_the_header():
 
 
 def test_writing_keeps_the_other_headers():
-    run = WaitingRun(attempts=2, ticket="t.1", copy="c")
+    run = WaitingRun(attempts=2, park_id="7:1", line="k")
     headers = run.on({"x": 1, WAIT_HEADER: {"attempts": 9}})
     assert headers == {"x": 1, WAIT_HEADER: run.header()}
     request = types.SimpleNamespace(headers={"x": 1})
@@ -158,7 +153,7 @@ def test_any_header_reads_without_error_and_round_trips(value: Any):
     assert again == (run if run.carried else again)
     assert again.since == run.since and again.attempts == run.attempts
     assert dict(again.promises) == dict(run.promises) and again.follows == run.follows
-    assert isinstance(run.attempts, int) and isinstance(run.ticket, str)
+    assert isinstance(run.attempts, int) and isinstance(run.park_id, str)
 
 
 # --- decide ----------------------------------------------------------------------------
@@ -194,9 +189,6 @@ TABLE = [
     (BOOKED, AGAIN, Hold(0.3, booked=BOOKED)),
     (SERVED, AGAIN, End("served", "s")),
     (SERVED, EAGER, End("served", "s")),
-    (busy(express=True, position=0), AGAIN, End("lapsed", "b")),
-    (busy(express=True), MAIN, SendBack(busy(express=True))),
-    (busy(position=3), MAIN, SendBack(busy(position=3))),
     (busy(), AGAIN, SendBack(busy(), look_for_earlier=True)),
     (busy(), EAGER, WaitHere(busy())),
     (PAUSED, MAIN, SendBack(PAUSED)),
@@ -209,7 +201,6 @@ TABLE = [
     (rate(0.51), MAIN, SendBack(rate(0.51))),
     (rate(0.2), Situation(short_wait=0.1), SendBack(rate(0.2))),
     (rate(0.2), NO_HOLD, SendBack(rate(0.2))),
-    (rate(0.2, other_copy=True), MAIN, SendBack(rate(0.2, other_copy=True))),
     (rate(0.2), EAGER, WaitHere(rate(0.2))),
     # the parking line: a refusal that wrote the run's reference parks it
     (busy(park=ParkRef("bk", "9:1")), MAIN, Park(ParkRef("bk", "9:1"), "b")),
@@ -226,9 +217,9 @@ def test_decide(outcome, situation, action):
 OUTCOMES = st.one_of(
     st.just(LEASE), st.just(SERVED), st.just(PAUSED), st.just(BOOKED), st.none(),
     st.builds(WouldAdmit, server_time_ms=st.integers(0, 10)),
-    st.builds(busy, express=st.booleans(), position=st.one_of(st.none(), st.integers(0, 5))),
+    st.builds(busy),
     st.builds(busy, park=st.builds(ParkRef, st.just("bk"), st.text(max_size=3))),
-    st.builds(rate, st.floats(0, 5), other_copy=st.booleans()),
+    st.builds(rate, st.floats(0, 5)),
 )
 SITUATIONS = st.builds(Situation, eager=st.booleans(), may_hold=st.booleans(),
                        short_wait=st.floats(0, 1), redelivered=st.booleans())
@@ -237,13 +228,13 @@ SITUATIONS = st.builds(Situation, eager=st.booleans(), may_hold=st.booleans(),
 @settings(max_examples=300, deadline=None)
 @given(OUTCOMES, SITUATIONS)
 def test_decide_never_runs_a_refused_run_nor_drops_a_run(outcome, situation):
-    """Only an admission runs; a run is ended only as served or lapsed; a refused worker
+    """Only an admission runs; a run is ended only as served; a refused worker
     run goes back (or is held), an eager one waits in place; a hold is never longer than
     the short wait, except the probe's and a booking's."""
     action = decide(outcome, situation)
     assert isinstance(action, Run) == isinstance(outcome, Lease)
     if isinstance(action, End):
-        assert isinstance(outcome, (Served, Busy))
+        assert isinstance(outcome, Served)
     if isinstance(action, WaitHere):
         assert situation.eager
     if isinstance(action, SendBack):
@@ -271,8 +262,6 @@ def at_now(**changes: Any) -> Busy:
 PLANS = [
     # (run, refusal, policy, plan)
     (NOT_WAITING, at_now(), POLICY, SendBackPlan(0.5, NOW, {})),
-    # third in a line: back after its turn (2 x 3 turns), within max_wait
-    (NOT_WAITING, at_now(position=2), POLICY, SendBackPlan(5.0, NOW, {})),
     (WaitingRun(since=9_000, carried=True), at_now(), POLICY, SendBackPlan(0.5, 9_000, {})),
     (WaitingRun(since=5_200, carried=True), at_now(), POLICY,  # 0.2 s left
      SendBackPlan(pytest.approx(0.2), 5_200, {})),
@@ -281,8 +270,6 @@ PLANS = [
      SendBackPlan(0.5, 4_000, {})),
     (NOT_WAITING, rate(3.0, server_time_ms=NOW), POLICY, SendBackPlan(1.0, NOW, {"rk": 42})),
     (NOT_WAITING, rate(6.0, server_time_ms=NOW), POLICY, GiveUp(0.0, 6.0, 5.0)),
-    (NOT_WAITING, rate(3.0, server_time_ms=NOW, other_copy=True), UNBOUNDED,
-     SendBackPlan(4.0, NOW, {})),
     (WaitingRun(since=7_000, carried=True), None, POLICY,  # no answer: no clock
      SendBackPlan(1.0, 7_000, {})),
     (NOT_WAITING, None, POLICY, SendBackPlan(1.0, None, {})),

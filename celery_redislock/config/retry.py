@@ -11,28 +11,6 @@ from ..engine.admission import Busy
 #: No countdown is shorter than this (seconds).
 MIN_COUNTDOWN = 0.05
 
-#: How long (seconds) a served ticket is remembered beyond the longest countdown a
-#: waiting copy can have: room for a worker that is late to run a due message.
-SERVED_MEMORY = 600.0
-
-
-#: How long (seconds) a run that waits in line behind others may go without asking again,
-#: beyond ``backoff_max``: its hand-off, not its asking, brings its turn, so a run far
-#: back asks about as seldom as its expected wait allows, and a line of thousands does
-#: not flood the workers and the broker with asks that would delay every hand-off. Half
-#: of :data:`SERVED_MEMORY`, so a served ticket is still remembered for at least five
-#: minutes beyond the latest return of its waiting copy.
-LINE_COUNTDOWN = SERVED_MEMORY / 2
-
-
-def keep_ticket_ms(longest_countdown: float) -> int:
-    """How long (ms) the line keeps a ticket without news, and remembers it once served.
-
-        >>> keep_ticket_ms(30.0)
-        630000
-    """
-    return round((longest_countdown + SERVED_MEMORY) * 1000)
-
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -64,32 +42,15 @@ class RetryPolicy:
     ) -> float:
         """The countdown of the ``attempt``-th wait (from 0) after refusal ``busy``.
 
-        A run in the semaphore's waiting line is handed a slot when its turn comes (see
-        :mod:`celery_redislock.integration.handoff`); its countdown is only the fallback
-        for a hand-off
-        that went wrong, so it is made long enough not to come back before its turn: at
-        least twice the expected wait (its place in the line, over the slots, times the
-        average hold time), growing with each attempt, capped by ``backoff_max``, or, for
-        a run whose expected wait is longer, by that wait, at most ``backoff_max`` +
-        :data:`LINE_COUNTDOWN`.
-
             >>> policy = RetryPolicy(backoff=1, backoff_max=30, jitter=False)
-            >>> far_back = Busy("k", 1, 1, 5.0, 0.02, 0, position=4999)
-            >>> policy.countdown(0, far_back)
-            200.0
+            >>> policy.countdown(0, Busy("k", 1, 1, 5.0, 0.02, 0))
+            0.05
         """
-        start, cap, front = self.backoff, self.backoff_max, True
+        start = self.backoff
         if busy is not None and busy.average_hold is not None:
             start = min(start, max(busy.average_hold, MIN_COUNTDOWN))
-        if busy is not None and busy.position is not None:
-            turns = busy.position // max(busy.slots, 1) + 1
-            start = max(self.backoff, 2 * turns * (busy.average_hold or self.backoff))
-            # Far back in line: ask about as seldom as the expected wait allows; only
-            # the runs next in line look out for a crashed holder's lease running out.
-            cap = max(cap, min(start, self.backoff_max + LINE_COUNTDOWN))
-            front = turns <= 1
-        bound = min(cap, start * 2 ** min(attempt, 32))
-        if busy is not None and busy.retry_hint > 0 and front:
+        bound = min(self.backoff_max, start * 2 ** min(attempt, 32))
+        if busy is not None and busy.retry_hint > 0:
             bound = min(bound, busy.retry_hint)
         if ceiling is not None:
             bound = min(bound, ceiling)
@@ -113,8 +74,3 @@ class RetryPolicy:
         if self.jitter:
             return bound + random.uniform(0, min(1.0, bound / 10))
         return float(bound)
-
-    def keep_ticket_ms(self, ceiling: Optional[float]) -> int:
-        """How long a waiting line keeps this task's ticket: beyond its longest countdown."""
-        longest = self.backoff_max if ceiling is None else min(self.backoff_max, ceiling)
-        return keep_ticket_ms(longest)

@@ -586,18 +586,14 @@ class Busy:
     retry_hint: float
     average_hold: Optional[float]
     server_time_ms: int
-    #: The run's place in the semaphore's waiting line (0 = next), or None if not in it.
-    position: Optional[int] = None
     #: The key of the semaphore that refused the run.
     key: str = ""
-    #: True when this was the express copy of a waiter that lost its reservation.
-    express: bool = False
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
     #: The slots of ``name`` the run needs at once (its cost; see :class:`SlotLimit`).
     cost: int = 1
     #: On the parked line (:mod:`.parking`): the refusal wrote the run's reference; the
     #: caller publishes the copy to ``park.key``'s parking queue with ``park.park_id``,
-    #: then acknowledges the original. None on the waiting line.
+    #: then acknowledges the original. None for a refusal by :func:`admit`.
     park: Optional[ParkRef] = None
 
 
@@ -621,8 +617,9 @@ class Paused:
 
 @dataclass(frozen=True)
 class Served:
-    """This message's ticket was served already: the other copy of the message ran (or
-    runs) the task, so this one must not. See :mod:`celery_redislock.integration.handoff`."""
+    """A stale copy of a parked run: its reference is served (another copy of its
+    message ran, or runs, the task) or names another park id, so this one must not run.
+    See :mod:`.parking`."""
 
     name: str
     server_time_ms: int
@@ -634,9 +631,7 @@ class RateLimited:
     """Refused by a rate limit: the run is promised a start ``wait`` seconds from now.
 
     Coming back with ``promise`` (pass it in ``promises``) keeps its place in the line.
-    ``other_copy`` is True when the run waits in a semaphore's line and another copy of
-    its message holds this promise (it is kept in the line, see ``admit.lua``): this copy
-    is only the fallback. ``ahead`` is how many starts come before the promised one.
+    ``ahead`` is how many starts come before the promised one.
     """
 
     name: str
@@ -645,7 +640,6 @@ class RateLimited:
     wait: float
     server_time_ms: int
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
-    other_copy: bool = False
     ahead: int = 0
 
 

@@ -87,8 +87,7 @@ class WaitHere:
 @dataclass(frozen=True)
 class End:
     """End this copy of the run without running it: ``served`` (another copy of its
-    message ran it) or ``lapsed`` (this express copy lost its reservation; the waiting
-    copy carries on in the line), for limit ``name``."""
+    message ran it, or this parked copy is stale), for limit ``name``."""
 
     why: str
     name: str
@@ -147,17 +146,13 @@ def decide(outcome: Any, situation: Situation = Situation()) -> Action:
 
 
 def _ended(outcome: Any) -> Optional[End]:
-    """Another copy of this run's message ran it; or this express copy lost its
-    reservation while the run still waits in line, and its countdown copy will come back."""
+    """Another copy of this run's message ran it (or this parked copy is stale)."""
     if isinstance(outcome, Served):
         return End("served", outcome.name)
-    if isinstance(outcome, Busy) and outcome.express and outcome.position is not None:
-        return End("lapsed", outcome.name)
     return None
 
 
 def _holds_for_start(outcome: Any, situation: Situation) -> bool:
-    """A start promised soon enough to wait for here rather than going round the broker
-    (never the fallback copy's promise, which another copy holds)."""
+    """A start promised soon enough to wait for here rather than going round the broker."""
     return (isinstance(outcome, RateLimited) and not situation.eager and situation.may_hold
-            and not outcome.other_copy and outcome.wait <= situation.short_wait)
+            and outcome.wait <= situation.short_wait)

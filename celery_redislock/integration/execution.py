@@ -671,10 +671,8 @@ def _carry_out(attempt: _Attempt, args: Sequence[Any], kwargs: Mapping[str, Any]
     eager, it waits for its lease in place."""
     task, request, limits = attempt.task, attempt.request, attempt.setup.limits
     if isinstance(action, End):
-        logger.debug("celery-redislock: task %s[%s]: %s of %r", task.name, request.id,
-                     "served already" if action.why == "served"
-                     else "its reservation lapsed; its waiting copy carries on in the line",
-                     action.name)
+        logger.debug("celery-redislock: task %s[%s]: served already (%r)", task.name,
+                     request.id, action.name)
         raise Ignore()
     assert not isinstance(action, Hold)
     if isinstance(outcome, GaveUp):  # parked past its max wait

@@ -63,11 +63,6 @@ RECHECK_SHARE = 0.1
 #: rate limiter ask at most about this many times (1 + ln(N / this)) a second.
 RECHECKS_PER_SECOND = 20
 
-#: A copy of a waiting run's message that finds its promised start held by the other
-#: copy comes back this long (seconds) after that start: the other copy runs the task,
-#: and this one then finds it served, or takes over if that copy never came.
-OTHER_COPY_DELAY = 1.0
-
 Refusal = Union[Busy, RateLimited, Paused, None]
 
 
@@ -271,8 +266,7 @@ def _countdown(policy: RetryPolicy, attempts: int, refusal: Refusal,
     limit's promised start is added to ``promises``."""
     if isinstance(refusal, RateLimited):
         countdown = rate_countdown(refusal, recheck)
-        if not refusal.other_copy:
-            promises[refusal.key] = refusal.promise
+        promises[refusal.key] = refusal.promise
         return (countdown if ceiling is None else min(countdown, ceiling)), refusal.wait
     if isinstance(refusal, Paused):
         return policy.paused_countdown(refusal.retry_hint, ceiling), refusal.retry_hint or 0.0
@@ -282,20 +276,15 @@ def _countdown(policy: RetryPolicy, attempts: int, refusal: Refusal,
 def rate_countdown(refusal: RateLimited, recheck: Optional[float] = 1.0) -> float:
     """The countdown of a run a rate limiter promised a start: back :data:`SHORT_WAIT`
     / 2 before it, or, far back in the line, sooner, to ask again after ``recheck``
-    seconds at the least (None: never sooner; see :data:`RECHECK_SHARE`); a copy whose
-    promise another copy holds, after it.
+    seconds at the least (None: never sooner; see :data:`RECHECK_SHARE`).
 
         >>> rate_countdown(RateLimited("k", "k", 0, 0.75, 0))
         0.5
         >>> rate_countdown(RateLimited("k", "k", 0, 30.0, 0, ahead=60))
         3.0
-        >>> rate_countdown(RateLimited("k", "k", 0, 2.0, 0, other_copy=True))
-        3.0
         >>> rate_countdown(RateLimited("k", "k", 0, 30.0, 0, ahead=60), None)
         29.75
     """
-    if refusal.other_copy:
-        return refusal.wait + OTHER_COPY_DELAY
     early = max(0.0, refusal.wait - SHORT_WAIT / 2)
     if recheck is None:
         return early

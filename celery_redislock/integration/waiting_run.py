@@ -28,23 +28,23 @@ class WaitingRun:
       (it has not been refused, or the lock store was not reached then);
     * ``attempts``: how many times it was refused;
     * ``promises``: the starts (µs) rate limiters promised it, by the limiter's key;
-    * ``ticket``: its place in a semaphore's waiting line ("" for none);
-    * ``copy``: the identity of this copy of its message ("" for none);
-    * ``express``: this copy is the one sent when the line handed it a slot;
     * ``follows``: the earlier run of its task id it follows (the semaphore ``key`` and
       ``name``, the holder ``member``, ``since`` and ``until``), or None;
     * ``park_id`` and ``line`` (the parking line, ``redislock_line = "broker"``): this
       copy's park id and the semaphore key whose parking queue held it ("" for none: a
       header without them, version 1, is read as a run never parked).
 
+    A header an older worker wrote may have more fields (``ticket``, ``copy``,
+    ``express``: the retired "store" line's): they are not read, and not written back.
+
     Read from a request, written back as a header:
 
         >>> run = WaitingRun.of_headers({"redislock_wait": {"since": 1700000000000,
         ...                                                 "attempts": 2, "ticket": "t.1"}})
-        >>> run.since, run.attempts, run.ticket, run.carried
-        (1700000000000, 2, 't.1', True)
+        >>> run.since, run.attempts, run.carried
+        (1700000000000, 2, True)
         >>> run.header()
-        {'since': 1700000000000, 'attempts': 2, 'promises': {}, 'ticket': 't.1'}
+        {'since': 1700000000000, 'attempts': 2, 'promises': {}}
         >>> WaitingRun.of_headers({"redislock_wait": {"attempts": "many"}}).attempts
         0
         >>> WaitingRun.of_headers({}) == NOT_WAITING
@@ -54,9 +54,6 @@ class WaitingRun:
     since: Optional[int] = None
     attempts: int = 0
     promises: Mapping[str, int] = field(default_factory=dict)
-    ticket: str = ""
-    copy: str = ""
-    express: bool = False
     follows: Optional[Mapping[str, Any]] = None
     park_id: str = ""
     line: str = ""
@@ -92,8 +89,6 @@ class WaitingRun:
             return NOT_WAITING
         return cls(since=_number(state.get("since")), attempts=_count(state.get("attempts")),
                    promises=_promises(state.get("promises")),
-                   ticket=_text(state.get("ticket")),
-                   copy=_copy_id(state.get("copy")), express=bool(state.get("express")),
                    follows=_follows(state.get("follows")), park_id=_text(state.get("park_id")),
                    line=_text(state.get("line")), carried=True)
 
@@ -101,12 +96,6 @@ class WaitingRun:
         """The ``redislock_wait`` header's value for this wait (only plain values)."""
         wait: Dict[str, Any] = {"since": self.since, "attempts": self.attempts,
                                 "promises": dict(self.promises)}
-        if self.ticket:
-            wait["ticket"] = self.ticket
-        if self.copy:
-            wait["copy"] = self.copy
-        if self.express:
-            wait["express"] = True
         if self.follows:
             wait["follows"] = dict(self.follows)
         if self.park_id:
@@ -137,8 +126,8 @@ class WaitingRun:
     def but(self, **changes: Any) -> WaitingRun:
         """This wait with ``changes``.
 
-            >>> WaitingRun(attempts=1).but(copy="c1").copy
-            'c1'
+            >>> WaitingRun(attempts=1).but(park_id="7:1").park_id
+            '7:1'
         """
         return replace(self, carried=True, **changes)
 
@@ -188,13 +177,6 @@ def _count(value: Any) -> int:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
-
-
-def _copy_id(value: Any) -> str:
-    """A copy's identity as ``str()`` of a plain value ("" for none, or anything else)."""
-    if isinstance(value, (str, int)) and not isinstance(value, bool) and value:
-        return str(value)
-    return ""
 
 
 def _promises(value: Any) -> Dict[str, int]:
