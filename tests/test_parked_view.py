@@ -93,7 +93,7 @@ def park_copies(broker_url: str, name: str, count: int) -> None:
 
 def test_marks_are_those_of_parking_lua() -> None:
     """The companions' marks and the index's name are parking.lua's: its header names
-    each, and its parked_key/parked_index build them so."""
+    each, and parked_names.lua's parked_key and its parked_index build them so."""
     header = PARKING_LUA.read_text()
     for mark, meaning in ((parked_view.COUNTS, "the line's counts"),
                           (parked_view.RESERVATIONS, "reservation number"),
@@ -103,7 +103,9 @@ def test_marks_are_those_of_parking_lua() -> None:
         assert re.search(rf"'}}:{mark}:'\s+" + kinds + meaning, header), mark
     assert "'w' references waiting, 'a' anonymous entries" in header
     assert "'<prefix>parked'" in header and "'parked'" in header
-    assert "string.sub(key, 1, at) .. ':' .. mark .. ':'" in header
+    names = (PARKING_LUA.parent / "parked_names.lua").read_text()  # parked_key, claim_ends
+    assert "string.sub(key, 1, at) .. ':' .. mark .. ':'" in names
+    assert "parked_key(key, 'pe')" in names
     assert parked_index("p:") == "p:" + parked_view.INDEX_NAME
     key = semaphore_key("x", "p:")
     assert parked_view.parked_index_of(key) == parked_index("p:")

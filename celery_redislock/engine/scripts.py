@@ -99,11 +99,11 @@ _PLAIN = "_redislock_plain_scripts"
 
 #: Shared functions put in front of the scripts that hand out slots: the store's
 #: incarnation (store.lua), weighted holders (units.lua), the parked line (parking.lua,
-#: with its fair sub-lines: fair.lua, its weighted runs: parked_cost.lua, and its runs'
-#: deadlines: deadline.lua), then a semaphore's limit and its hand-over to its parked
-#: line (line.lua).
-LINE = ["store.lua", "units.lua", "fair.lua", "parked_cost.lua", "parking.lua", "deadline.lua",
-        "line.lua"]
+#: with its fair sub-lines: fair.lua, its weighted runs: parked_cost.lua, its companions'
+#: names: parked_names.lua, and its runs' deadlines: deadline.lua), then a semaphore's
+#: limit and its hand-over to its parked line (line.lua).
+LINE = ["store.lua", "units.lua", "fair.lua", "parked_cost.lua", "parked_names.lua", "parking.lua",
+        "deadline.lua", "line.lua"]
 
 #: The admissions by mode, over the same preludes (admit_args.lua: the arguments and
 #: replies; admit_semaphore.lua, admit_rates.lua: each kind of limiter): semaphores only,
@@ -115,7 +115,7 @@ ADMIT_RATE = LuaScript.load("admit_rate.lua", after=[
 ADMIT = LuaScript.load("admit.lua", after=[
     *LINE, "admit_args.lua", "admit_semaphore.lua", "admit_rates.lua"])
 RELEASE = LuaScript.load("release.lua", after=LINE)
-RENEW = LuaScript.load("renew.lua", after=["store.lua", "units.lua"])
+RENEW = LuaScript.load("renew.lua", after=["store.lua", "units.lua", "parked_names.lua"])
 REGISTER = LuaScript.load("register.lua", after=["store.lua"])
 FRESH = LuaScript.load("fresh.lua", after=["store.lua"])
 RELEASE_OWNER = LuaScript.load("release_owner.lua", after=LINE)
@@ -125,12 +125,12 @@ HOLDERS = LuaScript.load("holders.lua", flags="no-writes")
 AVAILABLE = LuaScript.load("available.lua", after=["units.lua", "line.lua"], flags="no-writes")
 OWNED = LuaScript.load("owned.lua")
 FOLLOW = LuaScript.load("follow.lua", after=["units.lua", "line.lua"], flags="no-writes")
-ADOPT = LuaScript.load("adopt.lua", after=["units.lua"])
+ADOPT = LuaScript.load("adopt.lua", after=["units.lua", "parked_names.lua"])
 #: The parked line (parking.lua; see :mod:`.parking`).
 ADMIT_PARKED = LuaScript.load("admit_parked.lua",
                               after=[*LINE, "parked_admit.lua", "parked_rates.lua"])
 DUE = LuaScript.load("due.lua", after=LINE)
-PARKED = ["units.lua", "fair.lua", "parked_cost.lua", "parking.lua"]
+PARKED = ["units.lua", "fair.lua", "parked_cost.lua", "parked_names.lua", "parking.lua"]
 MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=PARKED)
 STARTED = LuaScript.load("started.lua", after=PARKED)
 LEAVE_PARKED = LuaScript.load("leave_parked.lua", after=LINE)

@@ -1,7 +1,8 @@
 -- A process takes over a holder admitted by another one (a worker's main process admits,
 -- the pool process that runs the task adopts): in N leased semaphores, the holder's
 -- member is replaced by one with the adopter's description, and its lease renewed
--- (with its units: units.lua is put in front of this script).
+-- (with its units: units.lua is put in front of this script), and the end of a claim
+-- the holder made on a parked run with it (claim_moves: parked_names.lua, put in front).
 --
 -- KEYS[i]   semaphore i
 -- ARGV[1]   the member written at admission
@@ -25,17 +26,8 @@ for i = 1, #KEYS do
   if not (scores[1] and tonumber(scores[1]) > now) then return 0 end
   ttl_ends[i] = scores[2] and -tonumber(scores[2])
 end
--- The end of a claim the holder made on a parked run at `key` ('}:pe:', parking.lua)
--- moves with its lease.
-local function claim_moves(key, token)
-  local at = string.find(key, '}:s:', 1, true)
-  local ends = key .. ':pe'
-  if at then ends = string.sub(key, 1, at) .. ':pe:' .. string.sub(key, at + 4) end
-  redis.call('ZADD', ends, 'XX', lease_end, token)
-end
-
 for i = 1, #KEYS do
-  claim_moves(KEYS[i], token_of(old))
+  claim_moves(KEYS[i], token_of(old), lease_end)
   redis.call('ZREM', KEYS[i], old)
   redis.call('ZADD', KEYS[i], lease_end, new)
   add_units(KEYS[i], token_of(old), cost_of(3, i), lease_end, 'XX')

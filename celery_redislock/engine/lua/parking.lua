@@ -1,7 +1,8 @@
 -- The parked line of a semaphore: a refused run waits as ONE message in a parking queue
 -- of the broker that no worker consumes; the lock store keeps only references to it, and
 -- counts. Shared by the scripts that admit, release, hand over and poll. (This text is
--- put in front of those scripts, after fair.lua and before line.lua; see scripts.py.)
+-- put in front of those scripts, after fair.lua and parked_names.lua, which names the
+-- companions below, and before line.lua; see scripts.py.)
 --
 -- A semaphore K = '<prefix>{<digest>}:s:<name>' has these companions (same hash tag):
 --
@@ -20,7 +21,7 @@
 --            forgotten; written as 's' alone)
 --   '}:pc:'  hash, holder token -> the run whose reference it claimed (a live claim)
 --   '}:pe:'  sorted set, the claims' ends: holder token -> the end of its lease (ms;
---            renew.lua and adopt.lua move it with the lease), and '<token> <run>' -> when
+--            renew.lua and adopt.lua move it with the lease: claim_moves), and '<token> <run>' -> when
 --            the reference of a claim that lapsed is forgotten (ms; see lapse_claims)
 --   '}:px:'  list of 'when run': when (ms) each served reference is forgotten, in the
 --            order they were served (a list costs less per entry than a sorted set)
@@ -35,12 +36,6 @@ local PARKED_TTL = 7 * 24 * 3600 * 1000
 local PRUNE_SERVED = 8
 local LAPSE_CLAIMS = 8
 local PARKED_RESERVED = '~~'
-
-local function parked_key(key, mark)
-  local at = string.find(key, '}:s:', 1, true)
-  if not at then return key .. ':' .. mark end
-  return string.sub(key, 1, at) .. ':' .. mark .. ':' .. string.sub(key, at + 4)
-end
 
 -- The key space's index of parked lines, or nil for a key with no hash tag.
 local function parked_index(key)
@@ -118,7 +113,7 @@ end
 -- The claim of holder `token` at `key` (a live one) until its lease ends (`lease_end`,
 -- ms), or dropped (`lease_end` nil: served, or the run's reference rewritten).
 local function claim_until(key, token, lease_end)
-  local ends = parked_key(key, 'pe')
+  local ends = claim_ends(key)
   if not lease_end then
     redis.call('HDEL', parked_key(key, 'pc'), token)
     redis.call('ZREM', ends, token)
@@ -136,7 +131,7 @@ end
 -- forgotten if nothing rewrote it. A reference whose run has a copy parked again (its
 -- 'again' mark) is kept: that copy still comes, and claims in its place.
 local function lapse_claims(key, now)
-  local ends = parked_key(key, 'pe')
+  local ends = claim_ends(key)
   local lapsed = redis.call('ZRANGEBYSCORE', ends, '-inf', now, 'LIMIT', 0, LAPSE_CLAIMS)
   if #lapsed == 0 then return end
   redis.call('ZREM', ends, unpack(lapsed))

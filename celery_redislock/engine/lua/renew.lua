@@ -1,5 +1,6 @@
--- Extend one holder's leases in N leased semaphores (see admit.lua; store.lua and
--- units.lua are put in front of this script).
+-- Extend one holder's leases in N leased semaphores (see admit.lua; store.lua, units.lua
+-- and parked_names.lua are put in front of this script): the end of a claim the holder
+-- made on a parked run moves with them (claim_moves).
 --
 -- KEYS[i]   semaphore i
 -- ARGV[1]   the holder's member
@@ -30,15 +31,6 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local lease_end = now + lease
 local lost = 0
 local reasserted = 0
-
--- The end of the claim this holder made on a parked run at `key` ('}:pe:', parking.lua)
--- moves with its lease: a claim lapses only once its holder's lease ran out.
-local function claim_moves(key, token)
-  local at = string.find(key, '}:s:', 1, true)
-  local ends = key .. ':pe'
-  if at then ends = string.sub(key, 1, at) .. ':pe:' .. string.sub(key, at + 4) end
-  redis.call('ZADD', ends, 'XX', lease_end, token)
-end
 
 local function keep_alive(key)
   if redis.call('PTTL', key) < lease then
@@ -82,7 +74,7 @@ for i = 1, #KEYS do
   if current and tonumber(current) > now then
     redis.call('ZADD', key, 'XX', lease_end, member)
     add_units(key, token_of(member), cost, lease_end, 'XX')
-    claim_moves(key, token_of(member))
+    claim_moves(key, token_of(member), lease_end)
     keep_alive(key)
   else
     if current then
