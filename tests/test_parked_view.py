@@ -347,83 +347,40 @@ def test_a_parked_line_object_reads_in_words() -> None:
 def test_the_page_shows_the_parked_line(parked: Dict[str, Any]) -> None:
     """In a real headless chromium: the key's row counts the parked runs, its details
     show the parked line and its parking queue."""
-    from celery_redislock.web.app import create_app
-
     from support import wait_until
-    from web_support import Served, browser, chromium, click
+    from web_support import click, dashboard_in_chromium, shown
 
-    executables = chromium()
-    if executables is None:
-        pytest.skip("no chromium and chromedriver on PATH")
-    served = Served(create_app(Dashboard(LockStore(parked["app"]), min_interval=0,
-                                         history=5))).start()
-    driver = browser(executables)
-
-    def shown(css: str) -> List[str]:
-        try:
-            return list(driver.execute_script(
-                "return Array.from(document.querySelectorAll(arguments[0]), "
-                "n => n.textContent)", css))
-        except Exception:  # a redraw between the query and the read
-            return []
-
-    try:
-        driver.get(served.base)
-        row = f'tr.key-row[data-key="{parked["key"]}"]'
-        click(driver, "css selector", row)
-        wait_until(lambda: "Parked line (3)" in shown("tr.detail h3"), timeout=15,
+    with dashboard_in_chromium(parked["app"]) as driver:
+        click(driver, "css selector", f'tr.key-row[data-key="{parked["key"]}"]')
+        wait_until(lambda: "Parked line (3)" in shown(driver, "tr.detail h3"), timeout=15,
                    interval=0.1, what="the parked line in the key's details")
-        assert "Waiting line (0)" in shown("tr.detail h3")
-        words = " ".join(shown("tr.detail .parked p"))
+        assert "Waiting line (0)" in shown(driver, "tr.detail h3")
+        words = " ".join(shown(driver, "tr.detail .parked p"))
         assert "3 reference(s) waiting, 0 anonymous, 0 reserved, 0 claimed" in words
         assert f"Parking queue {parking_queue(parked['key'])}: 3 message(s)" in words
-        assert "Nobody waits in the lock store's line." in shown("tr.detail p")
-    finally:
-        driver.quit()
-        served.stop()
+        assert "Nobody waits in the lock store's line." in shown(driver, "tr.detail p")
 
 
 def test_the_page_shows_a_fair_limits_first_sub_lines(parked: Dict[str, Any],
                                                       lock_client: Any) -> None:
     """In a real headless chromium: a fair limit's details list its sub-lines waiting,
     first by turn, with their weights; the count says how many wait."""
-    from celery_redislock.web.app import create_app
-
     from support import wait_until
-    from web_support import Served, browser, chromium, click
+    from web_support import click, dashboard_in_chromium, shown
 
-    executables = chromium()
-    if executables is None:
-        pytest.skip("no chromium and chromedriver on PATH")
     limit = [SlotLimit("fetch:f", 1, PREFIX, 1, "tenant:x")]
     assert isinstance(park_admit(lock_client, limit, lease=30, run=run_id("h", 0)), Lease)
     for n in range(3):
         sub = [SlotLimit("fetch:f", 1, PREFIX, 1, f"tenant:{n}")]
         assert isinstance(park_admit(lock_client, sub, lease=30, run=run_id(f"f{n}", 0)), Busy)
     set_weight(lock_client, limit[0].key, "tenant:1", 2)
-    served = Served(create_app(Dashboard(LockStore(parked["app"]), min_interval=0,
-                                         history=5))).start()
-    driver = browser(executables)
-
-    def shown(css: str) -> List[str]:
-        try:
-            return list(driver.execute_script(
-                "return Array.from(document.querySelectorAll(arguments[0]), "
-                "n => n.textContent)", css))
-        except Exception:  # a redraw between the query and the read
-            return []
-
-    try:
-        driver.get(served.base)
+    with dashboard_in_chromium(parked["app"]) as driver:
         click(driver, "css selector", f'tr.key-row[data-key="{limit[0].key}"]')
-        wait_until(lambda: "Fair sub-lines waiting (3)" in shown("tr.detail h3"),
+        wait_until(lambda: "Fair sub-lines waiting (3)" in shown(driver, "tr.detail h3"),
                    timeout=15, interval=0.1, what="the fair sub-lines in the key's details")
-        rows = shown("tr.detail .fair tbody tr")
+        rows = shown(driver, "tr.detail .fair tbody tr")
         assert len(rows) == 3 and rows[0].startswith("tenant:0")
         assert any(row.startswith("tenant:1") and "2" in row for row in rows)
-    finally:
-        driver.quit()
-        served.stop()
 
 
 @pytest.mark.parametrize("line", ["broker", "store"])  # "store": retired, read as "broker"

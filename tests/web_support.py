@@ -6,10 +6,13 @@ drive a real headless chromium at it.
 * :func:`chromium` / :func:`browser`: the system's chromium and chromedriver (Debian's
   ``chromium`` and ``chromium-driver``), driven by selenium, with the DevTools
   performance log on so a test can list every request the page made.
+* :func:`dashboard_in_chromium` / :func:`shown`: a Celery app's dashboard served and
+  open in that chromium; the texts a selector finds on it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,7 +23,7 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from redis_process import START_ATTEMPTS, free_port
 from support import wait_until
@@ -172,6 +175,47 @@ def browser(executables: Tuple[str, str], width: int = 1280, height: int = 900) 
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     return webdriver.Chrome(options=options, service=Service(executable_path=executables[1]))
+
+
+@contextlib.contextmanager
+def dashboard_in_chromium(app: Any) -> Iterator[Any]:
+    """A headless chromium at the dashboard of Celery app ``app`` (its lock store, read
+    afresh at every refresh, 5 samples of history), served in this test; yields the
+    selenium driver, the page loaded. Skips the test when chromium is absent.
+
+        with dashboard_in_chromium(app) as driver:
+            click(driver, "css selector", 'tr.key-row[data-key="..."]')
+    """
+    import pytest
+
+    from celery_redislock.admin.cli import LockStore
+    from celery_redislock.web.app import create_app
+    from celery_redislock.web.state import Dashboard
+
+    executables = chromium()
+    if executables is None:
+        pytest.skip("no chromium and chromedriver on PATH")
+    served = Served(create_app(Dashboard(LockStore(app), min_interval=0, history=5))).start()
+    try:
+        driver = browser(executables)
+        try:
+            driver.get(served.base)
+            yield driver
+        finally:
+            driver.quit()
+    finally:
+        served.stop()
+
+
+def shown(driver: Any, css: str) -> List[str]:
+    """The ``textContent`` of every element ``css`` selects, read in one script; [] when
+    the page redrew them between the query and the read."""
+    try:
+        return list(driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]), "
+            "n => n.textContent)", css))
+    except Exception:  # a redraw between the query and the read
+        return []
 
 
 def requested_urls(driver: Any) -> List[str]:
