@@ -135,18 +135,82 @@ def test_a_task_without_a_final_state_is_lost() -> None:
         "another copy)"]
 
 
+def received(task: str, t: int, *, pid: int = 50, worker: str = "worker1",
+             redelivered: bool = False) -> Dict[str, Any]:
+    return {"kind": "received", "t": t, "task": task, "pid": pid, "worker": worker,
+            "redelivered": redelivered, "copy": False}
+
+
+def accepted(task: str, t: int, *, pid: int = 50, worker: str = "worker1") -> Dict[str, Any]:
+    return {"kind": "accepted", "t": t, "task": task, "pid": pid, "worker": worker}
+
+
+def settled(*unacked: str) -> Dict[str, Any]:
+    return {**SETTLE, "unacked_tasks": list(unacked)}
+
+
 def test_lost_runs_by_cause() -> None:
     events = [
         # default acks, its body killed with its whole worker: Celery's own loss
         sent("celery", acks_late=False), *body("celery", "c1", 1 * S, None, pid=9),
-        # never started, a worker killed whole after it was sent: the known cause
+        # never started, a worker killed whole after it was sent, but no delivery of it
+        # recorded: lost (a defect), whatever the kill
         sent("waiting", 2 * S),
         fault(3 * S, "kill_worker", pids=[9], worker="worker1"),
         # never started, no worker killed since it was sent: lost
-        sent("late", 4 * S), SETTLE]
+        sent("late", 4 * S), settled()]
     verdict = check(events)
     assert (verdict.lost_by_celery, verdict.lost_known, verdict.lost) == (
-        ["celery"], ["waiting"], ["late"])
+        ["celery"], [], ["waiting", "late"])
+
+
+def test_a_lost_run_is_known_only_when_its_last_receiver_was_killed_before_the_body() -> None:
+    """worker1's main process (pid 50; its pool process 51) received the task's message
+    last, at 5 s, and was killed whole at 6 s, before any body of it started: the message
+    stayed in the broker's ``unacked`` hash (kombu restores it only after the visibility
+    timeout, from a live worker's sweep). Known while that is so once settled; with
+    default acks, accepted by the pool before the kill, acknowledged: Celery's own."""
+    kill = fault(6 * S, "kill_worker", pids=[50, 51], worker="worker1")
+
+    def lost(task: str, *events: Dict[str, Any], acks_late: bool = True,
+             unacked: bool = True) -> str:
+        verdict = check([sent(task, acks_late=acks_late), *events, kill,
+                         settled(*([task] if unacked else []))])
+        causes = {"celery": verdict.lost_by_celery, "known": verdict.lost_known,
+                  "lost": verdict.lost}
+        return next(cause for cause, tasks in causes.items() if task in tasks)
+
+    # An earlier delivery (worker2) refused it; worker1 received it last and was killed.
+    assert lost("a", received("a", 1 * S, pid=70, worker="worker2"), received("a", 5 * S)) \
+        == "known"
+    # The same, but its message was restored (not in unacked once settled): then the
+    # broker gave it back and no worker received it again, or it was acknowledged: lost.
+    assert lost("b", received("b", 5 * S), unacked=False) == "lost"
+    # Its last receiver was another worker, never killed: lost.
+    assert lost("c", received("c", 1 * S), received("c", 5 * S, pid=70, worker="worker2")) \
+        == "lost"
+    # Killed before it received it (the kill is of an earlier delivery): lost.
+    assert lost("d", received("d", 7 * S)) == "lost"
+    # A body of it started after that receipt (and ended): not this window.
+    assert lost("e", received("e", 5 * S), *body("e", "e1", 5 * S + 10, 5 * S + 20, pid=51)) \
+        == "lost"
+    # No delivery recorded at all (a message lost between BRPOP and kombu's unacked
+    # write cannot be told from one the broker lost): lost.
+    assert lost("f") == "lost"
+    # Default acks, accepted by worker1's pool before the kill: acknowledged, Celery's own.
+    assert lost("g", received("g", 5 * S), accepted("g", 5 * S + 1000), acks_late=False,
+                unacked=False) == "celery"
+    # Default acks, not accepted: not acknowledged, so only known while still unacked.
+    assert lost("h", received("h", 5 * S), acks_late=False) == "known"
+    assert lost("i", received("i", 5 * S), acks_late=False, unacked=False) == "lost"
+    # acks_late, accepted: the accept acknowledges nothing.
+    assert lost("j", received("j", 5 * S), accepted("j", 5 * S + 1000),
+                unacked=False) == "lost"
+    # Accepted by another worker's delivery, earlier: not this delivery's.
+    assert lost("k", accepted("k", 4 * S, pid=70, worker="worker2"), received("k", 5 * S),
+                acks_late=False, unacked=False) == "lost"
+    assert "lost: task b never reached a final state" in check(
+        [sent("b"), received("b", 5 * S), kill, settled()]).defects()
 
 
 def test_a_killed_body_failing_with_worker_lost_is_not_a_defect() -> None:

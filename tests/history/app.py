@@ -6,7 +6,10 @@ Every body records its ``start`` (the lease's fence and the start its admission 
 ``admitted_ms`` on the lock store's clock; whether its message came back from the broker
 unacknowledged, and whether it is a copy the package sent) and its ``end``; the ``lock_acquired``,
 ``lock_released``, ``lease_lost``, ``lock_contended`` and ``rate_limited`` signals are
-recorded too, each where it is sent.
+recorded too, each where it is sent. Each delivery a worker's main process receives is
+recorded (``received``: Celery's ``task_received``, with the worker, its pid and whether
+the broker redelivered it), and so is its acceptance by a pool process (``accepted``,
+just before Celery acknowledges a default-acks run).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import uuid
 from typing import Any, Optional
 
 from celery import Celery
+from celery import signals as celery_signals
 
 from celery_redislock import LimitedTask
 from celery_redislock.integration import signals
+from celery_redislock.integration.recovery import LimitedRequest
 
 from .events import recorder
 from .workload import KINDS, Kind
@@ -94,15 +99,30 @@ def create_app(urls: AppUrls, line: Optional[str] = None) -> Celery:
         broker_transport_options=TRANSPORT_OPTIONS,
         result_backend_transport_options={"retry_policy": {"max_retries": 3}},
     )
+    request = request_class(urls)
     for kind in KINDS:
         for acks_late in (True, False):
-            _define(app, urls, kind, acks_late)
+            _define(app, urls, kind, acks_late, request)
     _record_signals(app, urls)
+    _record_receipts(app, urls)
     _record_ends_unrun(urls)
     return app
 
 
-def _define(app: Celery, urls: AppUrls, kind: Kind, acks_late: bool) -> None:
+def request_class(urls: AppUrls) -> type:
+    """The tasks' request class: the package's, recording ``accepted`` (task, worker,
+    pid) when a pool process accepts the run, before Celery acknowledges it there (a
+    default-acks run)."""
+    class HistoryRequest(LimitedRequest):
+        def on_accepted(self, pid: Any, time_accepted: Any) -> None:
+            recorder(urls.record).event("accepted", task=self.id, worker=node(self.hostname),
+                                        pid=os.getpid(), child=pid)
+            super().on_accepted(pid, time_accepted)
+    return HistoryRequest
+
+
+def _define(app: Celery, urls: AppUrls, kind: Kind, acks_late: bool,
+            request: Optional[type] = None) -> None:
     limits: Any = {"lock_key": kind.key, "lock_lease": kind.lease}
     if kind.slots is not None:
         limits["lock_slots"] = kind.slots
@@ -128,6 +148,8 @@ def _define(app: Celery, urls: AppUrls, kind: Kind, acks_late: bool) -> None:
             record.ended(run, task=request.id, lost=bool(getattr(lease, "lost", False)))
         return run
 
+    if request is not None:
+        limits["Request"] = request
     app.task(base=LimitedTask, bind=True, shared=False, name=kind.task_name(acks_late),
              acks_late=acks_late, reject_on_worker_lost=acks_late, **RETRY, **limits)(body)
 
@@ -145,6 +167,21 @@ def _record_signals(app: Celery, urls: AppUrls) -> None:
 
     for name in SIGNALS:
         getattr(signals, name).connect(receiver(name), weak=False)
+
+
+def _record_receipts(app: Celery, urls: AppUrls) -> None:
+    """Record every delivery of ``app``'s tasks that a worker's main process receives
+    (``task_received``: the message is in the broker's ``unacked`` hash by then)."""
+    def receive(sender: Any = None, request: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app or request is None:
+            return
+        delivery = getattr(request, "delivery_info", None) or {}
+        recorder(urls.record).event(
+            "received", task=request.id, worker=node(getattr(request, "hostname", None)),
+            pid=os.getpid(), redelivered=bool(delivery.get("redelivered")),
+            copy=is_copy(request))
+
+    celery_signals.task_received.connect(receive, weak=False)
 
 
 class _EndsUnrun(logging.Filter):

@@ -18,11 +18,19 @@ A history is a list of event dicts (see :mod:`.events`), each with ``kind`` and 
 ``final``    ``task``, ``state``, ``error`` (the exception's name for a failure)
 ``settle``   once everything has settled: ``held`` (slots still held, per key),
              ``no_ttl`` (lock store keys without a time to live), ``parked`` (the
-             parking line's leftovers: messages in parking lists, parked line counts)
+             parking line's leftovers: messages in parking lists, parked line counts),
+             ``unacked_tasks`` (the tasks of the messages still in the broker's
+             ``unacked`` hash: delivered, neither acknowledged nor restored)
 ``run``      the run's set-up: ``persistence`` (``aof``: the lock store keeps its data)
 ``lease_lost`` a renewal found a running body's lease ended (the signal)
 ``served``   a delivery of ``task`` ended without running, another copy of its message
              having run it (the package's DEBUG line; read to say why a run was lost)
+``received`` a worker's main process received a delivery of ``task`` (Celery's
+             ``task_received``, every copy and redelivery): ``worker`` (node name),
+             ``pid``, ``redelivered``
+``accepted`` a pool process accepted that delivery (``Request.on_accepted``, recorded
+             just before Celery acknowledges a default-acks run there): ``worker``, ``pid``
+             (the worker's main process)
 ``lock_contended``, ``rate_limited``  a delivery of ``task`` was refused and sent back
              to wait (the signals, sent once the waiting copy is published and before
              the refused message is acknowledged), by process ``pid``
@@ -49,6 +57,10 @@ WORKER_LOST = "WorkerLostError"
 
 #: How a known cause is reported: the redesign that removes it.
 KNOWN_CAUSE = "known: issue 'one copy of every run'"
+
+#: How the known cause of a lost run is reported (see :func:`classify_lost`).
+LOST_KNOWN_CAUSE = ("its last receiver killed whole before the body, the message still "
+                    "unacknowledged and not restored")
 
 #: The two known causes of a repeated body (see :func:`why_again`).
 AFTER_EMPTY_RESTART = "the lock store came back empty"
@@ -133,7 +145,8 @@ class Verdict:
     rates: List[RatePeak] = field(default_factory=list)
     states: Dict[str, int] = field(default_factory=dict)
     #: Tasks without a final state: lost by Celery's own default acks (a worker killed
-    #: whole while it ran the body), known (see :func:`classify_lost`), or lost.
+    #: whole while it ran the body, or after it accepted it), known (see
+    #: :func:`classify_lost`), or lost.
     lost_by_celery: List[str] = field(default_factory=list)
     lost_known: List[str] = field(default_factory=list)
     lost: List[str] = field(default_factory=list)
@@ -316,6 +329,10 @@ def check_final(verdict: Verdict, history: Sequence[Event], sent: Mapping[str, E
                 bodies: Sequence[Body], faults: Sequence[Event]) -> None:
     """Fill the final states, the lost tasks (by cause) and the unexpected failures."""
     final = {event["task"]: event for event in history if event["kind"] == "final"}
+    receipts = [event for event in history if event["kind"] == "received"]
+    accepts = [event for event in history if event["kind"] == "accepted"]
+    unacked = {str(task) for event in history if event["kind"] == "settle"
+               for task in event.get("unacked_tasks") or ()}
     by_task: Dict[str, List[Body]] = defaultdict(list)
     for body in bodies:
         by_task[body.task].append(body)
@@ -323,7 +340,7 @@ def check_final(verdict: Verdict, history: Sequence[Event], sent: Mapping[str, E
         state = final.get(task, {}).get("state", "MISSING")
         verdict.states[state] = verdict.states.get(state, 0) + 1
         if state not in FINAL_STATES:
-            cause = classify_lost(event, by_task[task], faults)
+            cause = classify_lost(event, by_task[task], faults, receipts, accepts, unacked)
             {"celery": verdict.lost_by_celery, "known": verdict.lost_known,
              "lost": verdict.lost}[cause].append(task)
         elif state == "FAILURE":
@@ -332,23 +349,49 @@ def check_final(verdict: Verdict, history: Sequence[Event], sent: Mapping[str, E
                 verdict.failed[task] = error
 
 
-def classify_lost(sent: Event, bodies: Sequence[Body], faults: Sequence[Event]) -> str:
-    """Why a task never reached a final state:
+def classify_lost(sent: Event, bodies: Sequence[Body], faults: Sequence[Event],
+                  receipts: Sequence[Event] = (), accepts: Sequence[Event] = (),
+                  unacked: Iterable[str] = ()) -> str:
+    """Why a task never reached a final state, from its bodies, the deliveries of its
+    message that workers received (``receipts``) and accepted (``accepts``), and the
+    tasks whose message was still in the broker's ``unacked`` hash once settled:
 
-    ``celery``  its body was killed with its whole worker, under default acks: the message
-                was acknowledged when the body started, as Celery does without the package
-    ``known``   no body of it ever started, and a worker was killed whole after it was sent:
-                a waiting copy of the run held or being taken by that worker (see issue
-                "one copy of every run": a run exists as two copies while it waits)
-    ``lost``    anything else
+    ``celery``  Celery's own default acks: its body was killed with its whole worker, or
+                the worker that last received it accepted it (Celery acknowledges a
+                default-acks run when a pool process accepts it) and was killed whole
+                before a body of it started
+    ``known``   the worker that last received it was killed whole after receiving it and
+                before a body of it started, and its message was still in the broker's
+                ``unacked`` hash once settled: kombu's Redis transport keeps a delivered
+                message there (``QoS.append``: ``unacked_index`` scored by the delivery
+                time) until it is acknowledged, or until a live worker's
+                ``restore_visible`` puts it back in its queue; that sweep restores only
+                entries older than ``visibility_timeout``, and runs on a timer in a
+                worker with an event loop (prefork), but in a worker without one (gevent,
+                eventlet) only after a poll that found nothing to read
+    ``lost``    anything else (a defect). That includes a message lost between the
+                ``BRPOP`` that took it off its queue and ``QoS.append`` (only in the
+                killed process's memory then, no ``received`` recorded): the history
+                cannot tell that window from a message the broker lost
     """
+    task = sent["task"]
     if not sent.get("acks_late") and any(body.killed for body in bodies):
         return "celery"
-    whole_kills = [fault for fault in faults if fault.get("worker")
-                   and int(fault["t"]) > int(sent["t"])]
-    if not bodies and whole_kills:
-        return "known"
-    return "lost"
+    mine = [event for event in receipts if event.get("task") == task]
+    if not mine:
+        return "lost"
+    last = max(mine, key=lambda event: int(event["t"]))
+    received = int(last["t"])
+    kill = next((int(fault["t"]) for fault in faults
+                 if fault.get("worker") and int(fault["t"]) > received
+                 and last.get("pid") in set(fault.get("pids") or ())), None)
+    if kill is None or any(body.start > received for body in bodies):
+        return "lost"
+    if not sent.get("acks_late") and any(
+            event.get("task") == task and event.get("pid") == last.get("pid")
+            and received <= int(event["t"]) <= kill for event in accepts):
+        return "celery"
+    return "known" if task in set(unacked) else "lost"
 
 
 def classify_repeats(verdict: Verdict, sent: Mapping[str, Event], bodies: Sequence[Body],

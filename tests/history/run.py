@@ -153,8 +153,22 @@ def settle(app: Celery, servers: Servers, workers: Workers, record: Recorder,
     no_ttl = [key.decode() for key in lock.scan_iter(count=1000) if lock.ttl(key) == -1]
     broker = servers.broker.client()  # kombu's Redis transport: messages not yet acked
     record.event("settle", held=held, no_ttl=no_ttl, broker_unacked=broker.hlen("unacked"),
-                 broker_queued=broker.llen("celery"),
+                 unacked_tasks=unacked_tasks(broker), broker_queued=broker.llen("celery"),
                  parked=parked_leftovers(lock, broker, keys))
+
+
+def unacked_tasks(broker: Any) -> List[str]:
+    """The task ids of the messages in kombu's ``unacked`` hash (delivered to a worker,
+    neither acknowledged nor restored yet): each entry is ``[message, exchange,
+    routing key]`` as JSON, the message's headers naming its task."""
+    found = []
+    for raw in broker.hvals("unacked"):
+        try:
+            message = json.loads(raw)[0]
+            found.append(str(message["headers"]["id"]))
+        except (ValueError, KeyError, IndexError, TypeError):
+            continue
+    return sorted(found)
 
 
 def dump_lock_store(lock: Any, path: Path) -> None:
@@ -223,11 +237,13 @@ def only_lost_by_celery(record: Recorder, sent: List[str], states: Dict[str, Any
     faults = [event for event in history if event["kind"] == "fault"]
     sends = {event["task"]: event for event in history if event["kind"] == "sent"}
     bodies = collect_bodies(history, faults)
+    receipts = [event for event in history if event["kind"] == "received"]
+    accepts = [event for event in history if event["kind"] == "accepted"]
     for task in sent:
         if task in states:
             continue
         mine = [body for body in bodies if body.task == task]
-        if classify_lost(sends[task], mine, faults) != "celery":
+        if classify_lost(sends[task], mine, faults, receipts, accepts) != "celery":
             return False
     return True
 

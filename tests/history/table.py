@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import List, Mapping
 
-from .checker import AFTER_EMPTY_RESTART, KILLED_BEFORE_ACK, KNOWN_CAUSE, Verdict
+from .checker import AFTER_EMPTY_RESTART, KILLED_BEFORE_ACK, KNOWN_CAUSE, LOST_KNOWN_CAUSE, Verdict
 
 
 def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
@@ -20,7 +20,7 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
         ("limit violations", str(sum(p.over for p in verdict.peaks)
                                  + sum(r.over for r in verdict.rates))),
         ("runs lost", str(len(verdict.lost))),
-        ("runs lost, known cause", f"{len(verdict.lost_known)} ({KNOWN_CAUSE})"),
+        ("runs lost, known cause", f"{len(verdict.lost_known)} ({LOST_KNOWN_CAUSE})"),
         ("runs lost by Celery's default acks", str(len(verdict.lost_by_celery))),
         ("unexpected failures", str(len(verdict.failed))),
         ("repeated bodies, explained", f"{len(verdict.repeated_explained)} "
