@@ -54,8 +54,8 @@ from ..engine.parked_view import COUNTS as PARKED_COUNTS
 from ..engine.refusal import eviction_warning
 from ..engine.scan import batches, limit_semaphore_keys, split_key
 from ..errors import RedisLockError
-from ..integration.parked_queues import ParkingQueues, parking_queue
 from ..integration.task import SingletonTask
+from ..parking import ParkingQueues, parking_queue
 from . import control
 from .parked_text import parked_cell, parked_lines, reservation_for
 from .rules import (

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import List
 
 from ..engine.parked_view import ParkedLine
-from ..integration.parked_queues import parking_queue
+from ..parking import parking_queue
 from .state import LimitState
 
 #: How a parked line's reservation (member ``~~<n>`` of the semaphore) shows as a

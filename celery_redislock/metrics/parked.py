@@ -28,7 +28,7 @@ from ..config.settings import read_settings, redis_client
 from ..engine.parked_view import ParkedLine, read_parked_lines
 from ..engine.parking import parked_keys
 from ..engine.scan import batches, split_key
-from ..integration.parked_queues import ParkingQueues
+from ..parking import ParkingQueues
 from . import LabelBudget, _rule_labels, _RuleLabel, max_limit_labels_setting
 
 logger = logging.getLogger(__name__)

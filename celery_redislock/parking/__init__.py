@@ -33,6 +33,9 @@ The contract, for the main process's gate and the poll:
 * ``lengths``: ``parked_lengths(broker, keys) -> {semaphore key: n}`` (what the
   store's ``due()`` takes) and ``recount(broker) -> {semaphore key: n}`` (every line the
   broker's registry knows that holds messages: after the store lost its data).
+* :class:`ParkingQueues` (``queues``): the lengths of an app's parking queues over one
+  broker connection, for the views (``None`` and an ``error`` when the broker cannot be
+  asked).
 * :class:`Mover` (``mover``): one thread per worker process with its own broker
   connection, jobs done in order, ``park(copy, on_done)`` / ``move(queue, on_done)``
   return False at once when its bounded queue is full or it stopped; ``on_done(Done)``
@@ -63,6 +66,7 @@ from .naming import (
     parking_queue,
 )
 from .parked_copy import ParkedCopy, Route, moved_copy
+from .queues import ParkingQueues
 from .redis_line import RedisParking
 from .transport import broker_for
 
@@ -77,6 +81,7 @@ __all__ = [
     "Outcome",
     "ParkedCopy",
     "ParkingBroker",
+    "ParkingQueues",
     "RedisParking",
     "Route",
     "broker_for",

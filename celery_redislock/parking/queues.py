@@ -1,6 +1,7 @@
 """How many messages the parking queues of an app's broker hold, for the views of the
-parked line (``redislock_line = "broker"``). Read only: one ``LLEN`` per queue on a
-Redis broker (one pipeline), a passive declare per queue on RabbitMQ.
+parked line (the operators' CLI and page, the metrics). Read only: one ``LLEN`` per
+queue on a Redis broker (one pipeline), a passive declare per queue on RabbitMQ. The
+app is anything with Celery's ``connection_for_read`` (a kombu connection factory).
 
 A view that cannot reach the broker (or has no app) shows the lock store's counts alone,
 and the queue's length as unknown (``None``); :attr:`ParkingQueues.error` says why.
@@ -15,9 +16,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict, Optional, Sequence
 
-from ..parking import broker_for, parked_lengths, parking_queue
+from .lengths import parked_lengths
+from .transport import broker_for
 
-__all__ = ["ParkingQueues", "parking_queue"]
+__all__ = ["ParkingQueues"]
 
 #: Seconds to wait for the broker when connecting.
 CONNECT_TIMEOUT = 2.0
