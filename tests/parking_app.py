@@ -15,6 +15,11 @@ Test-only hooks, read at import:
   acknowledge a run it ended without running (a refused run whose waiting or parked
   copy was published), it SIGKILLs its whole process group instead, once for the
   cluster (``killed`` in the record store);
+* ``REDISLOCK_TEST_HOLD_AFTER_RELEASE=1``: a run whose id is in the record store's set
+  ``hold-after-release`` (taken out of it, so once per id) stops after its release, in
+  its pool process, before Celery stores its result or acknowledges it: it says so
+  (``held``: task id -> pid) and waits for an entry in the list ``go:<id>`` (or its
+  worker's death);
 * ``REDISLOCK_TEST_VISIBILITY``: the broker's visibility timeout (s, default 60);
 * ``REDISLOCK_TEST_GATE``: ``redislock_gate`` (default ``"blocking"``);
 * ``REDISLOCK_TEST_PARKING_ON_RABBITMQ``: the broker is the shared RabbitMQ (see
@@ -32,13 +37,16 @@ from celery import Celery
 from celery_redislock import LimitedTask
 from celery_redislock.admin.control import pause_key_of
 from celery_redislock.integration import gate
-from celery_redislock.integration.signals import lock_contended
+from celery_redislock.integration.signals import lock_contended, lock_released
 
 from fault_app import fault_recorder
 from rabbit_app import AMQP_URL, queue_name
 from worker_app import BROKER_URL_ENV, LINE_ENV, AppUrls
 
 KILL_ENV = "REDISLOCK_TEST_KILL_AT_PARK"
+HOLD_ENV = "REDISLOCK_TEST_HOLD_AFTER_RELEASE"
+#: The record store's set of the task ids that stop after their release (``HOLD_ENV``).
+HOLD_SET = "hold-after-release"
 VISIBILITY_ENV = "REDISLOCK_TEST_VISIBILITY"
 GATE_ENV = "REDISLOCK_TEST_GATE"
 RABBIT_ENV = "REDISLOCK_TEST_PARKING_ON_RABBITMQ"
@@ -129,7 +137,21 @@ def create_app(urls: AppUrls) -> Celery:
 
     lock_contended.connect(on_refused, weak=False)
     _kill_at_park(record)
+    if os.environ.get(HOLD_ENV):
+        _hold_after_release(app, record)
     return app
+
+
+def _hold_after_release(app: Celery, record: Any) -> None:
+    """The hook of ``REDISLOCK_TEST_HOLD_AFTER_RELEASE`` (see the module doc)."""
+
+    def hold(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> None:
+        client = record().client
+        if getattr(sender, "app", None) is app and task_id and client.srem(HOLD_SET, task_id):
+            client.hset("held", task_id, os.getpid())
+            client.blpop(f"go:{task_id}", timeout=120)
+
+    lock_released.connect(hold, weak=False)
 
 
 def _kill_at_park(record: Any) -> None:

@@ -132,7 +132,8 @@ def test_redis_park_then_move_puts_the_same_message_first(redis_app: Celery,
     assert (outcome.done, outcome.what, outcome.target) == (True, "moved", "work")
     moved = receive(redis_app, "work")
     assert moved.headers["id"] == parked_id and task_value(moved) == "parked"
-    assert moved.headers[WAIT_HEADER] == WAIT
+    move = moved.headers[WAIT_HEADER].pop("move")  # its id, written when parked
+    assert moved.headers[WAIT_HEADER] == WAIT and isinstance(move, str) and move
     assert moved_copy(moved.headers) and not moved_copy(original.headers)
     assert moved.headers["task"] == original.headers["task"]
     assert {k: v for k, v in moved.headers.items() if k not in (WAIT_HEADER, ROUTE_HEADER)} \
@@ -426,7 +427,8 @@ def test_rabbitmq_park_then_move_returns_the_same_message(rabbit_app: Celery) ->
     assert task_value(receive(rabbit_app, queue)) == "queued"  # AMQP: behind the queue
     moved = receive(rabbit_app, queue)
     assert moved.headers["id"] == parked_id and task_value(moved) == "parked"
-    assert moved.headers[WAIT_HEADER] == WAIT and moved_copy(moved.headers)
+    assert moved.headers[WAIT_HEADER] == {**WAIT, "move": "m"}  # its id: the move's
+    assert moved_copy(moved.headers)
     assert not moved_copy(original.headers)
     assert {k: v for k, v in moved.headers.items() if k not in (WAIT_HEADER, ROUTE_HEADER)} \
         == {k: v for k, v in original.headers.items() if k != WAIT_HEADER}
@@ -525,7 +527,7 @@ def test_a_moved_run_retries_to_its_original_queue(broker_kind: str, server: Red
                 f"{queue}-exchange", parking_broker_app.ROUTING_KEY), run
         # Celery copies the moved copy's headers into its retry: only the attempt tells
         # the retry (a new attempt, never parked) from the moved copy
-        assert [run["wait"] for run in runs] == [WAIT, WAIT]
+        assert [run["wait"] for run in runs] == [{**WAIT, "move": runs[0]["wait"]["move"]}] * 2
         assert [run["moved_copy"] for run in runs] == [True, False]
         with app.connection_for_write() as connection:
             assert broker_for(connection).lengths([copy.queue]) == {copy.queue: 0}

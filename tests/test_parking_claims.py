@@ -42,10 +42,11 @@ def poll_until(check: Callable[[], bool], client: Any, key: str, seconds: float 
         time.sleep(0.05)
 
 
-def moved_claim(client: Any, name: str, lease: float, keep_ms: int = 3600 * 1000) -> Any:
+def moved_claim(client: Any, name: str, lease: float, keep_ms: int = 3600 * 1000,
+                copy: str = "") -> Any:
     """A run ``first`` holds the one slot, ``moved`` parks behind it; ``first`` releases,
-    the move owed is made and the moved copy claims its reservation with ``lease``.
-    ``(key, parked Busy, moved Lease)``."""
+    the move owed is made and the moved copy (its id ``copy``: acks late) claims its
+    reservation with ``lease``. ``(key, parked Busy, moved Lease)``."""
     limit = [SlotLimit(name, 1, PREFIX)]
     key = limit[0].key
     first = park_admit(client, limit, lease=30, run=run_id("first", 0))
@@ -56,7 +57,7 @@ def moved_claim(client: Any, name: str, lease: float, keep_ms: int = 3600 * 1000
     assert first.release()
     assert [h for h in first.handoffs if isinstance(h, ParkedMove)] == [ParkedMove(key)]
     moved = park_admit(client, limit, lease=lease, run=run_id("moved", 0),
-                       parked=parked.park, keep_served_ms=keep_ms)
+                       parked=parked.park, keep_served_ms=keep_ms, copy=copy)
     assert isinstance(moved, Lease)
     assert claimed(client, key) == 1
     return key, parked, moved
@@ -142,3 +143,55 @@ def test_a_copy_parked_again_under_a_live_claim_keeps_its_reference(redis_client
     assert isinstance(copy, Lease)
     assert copy.release()
     assert redis_client.hget(refs, run_id("moved", 0)) == b"s"
+
+
+def test_acks_late_the_copy_that_ran_runs_again_another_copy_does_not(redis_client):
+    """Acks late: the release serves the reference with the id of the copy that ran. That
+    very copy, given back by the broker (its worker died after the release, before the
+    acknowledgement), runs again, as Celery runs it; another copy of the same move (its
+    id another) or a copy acking early (no id) ends unrun."""
+    key, parked, moved = moved_claim(redis_client, "claims-late-ack", lease=30, copy="c1")
+    limit = [SlotLimit("claims-late-ack", 1, PREFIX)]
+    refs = companion(key, "pr")
+    assert moved.release()
+    assert redis_client.hget(refs, run_id("moved", 0)).split()[::2] == [b"s", b"c1"]
+    for other in ("c2", ""):
+        stale = park_admit(redis_client, limit, lease=30, run=run_id("moved", 0),
+                           parked=parked.park, copy=other)
+        assert isinstance(stale, Served), other
+    again = park_admit(redis_client, limit, lease=30, run=run_id("moved", 0),
+                       parked=parked.park, copy="c1")
+    assert isinstance(again, Lease)
+    assert claimed(redis_client, key) == 1
+    # While it runs, a copy of another id goes back to parking (the claim is live).
+    duplicate = park_admit(redis_client, limit, lease=30, run=run_id("moved", 0),
+                           parked=parked.park, copy="c2")
+    assert isinstance(duplicate, Busy) and duplicate.park == parked.park
+    assert again.release()
+    assert claimed(redis_client, key) == 0
+    stale = park_admit(redis_client, limit, lease=30, run=run_id("moved", 0),
+                       parked=duplicate.park, copy="c3")
+    assert isinstance(stale, Served)
+
+
+def test_acks_late_the_copy_that_ran_parks_again_behind_a_holder(redis_client):
+    """The copy that ran, given back while another run holds the one slot, parks again
+    (a new park id; its first 'since' kept), and runs once moved out of parking."""
+    key, parked, moved = moved_claim(redis_client, "claims-late-park", lease=30, copy="c1")
+    limit = [SlotLimit("claims-late-park", 1, PREFIX)]
+    assert moved.release()
+    other = park_admit(redis_client, limit, lease=30, run=run_id("other", 0))
+    assert isinstance(other, Lease)
+    again = park_admit(redis_client, limit, lease=30, run=run_id("moved", 0),
+                       parked=parked.park, copy="c1")
+    assert isinstance(again, Busy) and again.park is not None
+    assert again.park.park_id != parked.park.park_id
+    assert other.release()
+    assert [h for h in other.handoffs if isinstance(h, ParkedMove)] == [ParkedMove(key)]
+    moved_again = park_admit(redis_client, limit, lease=30, run=run_id("moved", 0),
+                             parked=again.park, copy="c9")
+    assert isinstance(moved_again, Lease)
+    assert moved_again.release()
+    late = park_admit(redis_client, limit, lease=30, run=run_id("moved", 0),
+                      parked=parked.park, copy="c1")
+    assert isinstance(late, Served)  # the first copy's id is no longer the one served

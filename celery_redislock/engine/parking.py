@@ -326,7 +326,11 @@ class ParkAsk:
       (:func:`.fair.with_band`): a slot handed to the line goes to the band whose oldest
       run has the lowest ``since - priority x priority_aging`` (s);
     * ``book_ms`` (one rate limit alone): how far ahead the caller holds a run for the
-      start booked for it (0: it parks).
+      start booked for it (0: it parks);
+    * ``copy``: a moved copy's id (the ``move`` of its wait header), for a task that
+      acknowledges late ("" otherwise): its claim, then its served reference, keeps it,
+      so that this very copy, given back by the broker after its worker died unacknowledged,
+      runs again (as Celery runs it), while another copy of the same move ends unrun.
 
         >>> ask = ParkAsk(lease=30, run=run_id("5f0c", 0), max_wait=600)
         >>> ask.keep_served_ms == KEEP_SERVED_MS, ask.parked is None
@@ -348,6 +352,7 @@ class ParkAsk:
     priority: Optional[int] = None
     priority_aging: float = 10.0
     book_ms: int = 0
+    copy: str = ""
 
 
 def prepare_park_admit(client: Any, limiters: Sequence[Any],
@@ -378,13 +383,24 @@ def prepare_park_admit(client: Any, limiters: Sequence[Any],
     home = _home(ask.parked, keys, rate_keys)
     token = ask.owner + new_token()
     args = [token, milliseconds(ask.lease), ask.description, ask.run, home,
-            ask.parked.park_id if ask.parked is not None and home else "",
+            _park_id_arg(ask.parked, ask.copy) if home else "",
             ask.keep_served_ms, ask.reserve_ms, *(limiter.slots for limiter in limiters),
             _seen(client), grace_bound_ms(client, ask.lease),
             "1" if ask.park_paused else "0", *_optional_args(limiters, rates, ask)]
     index = _index_of(client, prefix, keys[0] if keys else rates[0].key)
     return ParkAdmitCall(client, [*limiters, *rates], token, ask.lease, ask.description,
                          ask.reserve_ms, [*keys, index, *rate_keys], args)
+
+
+def _park_id_arg(parked: Optional[ParkRef], copy: str) -> str:
+    """The script's park id argument: the moved copy's park id, then its copy id.
+
+        >>> _park_id_arg(ParkRef("k", "1:7"), ""), _park_id_arg(ParkRef("k", "1:7"), "c9")
+        ('1:7', '1:7 c9')
+    """
+    if parked is None:
+        return ""
+    return f"{parked.park_id} {copy}" if copy and " " not in copy else parked.park_id
 
 
 def _home(parked: Optional[ParkRef], keys: Sequence[str], rate_keys: Sequence[str]) -> int:

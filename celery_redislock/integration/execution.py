@@ -240,7 +240,9 @@ class _Attempt:
                        description=self.description, owner=self.owner,
                        keep_served_ms=self.setup.keep_served_ms, max_wait=retry.max_wait,
                        book_ms=book_ms, priority=priority,
-                       priority_aging=retry.priority_aging)
+                       priority_aging=retry.priority_aging,
+                       copy=self.waited.move if getattr(self.task, "acks_late", False)
+                       else "")
 
     def published(self, outcome: Any) -> Any:
         """``outcome``, the hand-offs it brings published."""
@@ -734,7 +736,8 @@ def _run_holding(task: Any, request: Any, lease: Lease, body: Callable[[], Resul
 def _served_at_start(task: Any, request: Any, lease: Lease) -> None:
     """A copy moved out of a parking queue starts its body, its message acknowledged
     (default acks): its reference becomes served, so that a copy given back later ends
-    unrun. (Under ``acks_late`` its release does it.)"""
+    unrun. (Under ``acks_late`` its release does it, with the copy's id: this very copy,
+    given back unacknowledged after its worker died, runs again, as Celery runs it.)"""
     if getattr(task, "acks_late", False) or not WaitingRun.of(request).parked:
         return
     try:

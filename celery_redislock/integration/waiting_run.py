@@ -32,7 +32,10 @@ class WaitingRun:
       ``name``, the holder ``member``, ``since`` and ``until``), or None;
     * ``park_id`` and ``line`` (the parking line, ``redislock_line = "broker"``): this
       copy's park id and the semaphore key whose parking queue held it ("" for none: a
-      header without them, version 1, is read as a run never parked).
+      header without them, version 1, is read as a run never parked);
+    * ``move``: the id of this moved copy (written by the broker side: when parked on a
+      Redis broker, where a parked message moves once; when moved on RabbitMQ), which no
+      other copy of the run carries; "" for none.
 
     A header an older worker wrote may have more fields (``ticket``, ``copy``,
     ``express``: the retired "store" line's): they are not read, and not written back.
@@ -57,6 +60,7 @@ class WaitingRun:
     follows: Optional[Mapping[str, Any]] = None
     park_id: str = ""
     line: str = ""
+    move: str = ""
     #: The message had a wait header with something in it (even unreadable).
     carried: bool = False
 
@@ -90,7 +94,8 @@ class WaitingRun:
         return cls(since=_number(state.get("since")), attempts=_count(state.get("attempts")),
                    promises=_promises(state.get("promises")),
                    follows=_follows(state.get("follows")), park_id=_text(state.get("park_id")),
-                   line=_text(state.get("line")), carried=True)
+                   line=_text(state.get("line")), move=_text(state.get("move")),
+                   carried=True)
 
     def header(self) -> Dict[str, Any]:
         """The ``redislock_wait`` header's value for this wait (only plain values)."""
@@ -100,6 +105,8 @@ class WaitingRun:
             wait["follows"] = dict(self.follows)
         if self.park_id:
             wait.update(v=2, park_id=self.park_id, line=self.line)
+        if self.move:
+            wait["move"] = self.move
         return wait
 
     @property

@@ -14,7 +14,9 @@ original's), then acknowledges it. A message no queue takes back
 ``redislock.parking.unroutable``, never dropped. AMQP cannot put a message at the front
 of a queue: the moved run is taken after what its queue already holds. A connection
 lost between the publish and its confirm or the ack may leave two copies
-(``Outcome.doubt``): the lock store's reference makes the second stale.
+(``Outcome.doubt``): the lock store's reference makes the second stale. Each move
+stamps the copy it publishes with an id of its own (``move`` in its wait header, see
+:func:`.parked_copy.stamped`): the two copies of one move are told apart.
 
 The registry is a durable queue ``redislock.parking`` of small JSON messages
 ``{"queue", "key"}``, one published by each connection the first time it parks into a
@@ -35,7 +37,7 @@ from amqp.exceptions import NotFound
 
 from .broker import Outcome
 from .naming import REGISTRY, ROUTE_HEADER, UNROUTABLE
-from .parked_copy import ParkedCopy, Route
+from .parked_copy import ParkedCopy, Route, stamped
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +129,7 @@ class AmqpParking:
         message = self.channel.basic_get(queue, no_ack=False)
         if message is None:
             return Outcome(False, "empty")
-        headers = dict(message.headers or {})
+        headers = stamped(message.headers or {}, job_id[:16])  # this copy's id
         route = Route.parse(headers.get(ROUTE_HEADER))
         properties = {name: value for name, value in message.properties.items()
                       if name not in ("application_headers", "content_type",

@@ -150,3 +150,20 @@ def moved_copy(headers: Any, attempt: Optional[int] = None) -> bool:
 
 def _attempt(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def stamped(headers: Mapping[str, Any], move: str) -> Dict[str, Any]:
+    """``headers`` of a parked message, its wait header given the id ``move`` of the
+    copy about to be moved (a wait header that is not a dict is left as it is).
+
+    Two copies of one run must never carry the same id unless one is the other given
+    back by the broker: under ``acks_late`` the lock store lets that one copy run again
+    after its worker died unacknowledged, and ends any other copy of the run unrun.
+
+        >>> stamped({"redislock_wait": {"park_id": "1:2"}, "x": 1}, "m1")
+        {'redislock_wait': {'park_id': '1:2', 'move': 'm1'}, 'x': 1}
+    """
+    wait = headers.get(WAIT_HEADER)
+    if not isinstance(wait, Mapping):
+        return dict(headers)
+    return {**headers, WAIT_HEADER: {**wait, "move": move}}

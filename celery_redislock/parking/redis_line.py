@@ -13,7 +13,9 @@ payloads, so the moved message is exactly what kombu would have delivered:
   queue found from the original's exchange and routing key as kombu routes, or given;
   read with a pattern, not by decoding the message), ``RPUSH`` it on the queue's list
   for that step as kombu's ``_put`` names it (the end ``BRPOP`` takes next), once per
-  job id. kombu ignores the extra field when it delivers the message.
+  job id. kombu ignores the extra field when it delivers the message. A parked
+  message moves once: the id its moved copy carries (``move`` in its wait header, see
+  :func:`.parked_copy.stamped`) is written when it is parked.
   Moved, the message has the original's ``delivery_info`` (exchange, routing key), a new
   delivery tag, and is never in kombu's unacked hash while it moves;
 * lengths: ``LLEN``; registry (``lua/registry.lua``): the hash's queues that hold
@@ -37,7 +39,7 @@ from kombu.utils.json import dumps
 
 from .broker import Outcome
 from .naming import DONE_PREFIX, REGISTRY, ROUTE_HEADER, UNROUTABLE
-from .parked_copy import ParkedCopy
+from .parked_copy import ParkedCopy, stamped
 
 #: The payload's first field: ``"<priority step> <queue>"``, where move.lua sends it.
 TARGET_FIELD = "redislock_to"
@@ -112,7 +114,8 @@ class RedisParking:
             TARGET_FIELD: f"{step} {queue}",
             "body": body, "content-encoding": copy.content_encoding,
             "content-type": copy.content_type,
-            "headers": {**copy.headers, ROUTE_HEADER: copy.route_header(queue=queue)},
+            "headers": {**stamped(copy.headers, uuid.uuid4().hex[:16]),
+                        ROUTE_HEADER: copy.route_header(queue=queue)},
             "properties": properties}
 
     def queue_of(self, exchange: str, routing_key: str) -> str:

@@ -12,7 +12,8 @@
 -- ARGV[4]      the run: '<task id>:<attempt>'
 -- ARGV[5]      home: i of the semaphore whose parking queue this copy was moved out of,
 --              0 for a copy never parked
--- ARGV[6]      its park id ('' for none)
+-- ARGV[6]      its park id ('' for none), then, under acks late, ' ' and the copy's id
+--              (a moved copy's: see parked_admit.lua's rerun_ref)
 -- ARGV[7]      how long a served reference is kept (ms): the broker's visibility timeout
 -- ARGV[8]      how long a slot handed to the line stays reserved (ms)
 -- ARGV[8+i]    the configured slots of semaphore i
@@ -34,7 +35,8 @@
 -- Each semaphore decides in turn, a moved copy's home first (the first that refuses
 -- parks the run):
 --   * the home of a moved copy: a reference that does not name this park id (or is
---     served) makes the copy stale (status 4); one claimed by a live holder sends it back
+--     served, unless served to this very copy under acks late: rerun_ref) makes the
+--     copy stale (status 4); one claimed by a live holder sends it back
 --     to parking unchanged (status 7, the same park id); else it takes a live
 --     reservation if there is one (not in the grace); a copy parked in an incarnation
 --     the store lost (its park id's) counts down an anonymous entry and does the same
@@ -58,7 +60,8 @@ local R = 0  -- rate keys (parked_rates.lua): '...}:r:...', after KEYS[N+1]
 for _, key in ipairs(KEYS) do R = R + (string.find(key, '}:r:', 1, true) and 1 or 0) end
 local N = #KEYS - 1 - (R > 0 and R + 1 or 0)
 local token, lease, description, run = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local home, park_id = tonumber(ARGV[5]) or 0, ARGV[6]
+local home = tonumber(ARGV[5]) or 0
+local park_id, copy = string.match(ARGV[6], '^(%S*) ?(%S*)$')
 local keep, reserve = tonumber(ARGV[7]), tonumber(ARGV[8])
 local seen = tonumber(ARGV[9 + N] or '0') or 0
 local bound = math.max(lease, tonumber(ARGV[10 + N] or '0') or 0)
@@ -91,6 +94,7 @@ local limiters = {}
 for i = 1, N do
   local l = read_semaphore(KEYS[i], ARGV[8 + i], cost_of(13 + 2 * N, i), run, now)
   if l.paused and not park_paused then return reply(3, i, l.paused, 0, 0, 0) end
+  rerun_ref(l, copy, park_id)
   limiters[i] = l
 end
 local rates = read_rates(N + 2, R, 14 + 3 * N, run, now, now_us)
@@ -234,7 +238,7 @@ local lease_end_text = string.format('%d', lease_end)
 local member = token .. ' ' .. now_text .. ' ' .. fence_text .. ' ' .. description
 for i = 1, N do
   hold_slot(limiters[i], run, token, member, fence_text, lease, lease_end, now,
-            ARGV[11 + N + i])
+            ARGV[11 + N + i], copy)
 end
 rates_admit(rates, run, keep, now, now_us)
 if #handed > 0 then return reply(1, 0, lease_end, fence_text, contended, last) end

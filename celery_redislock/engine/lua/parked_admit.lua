@@ -59,7 +59,21 @@ end
 -- (parking.lua's lapse_claims).
 local function claimed_again(l, run)
   local ref = l.ref
-  if ref.again == '' then write_ref(l.key, run, 'c', ref.since, ref.park_id, ref.holder, 'a') end
+  if ref.again == '' then
+    write_ref(l.key, run, 'c', ref.since, ref.park_id, ref.holder, 'a', ref.copy)
+  end
+end
+
+-- A served reference at `l` whose copy id is `copy` (acks late, not ''): the very copy
+-- that ran, given back by the broker (its worker died before acknowledging it), runs
+-- again, as Celery runs it: read as claimed by a holder no longer live, under its park
+-- id `park_id`. A copy of another id (two copies of one move) stays stale.
+local function rerun_ref(l, copy, park_id)
+  local ref = l.ref
+  if ref and ref.state == 's' and copy ~= '' and ref.copy == copy then
+    l.ref = {state = 'c', since = ref.since, park_id = park_id, holder = '', again = '',
+             copy = copy}
+  end
 end
 
 -- A moved copy's reference at its home `h` (false: none), if it waits under park id
@@ -121,10 +135,11 @@ local function admission_marks(limiters, now_us)
 end
 
 -- Admitted at `l`: its reservation taken (if it takes one), the run's reference there
--- claimed by holder `token` until its body starts (default acks) or ends (acks late),
--- or its lease ends unreleased (parking.lua's lapse_claims), and the holder `member`
--- added until `lease_end` (ms). `sub`: the run's sub-line there.
-local function hold_slot(l, run, token, member, fence_text, lease, lease_end, now, sub)
+-- claimed by holder `token` (and copy id `copy`, acks late) until its body starts
+-- (default acks) or ends (acks late), or its lease ends unreleased (parking.lua's
+-- lapse_claims), and the holder `member` added until `lease_end` (ms). `sub`: the run's
+-- sub-line there.
+local function hold_slot(l, run, token, member, fence_text, lease, lease_end, now, sub, copy)
   local ref = l.ref
   if l.take == 'reserved' then take_reservation(l.key, now) end
   if ref and (ref.state == 'w' or ref.state == 'c') then
@@ -134,7 +149,7 @@ local function hold_slot(l, run, token, member, fence_text, lease, lease_end, no
       drop_deadline(l.key, run, sub)
     end
     if ref.state == 'c' then claim_until(l.key, ref.holder, nil) end
-    write_ref(l.key, run, 'c', ref.since, ref.park_id, token)
+    write_ref(l.key, run, 'c', ref.since, ref.park_id, token, '', copy)
     redis.call('HSET', claims, token, run)
     keep_parked(claims)
     claim_until(l.key, token, lease_end)

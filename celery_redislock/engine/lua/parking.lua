@@ -14,11 +14,13 @@
 --            parking queue empty while references waited, 'i' the incarnation in which
 --            the poll last counted the parking queue (due.lua)
 --   '}:pr:'  hash, run ('<task id>:<attempt>') -> its reference 'state since park_id
---            holder [again]': state 'w' waiting (its copy parked as park_id), 'c' claimed
---            by the holder token (a moved copy took a slot; its body has not started, or
---            acks late and has not ended; 'again': a copy of the run went back to parking
---            while the claim was live, see claimed_again), 's' served (kept 'k' ms, then
---            forgotten; written as 's' alone)
+--            holder [again [copy]]': state 'w' waiting (its copy parked as park_id), 'c'
+--            claimed by the holder token (a moved copy took a slot; its body has not
+--            started, or acks late and has not ended; 'again' ('a', '-' for none): a copy
+--            of the run went back to parking while the claim was live, see
+--            claimed_again; 'copy': the claiming copy's id, acks late), 's' served (kept
+--            'k' ms, then forgotten; written as 's' alone, or 's since copy' when the copy
+--            that ran acks late: that very copy, redelivered, runs again, see rerun_ref)
 --   '}:pc:'  hash, holder token -> the run whose reference it claimed (a live claim)
 --   '}:pe:'  sorted set, the claims' ends: holder token -> the end of its lease (ms;
 --            renew.lua and adopt.lua move it with the lease: claim_moves), and '<token> <run>' -> when
@@ -58,22 +60,38 @@ local function mark_parked(key, now)
   end
 end
 
--- {state, since, park_id, holder, again} of a reference's text, or nil. A served
--- reference is kept as 's' alone: it ends every copy of its run, whatever its park id.
+-- {state, since, park_id, holder, again, copy} of a reference's text, or nil. A served
+-- reference is kept as 's' alone (it ends every copy of its run, whatever its park id),
+-- or as 's since copy' (acks late: the copy that ran, given back, runs again).
 local function parse_ref(text)
   if not text then return nil end
-  if text == 's' then return {state = 's', since = '', park_id = '', holder = '', again = ''} end
-  local state, since, park_id, holder, again =
-    string.match(text, '^(%S+) (%S+) (%S*) ?(%S*) ?(%S*)$')
+  if text == 's' then
+    return {state = 's', since = '', park_id = '', holder = '', again = '', copy = ''}
+  end
+  local since, copy = string.match(text, '^s (%S+) (%S+)$')
+  if copy then
+    return {state = 's', since = since, park_id = '', holder = '', again = '', copy = copy}
+  end
+  local state, park_id, holder, again
+  state, since, park_id, holder, again, copy =
+    string.match(text, '^(%S+) (%S+) (%S*) ?(%S*) ?(%S*) ?(%S*)$')
   return {state = state, since = since, park_id = park_id, holder = holder or '',
-          again = again or ''}
+          again = (again ~= '-' and again) or '', copy = copy or ''}
 end
 
-local function write_ref(key, run, state, since, park_id, holder, again)
+local function write_ref(key, run, state, since, park_id, holder, again, copy)
   local refs = parked_key(key, 'pr')
   local text = 's'
-  if state ~= 's' then text = state .. ' ' .. since .. ' ' .. park_id .. ' ' .. holder end
-  if again and again ~= '' then text = text .. ' ' .. again end
+  copy = copy or ''
+  if state == 's' and copy ~= '' then
+    text = 's ' .. since .. ' ' .. copy
+  elseif state ~= 's' then
+    text = state .. ' ' .. since .. ' ' .. park_id .. ' ' .. holder
+    if (again and again ~= '') or copy ~= '' then
+      text = text .. ' ' .. ((again and again ~= '') and again or '-')
+    end
+    if copy ~= '' then text = text .. ' ' .. copy end
+  end
   redis.call('HSET', refs, run, text)
   keep_parked(refs)
 end
@@ -106,7 +124,9 @@ local function prune_served(key, now)
     local at = string.find(head, ' ', 1, true)
     if tonumber(string.sub(head, 1, at - 1)) > now then return end
     redis.call('LPOP', served)
-    redis.call('HDEL', parked_key(key, 'pr'), string.sub(head, at + 1))
+    local refs, run = parked_key(key, 'pr'), string.sub(head, at + 1)
+    local text = redis.call('HGET', refs, run)  -- not a reference written again since
+    if text and string.match(text, '^[sb]') then redis.call('HDEL', refs, run) end
   end
 end
 
@@ -156,7 +176,8 @@ local function lapse_claims(key, now)
 end
 
 -- The reference claimed by holder `token` (if any) becomes served: its body started
--- under default acks, or ended. Returns 1 if one did.
+-- under default acks, or ended (with the claiming copy's id, acks late). Returns 1 if
+-- one did.
 local function serve_claim(key, token, now)
   local claims = parked_key(key, 'pc')
   local run = redis.call('HGET', claims, token)
@@ -165,7 +186,7 @@ local function serve_claim(key, token, now)
   local ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), run))
   if not (ref and ref.state == 'c' and ref.holder == token) then return 0 end
   local keep = tonumber(redis.call('HGET', parked_key(key, 'pn'), 'k') or '') or 3600000
-  write_ref(key, run, 's', ref.since, ref.park_id, token)
+  write_ref(key, run, 's', ref.since, ref.park_id, token, '', ref.copy)
   local served = parked_key(key, 'px')
   redis.call('RPUSH', served, string.format('%d', now + keep) .. ' ' .. run)
   keep_parked(served)
