@@ -353,6 +353,31 @@ ORIGINAL_AFTER_ITS_COPY_RAN: List[Step] = [
 ]
 
 
+#: t1 (acks late) parks behind t0 and its copy is moved out of parking and runs on
+#: worker 1; its release serves its reference, and worker 1 dies before the
+#: acknowledgement (and the result). The copy comes back: a served mark that ends every
+#: copy ends it unrun, and the run is lost where Celery runs it again.
+SERVED_THEN_KILLED: List[Step] = [
+    ("send", {"key": "a", "acks_late": True}),
+    ("send", {"key": "a", "acks_late": True}),
+    ("deliver", {"worker": 0, "key": "a"}),
+    ("deliver", {"worker": 0, "key": "a"}),
+    ("advance", {"worker": 0, "job": 0}),     # t0 admitted
+    ("advance", {"worker": 0, "job": 1}),     # t1 refused, its reference written
+    ("advance", {"worker": 0, "job": 1}),     # t1's parked copy published
+    ("advance", {"worker": 0, "job": 1}),     # t1's original acknowledged
+    ("advance", {"worker": 0, "job": 0}),     # t0's body starts
+    ("advance", {"worker": 0, "job": 0}),     # t0's body ends: a move owed
+    ("advance", {"worker": 0, "job": 0}),     # t0 acknowledged
+    ("move", {"worker": 0}),                  # LMOVE: t1's copy to the task's queue
+    ("deliver", {"worker": 1, "key": "a"}),
+    ("advance", {"worker": 1, "job": 0}),     # t1's copy claims the reservation
+    ("advance", {"worker": 1, "job": 0}),     # t1's body starts
+    ("advance", {"worker": 1, "job": 0}),     # and ends: its release serves it
+    ("crash", {"worker": 1}),                 # before the acknowledgement
+]
+
+
 @pytest.mark.parametrize("steps, design, found", [
     (LEASE_RUNS_OUT, replace(AS_WRITTEN, lmove=False), "runs lost"),
     (PARKED_IN_THE_GRACE, AS_WRITTEN, "runs lost"),
@@ -362,9 +387,11 @@ ORIGINAL_AFTER_ITS_COPY_RAN: List[Step] = [
     (CLAIMED_THEN_DIED, AS_WRITTEN, "runs lost"),
     (CLAIMED_THEN_DIED, Protocol(keep_claims=False), "runs lost"),
     (ORIGINAL_AFTER_ITS_COPY_RAN, Protocol(keep_claims=False), "a second body"),
+    (SERVED_THEN_KILLED, Protocol(copy_ids=False), "runs lost"),
 ], ids=["lease-runs-out", "parked-in-the-grace", "missed-wake-up",
         "missed-wake-up-reference-first", "sent-back-twice", "claimed-then-died",
-        "claimed-then-died-with-the-other-fixes", "original-after-its-copy-ran"])
+        "claimed-then-died-with-the-other-fixes", "original-after-its-copy-ran",
+        "served-then-killed"])
 def test_as_written_fails(steps: List[Step], design: Protocol, found: str) -> None:
     """Each counter-example fails the protocol as first written, and passes the fixed one."""
     with pytest.raises(AssertionError, match=found):

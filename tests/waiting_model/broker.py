@@ -15,8 +15,9 @@ from celery_redislock.integration.waiting_run import WaitingRun
 @dataclass(frozen=True)
 class Message:
     """One message in the broker: the attempt ``(task_id, attempt)`` of a task bound to
-    limit ``key``; ``headers`` carry its wait (:class:`WaitingRun`'s header: ``ticket``
-    names its parked copy, ``"<incarnation>:<n>"``, "" for a copy never parked)."""
+    limit ``key``; ``headers`` carry its wait (:class:`WaitingRun`'s header: ``park_id``
+    names its parked copy, ``"<incarnation>:<n>"``, "" for a copy never parked; ``move``
+    the moved copy's own id)."""
 
     msg_id: int
     task_id: str

@@ -28,12 +28,14 @@ Run = Tuple[str, int]
 class Ref:
     """A waiter's reference: ``waiting`` (its copy parked as ``park_id``), ``claimed`` by
     ``holder`` (a copy took a slot; its body has not started, or acks late and has not
-    ended), or ``served`` (kept as long as the broker may give back a copy of it)."""
+    ended), or ``served`` (kept as long as the broker may give back a copy of it).
+    ``copy``: the id of the moved copy that claimed it, acking late ("" otherwise)."""
 
     since: int
     park_id: str
     state: str = "waiting"
     holder: str = ""
+    copy: str = ""
 
 
 @dataclass
@@ -90,14 +92,14 @@ def _busy(store: Store, key: str, now: int) -> Busy:
                 retry_hint=1.0, average_hold=None, server_time_ms=now * 1000, key=key)
 
 
-def _take(store: Store, key: str, run: Run, holder: str, now: int) -> Lease:
-    """The run holds a slot; a reference it has is claimed by this holder."""
+def _take(store: Store, key: str, run: Run, holder: str, now: int, copy: str = "") -> Lease:
+    """The run holds a slot; a reference it has is claimed by this holder (and copy)."""
     store.holders.setdefault(key, {})[holder] = now + LEASE
     ref = store.refs.get(key, {}).get(run)
     if ref is not None and not store.keep_claims:
         del store.refs[key][run]
     elif ref is not None:
-        ref.state, ref.holder = "claimed", holder
+        ref.state, ref.holder, ref.copy = "claimed", holder, copy
     return _lease(key, now)
 
 
@@ -119,7 +121,7 @@ def park(store: Store, key: str, run: Run, now: int) -> str:
 
 
 def admit(store: Store, key: str, run: Run, holder: str, now: int,
-          ref_on_refusal: bool) -> Tuple[object, str]:
+          ref_on_refusal: bool, copy: str = "") -> Tuple[object, str]:
     """``admit.lua`` for a copy never parked (or parked in a lost incarnation): a lease if
     a slot is free and nobody else waits, else Busy; with ``ref_on_refusal`` the refusal
     writes the reference in the same step (its park id returned)."""
@@ -130,18 +132,23 @@ def admit(store: Store, key: str, run: Run, holder: str, now: int,
         return _busy(store, key, now), ref.park_id if ref_on_refusal else ""
     if (not store.in_grace(now) and store.free(key, now) > 0
             and not store.waiting(key, now, but=run)):
-        return _take(store, key, run, holder, now), ""
+        return _take(store, key, run, holder, now, copy), ""
     park_id = park(store, key, run, now) if ref_on_refusal else ""
     return _busy(store, key, now), park_id
 
 
 def claim(store: Store, key: str, run: Run, park_id: str, holder: str, now: int,
-          ref_on_refusal: bool) -> Tuple[object, str]:
-    """``claim.lua``: a copy moved out of parking takes a reservation if its reference
-    names its park id; a copy the reference does not name is stale (``Served``)."""
+          ref_on_refusal: bool, copy: str = "") -> Tuple[object, str]:
+    """``admit_parked.lua`` for a moved copy (its id ``copy`` when it acks late): it
+    takes a reservation if its reference names its park id; a copy the reference does
+    not name is stale (``Served``). A reference served to this very copy (its worker
+    died after the release, before the acknowledgement) reads as claimed by a dead
+    holder: the copy runs again, as Celery runs it (``rerun_ref``)."""
     if park_id.split(":")[0] != str(store.incarnation):
         return _claim_lost(store, key, run, holder, now, ref_on_refusal)
     ref = store.refs.get(key, {}).get(run)
+    if ref is not None and ref.state == "served" and copy and ref.copy == copy:
+        ref.state, ref.holder, ref.park_id = "claimed", "", park_id
     if ref is None or ref.park_id != park_id or ref.state == "served":
         if store.anonymous.get(key, 0) > 0:
             store.anonymous[key] -= 1
@@ -149,8 +156,8 @@ def claim(store: Store, key: str, run: Run, park_id: str, holder: str, now: int,
     if _claimed_live(store, key, ref, now):
         return _busy(store, key, now), ref.park_id if ref_on_refusal else ""
     if not store.in_grace(now) and _reserved(store, key, now):
-        return _take(store, key, run, holder, now), ""
-    return admit(store, key, run, holder, now, ref_on_refusal)
+        return _take(store, key, run, holder, now, copy), ""
+    return admit(store, key, run, holder, now, ref_on_refusal, copy)
 
 
 def _claim_lost(store: Store, key: str, run: Run, holder: str, now: int,

@@ -54,7 +54,11 @@ class Protocol:
       starts (default acks) or ends (``acks_late``), then served for as long as the
       broker may give back a copy (as written: the claim removes it);
     * ``lmove``: the broker is Redis (a move out of parking is one ``LMOVE``); else a
-      move is get, publish, acknowledge.
+      move is get, publish, acknowledge;
+    * ``copy_ids``: each moved copy carries an id of its own (written when parked on
+      Redis, when moved elsewhere), and under ``acks_late`` its claim and served mark
+      keep it: that copy, given back after its worker died past the release, runs again
+      (as written: a served mark ends every copy, and that run was lost).
     """
 
     ref_on_refusal: bool = True
@@ -62,6 +66,7 @@ class Protocol:
     requeue_when_down: bool = True
     keep_claims: bool = True
     lmove: bool = True
+    copy_ids: bool = True
 
 
 AS_WRITTEN = Protocol(ref_on_refusal=False, due_poll=False, requeue_when_down=False,
@@ -187,9 +192,11 @@ def _answer(world: World, worker: Worker, job: Job) -> Tuple[object, str]:
     job.holder = f"{worker.life}:{job.delivery.tag}"
     job.renewed = now
     fixed = world.protocol.ref_on_refusal
-    ticket = message.wait.ticket
-    if ticket:
-        return scripts.claim(store, message.key, message.run, ticket, job.holder, now, fixed)
+    park_id = message.wait.park_id
+    copy = message.wait.move if message.acks_late and world.protocol.copy_ids else ""
+    if park_id:
+        return scripts.claim(store, message.key, message.run, park_id, job.holder, now, fixed,
+                             copy)
     return scripts.admit(store, message.key, message.run, job.holder, now, fixed)
 
 
@@ -203,11 +210,13 @@ def write_reference(world: World, worker: Worker, job: Job) -> None:
 
 
 def publish_parked(world: World, worker: Worker, job: Job) -> None:
-    """The mover publishes the parked copy (its ticket the park id): the move's first half."""
+    """The mover publishes the parked copy (its park id in its wait; on Redis, where it
+    moves once, its copy id too): the move's first half."""
     message = job.message
     wait = message.wait
-    wait = wait.but(ticket=job.park_id, attempts=wait.attempts + 1,
-                    since=wait.since or world.now * 1000 or 1)
+    wait = wait.but(park_id=job.park_id, line=message.key, attempts=wait.attempts + 1,
+                    since=wait.since or world.now * 1000 or 1,
+                    move=f"m{next(world.broker.ids)}" if world.protocol.lmove else "")
     world.broker.publish(parking_queue(message.key), world.broker.copy(message, wait))
     world.count_copies(message.run)
     job.phase = "ack"
@@ -252,10 +261,12 @@ def start_body(world: World, worker: Worker, job: Job) -> None:
 
 
 def end_body(world: World, worker: Worker, job: Job) -> None:
-    """The body ends: the release hands its slot over and the worker owes that many moves."""
+    """The body ends: the release hands its slot over and the worker owes that many moves
+    (``acks_late``: the result is stored with the acknowledgement, after the release)."""
     assert job.body is not None
     job.body.end = world.now
-    world.done.add(job.message.run)
+    if not job.message.acks_late:
+        world.done.add(job.message.run)
     if world.store.up:
         moves = scripts.release(world.store, job.message.key, job.holder, world.now)
         worker.moves += [Move(job.message.key) for _ in range(moves)]
@@ -266,6 +277,7 @@ def end_body(world: World, worker: Worker, job: Job) -> None:
 
 
 def ack_late(world: World, worker: Worker, job: Job) -> None:
+    world.done.add(job.message.run)
     world.broker.ack(job.delivery.tag)
     worker.jobs.remove(job)
 
@@ -301,8 +313,9 @@ def move_step(world: World, worker: Worker) -> None:
             worker.moves.pop(0)
     elif move.phase == "publish":
         assert move.delivery is not None
-        world.broker.publish(target, world.broker.copy(move.delivery.message,
-                                                       move.delivery.message.wait))
+        wait = move.delivery.message.wait  # this copy's own id (copy_ids)
+        wait = wait.but(move=f"m{next(world.broker.ids)}") if world.protocol.copy_ids else wait
+        world.broker.publish(target, world.broker.copy(move.delivery.message, wait))
         world.count_copies(move.delivery.message.run)
         move.phase = "ack"
     else:
