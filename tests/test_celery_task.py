@@ -231,12 +231,6 @@ def test_unreachable_lock_store_fails_closed(celery_app, celery_worker, own_redi
         lock_store_error.disconnect(store_error)
 
 
-def _line_key(lock_client):
-    from celery_redislock.engine.keys import LINE, companion_key, semaphore_key
-
-    return companion_key(semaphore_key("lost-answer", "redislock:"), LINE)
-
-
 def test_eager_apply_takes_a_slot_and_waits_for_one(celery_app, lock_client):
     @celery_app.task(base=LimitedTask, lock_key="eager", bind=True, lock_max_wait=0.2,
                      shared=False)

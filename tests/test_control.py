@@ -7,7 +7,6 @@ a real prefork worker for the paths that run inside tasks.
 from __future__ import annotations
 
 import datetime
-import re
 import uuid
 
 import pytest
@@ -334,14 +333,14 @@ def test_raising_slots_wakes_waiting_runs_at_once(cluster):
     wait_until(lambda: records(cluster).hexists("started", holder.id), timeout=30,
                what="the first run to start")
     waiter = cluster.app.send_task(CALL_API_PATIENT, (key_token,), {"hold": True})
-    wait_until(lambda: limit_state(cluster.app, name).all_waiting == 1, timeout=30,
+    wait_until(lambda: limit_state(cluster.app, name).waiting == 1, timeout=30,
                what="the second run to wait in line")
-    # The old line's waiter is woken by set_slots itself; a parked run by the poll.
+    # The parked run is woken by set_slots itself (1), or by the poll (0).
     assert set_slots(cluster.app, name, 2) in (0, 1)
     wait_until(lambda: records(cluster).hexists("started", waiter.id), timeout=5,
                what="the woken run to start")  # at once, not on its 10-20 s countdown
     state = limit_state(cluster.app, name)
-    assert (state.used, state.limit, state.all_waiting) == (2, 2, 0)
+    assert (state.used, state.limit, state.waiting) == (2, 2, 0)
     records(cluster).set(f"go:{key_token}", 1)
     assert holder.get(timeout=30) == holder.id and waiter.get(timeout=30) == waiter.id
 
@@ -351,7 +350,7 @@ def test_runs_refused_by_a_pause_wait_in_line_and_start_on_resume(cluster):
     name = api_name(key_token)
     pause(cluster.app, name)
     waiter = cluster.app.send_task(CALL_API_PATIENT, (key_token,))
-    wait_until(lambda: limit_state(cluster.app, name).all_waiting == 1
+    wait_until(lambda: limit_state(cluster.app, name).waiting == 1
                and refusals(cluster, waiter.id), timeout=30,
                what="the paused run to be refused and counted as waiting")
     assert not records(cluster).hexists("started", waiter.id)
@@ -359,7 +358,7 @@ def test_runs_refused_by_a_pause_wait_in_line_and_start_on_resume(cluster):
     wait_until(lambda: records(cluster).hexists("started", waiter.id), timeout=5,
                what="the run to start on resume")  # not on its 10-20 s countdown
     assert waiter.get(timeout=30) == waiter.id
-    wait_until(lambda: limit_state(cluster.app, name).all_waiting == 0, timeout=10,
+    wait_until(lambda: limit_state(cluster.app, name).waiting == 0, timeout=10,
                what="the line to empty")
 
 
@@ -370,26 +369,20 @@ def test_a_deferred_run_says_once_at_info_why_and_until_when(cluster):
                what="the first run to start")
     waiter = cluster.app.send_task(CALL_API, (key_token,))
     wait_until(lambda: len(refusals(cluster, waiter.id)) >= 1, timeout=30,
-               what="the second run to be refused")  # the old line: again and again
+               what="the second run to be refused")
     records(cluster).set(f"go:{key_token}", 1)
     assert waiter.get(timeout=30) == waiter.id and holder.get(timeout=30) == holder.id
     ours = [line for line in cluster.logs().splitlines()
             if waiter.id in line and "celery-redislock" in line]
     assert len(ours) == 1, ours  # not one line per refusal
-    if "parked" in ours[0]:  # the parking line: why, and where it waits
-        assert "INFO" in ours[0]
-        assert f"the slots of 'api:{key_token}' are taken" in ours[0]
-        assert "it waits in their parking queue" in ours[0]
-    else:  # the old line: why, and until when
-        assert "INFO" in ours[0] and "deferred" in ours[0]
-        assert f"found the only slot of 'api:{key_token}' taken" in ours[0]
-        assert re.search(r"back by \d\d:\d\d:\d\d\.\d{3}Z", ours[0])
+    assert "INFO" in ours[0] and "parked" in ours[0]  # why, and where it waits
+    assert f"the slots of 'api:{key_token}' are taken" in ours[0]
+    assert "it waits in their parking queue" in ours[0]
 
 
 def test_idle_keys_expire_as_the_documented_bounds_say(cluster):
-    """docs/semantics.md (Cost): an idle semaphore's key within max(1.5 x lease, 60 s),
-    or, after a run waited in its line, within its line's bound; its waiting line's keys
-    within 1.5 x (lock_retry_backoff_max + 11 min)."""
+    """docs/semantics.md (Cost): an idle semaphore's key expires, and nothing but
+    operators' control hashes lasts for ever."""
     key_token = token()
     holder = cluster.app.send_task(CALL_API, (key_token,), {"hold": True})
     wait_until(lambda: records(cluster).hexists("started", holder.id), timeout=30,
@@ -401,12 +394,9 @@ def test_idle_keys_expire_as_the_documented_bounds_say(cluster):
     assert waiter.get(timeout=30) == waiter.id and holder.get(timeout=30) == holder.id
     client = cluster.redis.client(db=2)  # the lock store (worker_app.AppUrls.on_server)
     semaphore = semaphore_key(api_name(key_token))
-    ttl = {mark: client.pttl(companion_key(semaphore, mark)) / 1000
-           for mark in ("s", "q", "w", "x")}
+    ttl = client.pttl(companion_key(semaphore, "s")) / 1000
     line_bound = 1.5 * (0.3 + 11 * 60)  # the task's lock_retry_backoff_max is 0.3 s
-    assert 0 < ttl["s"] <= line_bound, ttl
-    for mark in ("q", "w", "x"):  # the old line's (none on the parking line), or gone
-        assert ttl[mark] == -0.002 or 0 < ttl[mark] <= line_bound, ttl
+    assert 0 < ttl <= line_bound, ttl
     def lasting():
         return [key.decode() for key in client.scan_iter(count=1000)
                 if client.ttl(key) == -1]

@@ -26,8 +26,8 @@ from proj.live import (  # noqa: E402
     Row,
     SlotState,
     bar,
+    parked_counts_key,
     read_semaphores,
-    waiting_line_key,
 )
 from proj.summary import most_in_window, peak_overlap  # noqa: E402
 
@@ -51,12 +51,12 @@ def test_read_semaphores_counts_live_holders_and_reservations(redis_client) -> N
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     redis_client.zadd(key, {
         "t1 1 1 holder": now_ms + 30_000,   # a live holder
-        "~ticket": now_ms + 10_000,         # a slot reserved for the next waiter
+        "~~7": now_ms + 10_000,             # a slot reserved for a run moved out of parking
         "t0 1 1 gone": now_ms - 1_000,      # a lease that ran out
         "#fence": -123,                     # statistics, never a holder
     })
-    redis_client.zadd(waiting_line_key(key), {"a": 1, "b": 2, "c": 3})
-    assert waiting_line_key(key) == key.replace("}:s:", "}:q:")
+    redis_client.hset(parked_counts_key(key), mapping={"w": 2, "a": 1})
+    assert parked_counts_key(key) == key.replace("}:s:", "}:pn:")
     assert read_semaphores(redis_client, [key]) == {key: SlotState(1, 1, 3)}
 
 
@@ -80,7 +80,7 @@ def test_plain_view_says_once_what_its_letters_mean() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0] == PLAIN_LEGEND and len(lines) == 3
     assert "w = sent, not started yet" in lines[0] and "d = done" in lines[0]
-    assert "l = in the lock store's waiting line" in lines[0]
+    assert "l = in its parked line" in lines[0]
     assert lines[1].endswith("proj.tasks.crawl 2/2 w14 l14 d0")
 
 
@@ -113,8 +113,7 @@ def test_demo_runs_end_to_end(own_redis_server) -> None:
     assert committed.read_bytes() == before  # the committed chart is not rewritten
     # On a Redis of the user's own the demo leaves no key behind that never expires,
     # beyond the broker's own: its bookkeeping, and its queue ("celery"), where the
-    # stopping workers put back the countdown copies of runs that were handed their slot
-    # meanwhile (such a copy ends unrun when a worker takes it: its ticket is served).
+    # stopping workers put back the messages they had not acknowledged.
     client = own_redis_server.client()
     lasting = [key.decode() for key in client.scan_iter(count=1000) if client.ttl(key) == -1]
     broker = ("_kombu.", "unacked", "celery")

@@ -254,7 +254,7 @@ def test_inspect_and_watch_show_the_parked_line(parked: Dict[str, Any]) -> None:
     assert f"parking queue: {parking_queue(parked['key'])}, 3 message(s) in the broker" in out
     assert "oldest waiter's age: not kept by the lock store" in out
     data = json.loads(invoke(parked["app"], "inspect", "fetch:a", "--json").stdout)
-    assert data["waiting"] == 3 and data["waiters"] == []
+    assert data["waiting"] == 3 and "waiters" not in data
     assert data["parked"]["queue_length"] == 3
 
     store = LockStore(parked["app"])
@@ -354,11 +354,10 @@ def test_the_page_shows_the_parked_line(parked: Dict[str, Any]) -> None:
         click(driver, "css selector", f'tr.key-row[data-key="{parked["key"]}"]')
         wait_until(lambda: "Parked line (3)" in shown(driver, "tr.detail h3"), timeout=15,
                    interval=0.1, what="the parked line in the key's details")
-        assert "Waiting line (0)" in shown(driver, "tr.detail h3")
+        assert not any(h.startswith("Waiting line") for h in shown(driver, "tr.detail h3"))
         words = " ".join(shown(driver, "tr.detail .parked p"))
         assert "3 reference(s) waiting, 0 anonymous, 0 reserved, 0 claimed" in words
         assert f"Parking queue {parking_queue(parked['key'])}: 3 message(s)" in words
-        assert "Nobody waits in the lock store's line." in shown(driver, "tr.detail p")
 
 
 def test_the_page_shows_a_fair_limits_first_sub_lines(parked: Dict[str, Any],

@@ -213,7 +213,7 @@ def test_page_shows_holders_live_and_asks_only_its_own_server(cluster, executabl
     wait_until(lambda: records.hexists("started", first.id), timeout=30,
                what="the first run to start")
     second = app.send_task(CALL_API_PATIENT, (token,), {"hold": True})
-    wait_until(lambda: limit_state(app, name).all_waiting == 1, timeout=30,
+    wait_until(lambda: limit_state(app, name).waiting == 1, timeout=30,
                what="the second run to wait (parked: one message in the broker)")
     web = WebCommand("cli_app", cluster._worker_environment(cluster.urls),
                      tmp_path / "web.log", "--interval", "0.5").start()

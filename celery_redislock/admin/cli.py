@@ -42,7 +42,6 @@ from ..config.settings import read_settings, redis_client
 from ..engine.fair import fair_view
 from ..engine.holder import Holder
 from ..engine.keys import (
-    LINE,
     RATE,
     RATE_CONTROL,
     SEMAPHORE,
@@ -66,7 +65,7 @@ from .rules import (
     task_rules,
     used_text,
 )
-from .state import LimitState, Waiter, pause_short, pause_text, read_states, span
+from .state import LimitState, pause_short, pause_text, read_states, span
 from .table import terminal_width, text_table
 from .watch import run_watch
 
@@ -78,16 +77,16 @@ JSON schema of `status --json`: a list with one object per key:
  "paused_until": float or null, "pause_left_seconds": float or null,
  "contended": bool, "oldest_age_seconds": float or null,
  "rate_limiter": bool, "rate": str or null, "rate_override": str or null,
- "parked": PARKED (only for a key with a parked line, redislock_line = "broker")}
+ "parked": PARKED (only for a key with a parked line)}
 PARKED = {"waiting": int, "references": int, "anonymous": int, "reserved": int,
  "claimed": int, "served": int, "last_parked_age_seconds": float or null,
  "oldest_age_seconds": null, "queue": str, "queue_length": int or null,
  "fair_sub_lines": int}.
-"used" = the slots of live "holders" + "reserved" (slots kept for waiters);
-"waiting" counts both lines: today's and the parked line's "waiting" (its
-"references" waiting + "anonymous" entries, counted from the broker after the
-lock store lost its data); "claimed": moved runs admitted, not yet started;
-"served": references kept so that a copy given back ends unrun; the parked
+"used" = the slots of live "holders" + "reserved" (slots kept for runs moved out of
+parking); "waiting" is the parked line's "waiting" (its "references" waiting +
+"anonymous" entries, counted from the broker after the lock store lost its data);
+"claimed": moved runs admitted, not yet started; "served": references kept so that a
+copy given back ends unrun; the parked
 line's oldest waiter's age is not kept (null); "queue_length" is the parking
 queue's length in the broker, null when the broker could not be asked;
 "fair_sub_lines": sub-lines of a fair limit (fair_by) with runs waiting, 0 if none
@@ -156,25 +155,23 @@ class LockStore:
         return int(seconds) * 1000 + int(microseconds) // 1000
 
     def limit_keys(self) -> List[str]:
-        """The semaphore key of every name with a semaphore, a waiting line, a rate
+        """The semaphore key of every name with a semaphore, a parked line, a rate
         limiter or a control hash under the app's prefix, sorted."""
         return limit_semaphore_keys(self.client, self.prefix,
-                                    marks=(SEMAPHORE, LINE, SEMAPHORE_CONTROL, RATE,
-                                           RATE_CONTROL, PARKED_COUNTS))
+                                    marks=(SEMAPHORE, SEMAPHORE_CONTROL, RATE, RATE_CONTROL,
+                                           PARKED_COUNTS))
 
     @functools.cached_property
     def rules(self) -> Rules:
         """The slots and rates the app's tasks give limit names."""
         return Rules(self.app)
 
-    def states(self, keys: List[str], now: int,
-               waiters: Optional[int] = 0) -> List[LimitState]:
+    def states(self, keys: List[str], now: int) -> List[LimitState]:
         """The state of each key, in batches; the configured count of a key that no
         admission recorded one for is the one the app's tasks give it, if they agree."""
         found: List[LimitState] = []
         for batch in batches(keys, 200):
-            found.extend(read_states(self.client, batch, now, prefix=self.prefix,
-                                     waiters=waiters))
+            found.extend(read_states(self.client, batch, now, prefix=self.prefix))
         return self.with_parked_messages([self.configured(state) for state in found])
 
     def with_parked_messages(self, states: List[LimitState]) -> List[LimitState]:
@@ -204,7 +201,7 @@ class LockStore:
         """The semaphore key of limit ``name`` (a name, or one of its full keys).
 
         Raises :class:`click.ClickException` when Redis has nothing of that name (no
-        semaphore, waiting line, rate limiter or control hash) and no registered task's
+        semaphore, parked line, rate limiter or control hash) and no registered task's
         key makes it (a template such as ``customer:{customer_id}`` makes
         ``customer:999``), unless ``force``.
         """
@@ -213,7 +210,7 @@ class LockStore:
                 or control.tasks_making(self.app, name):
             return key
         pipe = self.client.pipeline(transaction=False)
-        for mark in ("s", LINE, SEMAPHORE_CONTROL, RATE, RATE_CONTROL, PARKED_COUNTS):
+        for mark in (SEMAPHORE, SEMAPHORE_CONTROL, RATE, RATE_CONTROL, PARKED_COUNTS):
             pipe.exists(companion_key(key, mark))
         if not any(pipe.execute()):
             raise click.ClickException(
@@ -311,7 +308,7 @@ def status_row(state: LimitState, rules: Optional[Rules] = None) -> Dict[str, An
         "limit": state.limit,
         "configured_limit": state.configured_slots,
         "slots_override": state.slots_override,
-        "waiting": state.all_waiting,
+        "waiting": state.waiting,
         "paused": state.paused,
         "paused_until": None if state.paused_until_ms is None else state.paused_until_ms / 1000,
         "pause_left_seconds": (None if state.pause_left is None
@@ -421,11 +418,11 @@ def _broker_note(store: LockStore, states: Sequence[LimitState]) -> None:
 @click.pass_context
 @_cli_errors
 def inspect(ctx: click.Context, name: str, as_json: bool, wide: bool) -> None:
-    """Show the holders and waiting line of limit NAME (its name, or its full key).
+    """Show the holders and parked line of limit NAME (its name, or its full key).
 
-    Entries whose lease ran out but are not yet removed are shown as expired. Waiters
-    are listed in line order: position 0 gets the next free slot. Rows are cut to fit
-    the terminal (never the task id, which `release` takes); --wide prints them whole.
+    Entries whose lease ran out but are not yet removed are shown as expired. Rows are
+    cut to fit the terminal (never the task id, which `release` takes); --wide prints
+    them whole.
 
     \b
     With --json: {"key": str, "name": str, "used": int, "limit": int|null,
@@ -437,18 +434,15 @@ def inspect(ctx: click.Context, name: str, as_json: bool, wide: bool) -> None:
       "lease_left_seconds": float, "fence": int, "expired": bool, "cost": int}],
     "reservations": [{"ticket": str, "left_seconds": float, "cost": int}],
     "waiting": int,
-    "waiters": [{"position": int, "ticket": str, "task": str|null,
-      "task_id": str|null, "worker": str|null, "age_seconds": float,
-      "reserved": bool}],
     "parked": {...} (as in `status --json`, for a key with a parked line),
     "fair": {...} (as in `fair --json`, for a fair limit with sub-lines waiting)}.
-    "waiting" counts both lines; "waiters" lists today's line only (the parked line
-    keeps counts, not a list: its runs wait in the broker's parking queue).
+    "waiting" counts the parked line's runs (it keeps counts, not a list: its runs
+    wait in the broker's parking queue).
     """
     store = _store(ctx)
     key = store.key_of(name)
     now = store.now_ms()
-    state = store.states([key], now, waiters=None)[0]
+    state = store.states([key], now)[0]
     _broker_note(store, [state])
     fair_line = fair_view(store.client, key, top=10,  # a fair limit's sub-lines (fair_by)
                           aging=fair_cli.aging_of(store, state.name))
@@ -467,11 +461,11 @@ def inspect(ctx: click.Context, name: str, as_json: bool, wide: bool) -> None:
 
 def inspect_lines(state: LimitState, rules: Optional[Rules] = None, *,
                   wide: bool = False) -> List[str]:
-    """``inspect``'s text: the limit, its holders, reservations and waiting line."""
+    """``inspect``'s text: the limit, its holders, reservations and parked line."""
     now = state.server_time_ms
     width = None if wide else terminal_width()
     lines = [f"{state.name}: {len(state.live_holders)} live holder(s), "
-             f"{used_text(state)} slots used, {state.all_waiting} waiting",
+             f"{used_text(state)} slots used, {state.waiting} waiting",
              f"key: {state.key}",
              "slots: " + ", ".join(_limit_words(state)),
              f"rate: {rate_column(state, rules)}"]
@@ -482,13 +476,6 @@ def inspect_lines(state: LimitState, rules: Optional[Rules] = None, *,
         lines.append(f"{slots} reserved for {reservation_for(reservation.ticket)}: "
                      f"{(reservation.until_ms - now) / 1000:.1f}s left")
     lines.extend(parked_lines(state))
-    if state.waiters:
-        lines.append("waiting line:")
-        lines.extend(text_table(["POS", "TASK", "TASK ID", "WORKER", "AGE", "RESERVED"], [
-            [str(w.position), w.task or "-", w.task_id or "-", w.worker or "-",
-             f"{w.age(now):.1f}s", "yes" if w.reserved_until_ms is not None else "no"]
-            for w in state.waiters
-        ], width=width, shrink=[1, 3]))
     return lines
 
 
@@ -539,8 +526,7 @@ def inspect_json(state: LimitState, rules: Optional[Rules] = None) -> Dict[str, 
         "holders": [_holder_json(holder, now) for holder in state.holders],
         "reservations": [{"ticket": r.ticket, "left_seconds": round((r.until_ms - now) / 1000, 3),
                           "cost": r.cost} for r in state.reservations],
-        "waiting": state.all_waiting,
-        "waiters": [_waiter_json(waiter, now) for waiter in state.waiters],
+        "waiting": state.waiting,
         **({} if state.parked is None else {"parked": parked_json(state)}),
     }
 
@@ -554,7 +540,7 @@ def release(ctx: click.Context, name: str, holder: str) -> None:
     """Free one holder of semaphore NAME: HOLDER is its task id (as `inspect` shows),
     its token, or a unique start of the token.
 
-    The entry is removed at once and the slot handed to the oldest waiter; the run that
+    The entry is removed at once and the slot handed to the parked line; the run that
     held it is not stopped, so only free a holder you know is dead.
     """
     store = _store(ctx)
@@ -584,7 +570,7 @@ def _holder_token(store: LockStore, key: str, holder: str) -> str:
 def reap(ctx: click.Context) -> None:
     """Remove holder entries whose lease has run out, from every semaphore.
 
-    Live holders, live reservations for waiters and the statistics entries are never
+    Live holders, live reservations and the statistics entries are never
     touched (reservations whose time ran out go too). Prints how many entries were
     removed.
     """
@@ -727,13 +713,13 @@ def resume(ctx: click.Context, name: str) -> None:
               help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="Print one view and exit.")
 @click.option("--rows", default="5", metavar="N", show_default=True,
-              help="Holders and waiters shown per key.")
+              help="Holders shown per key.")
 @click.option("--wide", is_flag=True, help="Lines as long as they are, not cut to the "
                                            "terminal.")
 @click.pass_context
 @_cli_errors
 def watch(ctx: click.Context, interval: str, once: bool, rows: str, wide: bool) -> None:
-    """A live view of every key: slots used/limit, waiting, pause, holders, waiters.
+    """A live view of every key: slots used/limit, waiting, pause, holders.
 
     On a terminal the view is redrawn in place; otherwise (a pipe, a file) each refresh
     is printed after the last. Ctrl-C ends it.
@@ -746,7 +732,7 @@ def watch(ctx: click.Context, interval: str, once: bool, rows: str, wide: bool) 
 
     def snapshot() -> List[LimitState]:
         now = store.now_ms()
-        return sorted((s for s in store.states(store.limit_keys(), now, waiters=shown or 0)
+        return sorted((s for s in store.states(store.limit_keys(), now)
                        if s.exists or s.active or s.rate_limiter), key=lambda s: s.name)
 
     run_watch(snapshot, interval=every, once=once, rows=shown, rules=store.rules,
@@ -822,13 +808,6 @@ def _holder_json(holder: Holder, now: int) -> Dict[str, Any]:
     data["lease_left_seconds"] = round(holder.lease_left(now), 3)
     data["expired"] = holder.lease_end_ms <= now
     return data
-
-
-def _waiter_json(waiter: Waiter, now: int) -> Dict[str, Any]:
-    return {"position": waiter.position, "ticket": waiter.ticket, "task": waiter.task,
-            "task_id": waiter.task_id, "worker": waiter.worker,
-            "age_seconds": round(waiter.age(now), 3),
-            "reserved": waiter.reserved_until_ms is not None}
 
 
 def _one_line(exc: BaseException) -> str:

@@ -115,7 +115,7 @@ def _target(app_or_client: Any, prefix: Optional[str]) -> Tuple[Any, str, Any]:
 
 
 def _wake(app: Any, key: str) -> int:
-    """Hand free slots of ``key`` to its waiters (needs the app to re-publish them)."""
+    """Hand free slots of ``key`` to its parked line (needs the app to move its runs)."""
     if app is None:
         return 0
     return wake_waiters(app, key)
@@ -328,10 +328,10 @@ def resume(app_or_client: Any, name: str, *, prefix: Optional[str] = None) -> bo
     return state.paused
 
 
-def limit_state(app_or_client: Any, name: str, *, waiters: Optional[int] = None,
+def limit_state(app_or_client: Any, name: str, *,
                 prefix: Optional[str] = None) -> LimitState:
-    """The state of limit ``name`` now: holders, reservations, waiters (the first
-    ``waiters``, None for all), configured and overridden slots, pause.
+    """The state of limit ``name`` now: holders, reservations, its parked line,
+    configured and overridden slots, pause.
 
         >>> state = limit_state(app, "proj.tasks.crawl")  # doctest: +SKIP
         >>> state.used, state.limit, state.waiting, state.paused  # doctest: +SKIP
@@ -339,7 +339,7 @@ def limit_state(app_or_client: Any, name: str, *, waiters: Optional[int] = None,
     """
     client, prefix, _ = _target(app_or_client, prefix)
     key, _ = limit_keys(name, prefix)
-    return read_states(client, [key], _now_ms(client), prefix=prefix, waiters=waiters)[0]
+    return read_states(client, [key], _now_ms(client), prefix=prefix)[0]
 
 
 def task_limit_names(task: Any, args: Sequence[Any] = (),

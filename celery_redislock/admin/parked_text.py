@@ -46,15 +46,16 @@ def parked_cell(state: LimitState) -> str:
 
 
 def reservation_for(ticket: str) -> str:
-    """Whom a reservation is for: a waiter of today's line, or the parked line (its
-    reservations are numbered, their members ``~~<n>``).
+    """Whom a reservation is for: a run moved out of parking (the parked line's
+    reservations are numbered, their members ``~~<n>``); anything else (kept by an
+    earlier release's line until it runs out) by its name.
 
-        >>> reservation_for("t-1.ab"), reservation_for("~7")
-        ('waiter t-1.ab', 'a run moved out of parking (#7)')
+        >>> reservation_for("~7"), reservation_for("t-1.ab")
+        ('a run moved out of parking (#7)', 'reservation t-1.ab')
     """
     if ticket.startswith(RESERVED_PARKED):
         return f"a run moved out of parking (#{ticket[len(RESERVED_PARKED):]})"
-    return f"waiter {ticket}"
+    return f"reservation {ticket}"
 
 
 def parked_lines(state: LimitState) -> List[str]:

@@ -1,5 +1,5 @@
-"""What one limit name looks like in Redis right now: holders, reservations, waiters,
-its number of slots, and whether an operator paused it. Read only, in batches.
+"""What one limit name looks like in Redis right now: holders, reservations, its parked
+line, its number of slots, and whether an operator paused it. Read only, in batches.
 
 Every time is on the Redis server's clock (``TIME``), the clock the leases are written in.
 
@@ -12,24 +12,17 @@ Every time is on the Redis server's clock (``TIME``), the clock the leases are w
 from __future__ import annotations
 
 import datetime
-import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..engine.holder import Holder, parse_holder, text, unit_of
-from ..engine.keys import (
-    LINE,
-    RATE,
-    RATE_CONTROL,
-    SEMAPHORE_CONTROL,
-    WAITERS,
-    companion_key,
-)
+from ..engine.keys import RATE, RATE_CONTROL, SEMAPHORE_CONTROL, companion_key
 from ..engine.parked_view import READS_PER_KEY, ParkedLine, add_reads, line_of
 from ..engine.scan import split_key
 
-#: A member of a semaphore that is a reservation for a waiter: ``"~<ticket>"``.
+#: A member of a semaphore that is a reservation for its parked line: ``"~~<n>"``
+#: (``parking.lua``); :class:`Reservation` names it without its first ``~``.
 RESERVED = "~"
 
 #: The text of ``paused_until`` for a pause without an end.
@@ -38,8 +31,9 @@ FOREVER = "forever"
 
 @dataclass(frozen=True)
 class Reservation:
-    """Slots kept for waiter ``ticket`` while its message travels to a worker: one, or
-    the waiter's cost."""
+    """Slots kept for a run moved out of parking while its message travels to a worker:
+    one, or the run's cost. ``ticket`` names the reservation (its member without the
+    first ``~``: ``"~<n>"``, see :func:`~.parked_text.reservation_for`)."""
 
     ticket: str
     until_ms: int
@@ -47,34 +41,11 @@ class Reservation:
 
 
 @dataclass(frozen=True)
-class Waiter:
-    """One run in a semaphore's waiting line; ``position`` 0 is the next to get a slot.
-
-        >>> Waiter(0, "t-1.ab", "proj.crawl", "t-1", None, 1000).age(3500)
-        2.5
-    """
-
-    position: int
-    ticket: str
-    task: Optional[str]
-    task_id: Optional[str]
-    worker: Optional[str]
-    since_ms: int
-    #: End (ms) of the slot reserved for it while its message travels, or None.
-    reserved_until_ms: Optional[int] = None
-
-    def age(self, now_ms: int) -> float:
-        """Seconds since the run first asked for a slot."""
-        return (now_ms - self.since_ms) / 1000
-
-
-@dataclass(frozen=True)
 class LimitState:
     """The state of limit ``name`` (semaphore ``key``) at ``server_time_ms``.
 
     ``holders`` are every holder entry, oldest first, with leases that ran out but are
-    still stored (see :meth:`live_holders`); ``waiters`` are in line order (only the
-    first ones, when fewer were asked for: ``waiting`` is the full count).
+    still stored (see :meth:`live_holders`).
     """
 
     name: str
@@ -83,8 +54,6 @@ class LimitState:
     exists: bool = False
     holders: List[Holder] = field(default_factory=list)
     reservations: List[Reservation] = field(default_factory=list)
-    waiters: List[Waiter] = field(default_factory=list)
-    waiting: int = 0
     #: The slot count the last admission was configured with ('#slots'), if recorded.
     configured_slots: Optional[int] = None
     #: The operator's override ('slots' of the control hash), if any.
@@ -99,17 +68,16 @@ class LimitState:
     rate_override: Optional[str] = None
     #: The interval (µs) the rate limiter's state was last counted in ('iv'), if any.
     rate_interval_us: Optional[float] = None
-    #: Its parked line (``redislock_line = "broker"``): counts only; None without one.
+    #: Its parked line: counts only; None without one.
     parked: Optional[ParkedLine] = None
     #: How many messages its parking queue holds in the broker; None when the broker
     #: was not asked (no connection, or no parked line).
     parked_messages: Optional[int] = None
 
     @property
-    def all_waiting(self) -> int:
-        """Runs waiting in either line: today's (``waiting``) and the parked line's
-        references and anonymous entries."""
-        return self.waiting + (self.parked.waiting if self.parked is not None else 0)
+    def waiting(self) -> int:
+        """Runs waiting in its parked line: references and anonymous entries."""
+        return self.parked.waiting if self.parked is not None else 0
 
     @property
     def live_holders(self) -> List[Holder]:
@@ -130,9 +98,8 @@ class LimitState:
 
     @property
     def tasks(self) -> Set[str]:
-        """The tasks of the live holders and listed waiters (what uses the name now)."""
-        return ({h.task for h in self.live_holders if h.task}
-                | {w.task for w in self.waiters if w.task})
+        """The tasks of the live holders (what uses the name now)."""
+        return {h.task for h in self.live_holders if h.task}
 
     @property
     def pause_left(self) -> Optional[float]:
@@ -143,8 +110,8 @@ class LimitState:
 
     @property
     def active(self) -> bool:
-        """True if anything is going on: holders, waiters, an override or a pause."""
-        return bool(self.used or self.all_waiting or self.slots_override is not None
+        """True if anything is going on: holders, waiting runs, an override or a pause."""
+        return bool(self.used or self.waiting or self.slots_override is not None
                     or self.paused or self.rate_override is not None)
 
 
@@ -238,46 +205,31 @@ def _int(value: Any) -> Optional[int]:
         return None
 
 
-def read_states(client: Any, keys: Sequence[str], now_ms: int, *, prefix: str = "",
-                waiters: Optional[int] = 0) -> List[LimitState]:
-    """The state of each semaphore key of ``keys``, in two round trips at most.
-
-    ``waiters`` is how many waiters to list per key, from the front of the line (None:
-    all, 0: only count them).
-    """
+def read_states(client: Any, keys: Sequence[str], now_ms: int, *,
+                prefix: str = "") -> List[LimitState]:
+    """The state of each semaphore key of ``keys``, in one round trip."""
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.zrange(key, 0, -1, withscores=True)
         pipe.hmget(companion_key(key, SEMAPHORE_CONTROL), ["slots", "paused_until"])
         pipe.hmget(companion_key(key, RATE_CONTROL), ["paused_until", "rate"])
-        pipe.zcard(companion_key(key, LINE))
         pipe.hmget(companion_key(key, RATE), ["iv", "tat", "line"])
         add_reads(pipe, key, now_ms)
-        if waiters != 0:
-            pipe.zrange(companion_key(key, LINE), 0, -1 if waiters is None else waiters - 1,
-                        withscores=True)
     replies = pipe.execute()
-    own = 5 + READS_PER_KEY
-    step = own if waiters == 0 else own + 1
+    step = 4 + READS_PER_KEY
     states: List[LimitState] = []
-    lines: Dict[str, List[Tuple[str, int]]] = {}
     for index, key in enumerate(keys):
         replied = replies[step * index: step * index + step]
-        entries, control, rate_control, waiting, rate = replied[:5]
-        if waiters != 0:
-            lines[key] = [(text(t), int(s)) for t, s in replied[own]]
-        state = _state(key, prefix, now_ms, entries, control, rate_control,
-                       int(waiting))
+        entries, control, rate_control, rate = replied[:4]
+        state = _state(key, prefix, now_ms, entries, control, rate_control)
         if any(value is not None for value in rate):
             state = replace(state, rate_limiter=True, rate_interval_us=_float(rate[0]))
-        parked = line_of(key, replied[5:own], now_ms)
+        parked = line_of(key, replied[4:step], now_ms)
         if parked is not None:
             state = replace(state, parked=parked,
                             contended=state.contended or parked.waiting > 0)
         states.append(state)
-    if not lines or not any(lines.values()):
-        return states
-    return _with_waiters(client, states, lines)
+    return states
 
 
 def _entries(entries: List[Tuple[Any, float]], now_ms: int
@@ -307,7 +259,7 @@ def _entries(entries: List[Tuple[Any, float]], now_ms: int
 
 
 def _state(key: str, prefix: str, now_ms: int, entries: List[Tuple[Any, float]],
-           control: List[Any], rate_control: List[Any], waiting: int) -> LimitState:
+           control: List[Any], rate_control: List[Any]) -> LimitState:
     holders, reservations, statistics = _entries(entries, now_ms)
     holders.sort(key=lambda holder: (holder.acquired_ms, holder.token))
     slots = statistics.get("#slots")
@@ -321,55 +273,10 @@ def _state(key: str, prefix: str, now_ms: int, entries: List[Tuple[Any, float]],
         exists=bool(entries),
         holders=holders,
         reservations=reservations,
-        waiting=waiting,
         configured_slots=None if slots is None else int(-slots),
         slots_override=_int(control[0]) if control[0] is not None else None,
-        contended="#hold" in statistics or waiting > 0,
+        contended="#hold" in statistics,
         paused=paused,
         paused_until_ms=until,
         rate_override=None if rate_control[1] is None else text(rate_control[1]),
-    )
-
-
-def _with_waiters(client: Any, states: List[LimitState],
-                  lines: Dict[str, List[Tuple[str, int]]]) -> List[LimitState]:
-    pipe = client.pipeline(transaction=False)
-    asked = [state for state in states if lines.get(state.key)]
-    for state in asked:
-        pipe.hmget(companion_key(state.key, WAITERS), [t for t, _ in lines[state.key]])
-    records = dict(zip((state.key for state in asked), pipe.execute()))
-    result = []
-    for state in states:
-        if state.key not in records:
-            result.append(state)
-            continue
-        reserved = {r.ticket: r.until_ms for r in state.reservations}
-        listed = [
-            _waiter(position, ticket, since, record, reserved.get(ticket))
-            for position, ((ticket, since), record)
-            in enumerate(zip(lines[state.key], records[state.key]))
-        ]
-        result.append(replace(state, waiters=listed))
-    return result
-
-
-def _waiter(position: int, ticket: str, since_ms: int, record: Any,
-            reserved_until_ms: Optional[int]) -> Waiter:
-    data: Dict[str, Any] = {}
-    if record is not None:
-        try:
-            loaded = json.loads(text(record))
-        except ValueError:
-            loaded = None
-        if isinstance(loaded, dict):
-            data = loaded
-    task_id = data.get("id")
-    return Waiter(
-        position=position,
-        ticket=ticket,
-        task=None if data.get("task") is None else str(data["task"]),
-        task_id=str(task_id) if task_id is not None else ticket.rsplit(".", 1)[0] or None,
-        worker=None if data.get("worker") is None else str(data["worker"]),
-        since_ms=since_ms,
-        reserved_until_ms=reserved_until_ms,
     )

@@ -1,4 +1,4 @@
-"""``celery redislock watch``: a live view of every key, its holders and its waiters.
+"""``celery redislock watch``: a live view of every key, its holders and its parked line.
 
 Plain text, redrawn in place with two ANSI codes on a terminal; on anything else (a
 pipe, a file, a CI log) each refresh is printed after the last, without escape codes.
@@ -31,7 +31,7 @@ def render(states: Sequence[LimitState], *, rows: int = 5,
            interval: Optional[float] = None, rules: Optional[Rules] = None,
            width: Optional[int] = None) -> List[str]:
     """The lines of one view: a title, then per key a summary line followed by up to
-    ``rows`` holders and ``rows`` waiters, indented; with ``width``, each line cut to it
+    ``rows`` holders and ``rows`` reservations, indented; with ``width``, each line cut to it
     (names first)."""
     now = states[0].server_time_ms if states else None
     title = "celery-redislock: " + (f"{len(states)} key(s)" if states else "no keys")
@@ -46,7 +46,7 @@ def render(states: Sequence[LimitState], *, rows: int = 5,
     table = text_table(header, [[
         state.name,
         used_text(state),
-        str(state.all_waiting),
+        str(state.waiting),
         pause_text(state) if width is None else pause_short(state),
         "-" if state.slots_override is None else str(state.slots_override),
         rate_column(state, rules),
@@ -76,11 +76,6 @@ def _details(state: LimitState, rows: int) -> List[str]:
     if state.parked is not None:
         lines.append(f"    parked  {parked_summary(state.parked)}; in the broker: "
                      f"{parked_cell(state)}")
-    for waiter in state.waiters[:rows]:
-        lines.append(f"    waits   #{waiter.position} {waiter.task or '-'} "
-                     f"{waiter.task_id or waiter.ticket}, {waiter.age(now):.1f}s")
-    if state.waiting > min(rows, len(state.waiters)):
-        lines.append(f"    ... {state.waiting - min(rows, len(state.waiters))} more waiting")
     return lines
 
 

@@ -98,10 +98,9 @@ def period_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:
 SEMAPHORE_MARK = "}:s:"
 
 #: The marks of the keys of one limit name (``<prefix>{<digest>}:<mark>:<name>``): the
-#: semaphore, its waiting line, its waiters' records and messages, when its tickets are
-#: forgotten, its operators' controls; the rate limiter and its operators' controls.
-SEMAPHORE, LINE, WAITERS, TICKETS, SEMAPHORE_CONTROL, RATE, RATE_CONTROL = (
-    "s", "q", "w", "x", "cs", "r", "cr")
+#: semaphore, its operators' controls; the rate limiter and its operators' controls (its
+#: parked line's are :mod:`.parked_view`'s).
+SEMAPHORE, SEMAPHORE_CONTROL, RATE, RATE_CONTROL = ("s", "cs", "r", "cr")
 
 #: The marks of a name's unique lock (owned by the queued or running task id) and of its
 #: last run's period.
@@ -112,8 +111,8 @@ def companion_key(key: str, mark: str) -> str:
     """The key with ``mark`` of the same name as ``key`` (same hash tag, so same Cluster
     slot): the mark after the hash tag is replaced. ``lua/line.lua`` does the same.
 
-        >>> companion_key("redislock:{85280b862f4ca735}:s:customer:42", "q")
-        'redislock:{85280b862f4ca735}:q:customer:42'
+        >>> companion_key("redislock:{85280b862f4ca735}:s:customer:42", "cs")
+        'redislock:{85280b862f4ca735}:cs:customer:42'
         >>> companion_key("redislock:{85280b862f4ca735}:r:customer:42", "cr")
         'redislock:{85280b862f4ca735}:cr:customer:42'
     """

@@ -4,10 +4,9 @@ Every Redis key of a limit name is ``<prefix>{<16 hex digest>}:<mark>:<readable 
 (see :mod:`celery_redislock.engine.keys`); the mark says what it holds:
 
 ======  ==============================================================================
-``s``   the semaphore: sorted set of holders (and ``~ticket`` reservations, statistics)
-``q``   its waiting line: sorted set, ticket -> when the run first asked (ms)
-``w``   its waiter records: hash, ticket -> JSON ``{"task", "id", "worker", "since"}``
+``s``   the semaphore: sorted set of holders (and ``~~<n>`` reservations, statistics)
 ``cs``  its control hash (operators): ``slots``, ``paused_until``
+``p*``  its parked line's counts and references (see :mod:`.parked_view`)
 ``r``   the rate limiter of the same name
 ``cr``  the rate limiter's control hash (operators): ``paused_until``, ``rate`` and
         ``interval`` (µs) of a rate set at run time
@@ -26,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
-from .keys import LINE, RATE_CONTROL, SEMAPHORE, SEMAPHORE_CONTROL, SEMAPHORE_MARK, companion_key
+from .keys import RATE_CONTROL, SEMAPHORE, SEMAPHORE_CONTROL, SEMAPHORE_MARK, companion_key
 
 _KEY = re.compile(r"\{[0-9a-f]{16}\}:([a-z]+):(.*)\Z", re.S)
 
@@ -75,11 +74,11 @@ def scan_keys(client: Any, prefix: str, mark: str, type_: Optional[str] = None) 
 
 
 def limit_semaphore_keys(client: Any, prefix: str,
-                         marks: Iterable[str] = (SEMAPHORE, LINE, SEMAPHORE_CONTROL,
+                         marks: Iterable[str] = (SEMAPHORE, SEMAPHORE_CONTROL,
                                                  RATE_CONTROL)) -> List[str]:
     """The semaphore key of every name under ``prefix`` that has a key with one of
-    ``marks`` (by default: a semaphore, a waiting line or a control hash), sorted. One
-    ``SCAN`` of the prefix.
+    ``marks`` (by default: a semaphore or a control hash), sorted. One ``SCAN`` of the
+    prefix.
 
     A rate limiter with a control hash (paused) counts; its semaphore key may not exist.
     """

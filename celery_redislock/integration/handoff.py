@@ -27,18 +27,18 @@ def reservation_ms(lease: float) -> int:
 def publish(app: Any, moves: Iterable[Any]) -> int:
     """Owe the moves out of parking lines that a script handed over (see
     :func:`.broker_line.owe`): :class:`~celery_redislock.engine.admission.ParkedMove`
-    entries, or a script's raw ``"!move <n> <key>"`` entries. Returns 0 (kept for its
-    callers: nothing is published here; the mover moves the parked runs)."""
+    entries, or a script's raw ``"!move <n> <key>"`` entries. Returns how many moves
+    were owed (the mover moves the parked runs)."""
     _, owed = broker_line.split(moves)
     if owed:
         broker_line.owe(app, owed)
-    return 0
+    return len(owed)
 
 
 def wake_waiters(app: Any, semaphore_key: str, lease: float = RESERVATION) -> int:
     """Hand the free slots of ``semaphore_key`` to its parked line now (its moves owed
-    go to this process's mover); returns 0. For after an operator raised a limit or
-    ended a pause::
+    go to this process's mover); returns how many runs were woken. For after an operator
+    raised a limit or ended a pause::
 
         set_slots(app, "crawl", 5)
         wake_waiters(app, semaphore_key("crawl", prefix))

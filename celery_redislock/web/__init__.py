@@ -2,7 +2,7 @@
 
 A page (and the same state as JSON at ``/api/state``) that shows every key with its
 slots used out of its limit, its waiting runs, its rate, a short history, its holders
-and its waiting line. Read-only unless started with ``--allow-actions`` and a token.
+and its parked line. Read-only unless started with ``--allow-actions`` and a token.
 Needs the ``web`` extra (``pip install 'celery-redislock[web]'``)::
 
     celery -A proj redislock web --port 8000

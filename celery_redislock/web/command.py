@@ -84,7 +84,7 @@ def _token(allow_actions: bool, token: Optional[str]) -> Optional[str]:
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.2),
               help="Seconds between the page's refreshes (and history samples).")
 @click.option("--rows", default=20, show_default=True, type=click.IntRange(min=1),
-              help="Holders and waiters listed per key.")
+              help="Holders listed per key.")
 @click.option("--history", default=120, show_default=True, type=click.IntRange(min=2),
               help="Samples of each key kept for its history chart.")
 @click.option("--allow-actions", is_flag=True,
@@ -101,7 +101,7 @@ def web(ctx: click.Context, host: str, port: int, interval: float, rows: int,
         history: int, allow_actions: bool, token: Optional[str],
         allowed_origins: Tuple[str, ...]) -> None:
     """Serve a live dashboard of every key: used/limit, waiting, rate, history,
-    holders and waiting line; JSON of the same at /api/state.
+    holders and parked line; JSON of the same at /api/state.
 
     Read-only unless --allow-actions is given with a token. Needs the `web` extra:
     pip install 'celery-redislock[web]'.

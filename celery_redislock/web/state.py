@@ -54,14 +54,14 @@ class History:
 
 def key_json(state: LimitState, rules: Optional[Rules], history: List[Sample]) -> Dict[str, Any]:
     """One key of ``/api/state``: the ``status --json`` row (``holders`` renamed
-    ``holder_count``) with the ``inspect --json`` holders and waiters, the USED and RATE
+    ``holder_count``) with the ``inspect --json`` holders and reservations, the USED and RATE
     columns of ``status`` as it writes them, and the key's history."""
     row = status_row(state, rules)
     row["holder_count"] = row.pop("holders")
     details = inspect_json(state, rules)
     rate = rate_column(state, rules)
     row.update(holders=details["holders"], reservations=details["reservations"],
-               waiters=details["waiters"], used_text=used_text(state),
+               used_text=used_text(state),
                rate_text=None if rate == "-" else rate,
                history=[{"t": round(at, 3), "used": used, "waiting": waiting}
                         for at, used, waiting in history])
@@ -108,10 +108,10 @@ class Dashboard:
     def _read(self) -> Dict[str, Any]:
         store = self.store
         now_ms = store.now_ms()
-        states = sorted((s for s in store.states(store.limit_keys(), now_ms, waiters=self.rows)
-                         if s.active), key=lambda s: s.name)
+        states = sorted((s for s in store.states(store.limit_keys(), now_ms) if s.active),
+                        key=lambda s: s.name)
         at = now_ms / 1000
-        self.history.add({s.key: (s.used, s.all_waiting) for s in states}, at)
+        self.history.add({s.key: (s.used, s.waiting) for s in states}, at)
         keys = []
         for state in states:
             row = key_json(state, store.rules, self.history.of(state.key))

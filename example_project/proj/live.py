@@ -2,8 +2,8 @@
 
 Slots in use come from the lock store itself: the live members of each semaphore (score
 above the server's time in ms; negative scores are statistics, members starting with
-``~`` are slots reserved for the next waiter, "handed over"), and the length of its
-waiting line (the ``}:q:`` sorted set next to it) when the engine keeps one. Waiting and
+``~`` are slots reserved for a run moved out of parking, "handed over"), and how many
+runs its parked line counts (the lock store keeps counts; the runs wait in the broker). Waiting and
 done runs come from the tasks' own records (:mod:`proj.records`). Rate limits show the
 starts within the last period against the most allowed.
 
@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
-from celery_redislock.engine.keys import LINE, companion_key
+from celery_redislock.engine.keys import companion_key
+from celery_redislock.engine.parked_view import COUNTS
 from proj.burst import Limit
 from proj.records import Progress, Recorder
 
@@ -31,9 +32,9 @@ NAME_WIDTH = 26
 MOST_CELLS = 12
 
 
-def waiting_line_key(semaphore: str) -> str:
-    """The key of the waiting line of the semaphore ``semaphore``."""
-    return companion_key(semaphore, LINE)
+def parked_counts_key(semaphore: str) -> str:
+    """The key of the counts of the parked line of the semaphore ``semaphore``."""
+    return companion_key(semaphore, COUNTS)
 
 
 @dataclass(frozen=True)
@@ -41,23 +42,25 @@ class SlotState:
     """A semaphore as the lock store holds it at one moment."""
 
     held: int  # live holders
-    handed_over: int  # slots reserved for the next waiter
-    in_line: int  # runs in its waiting line
+    handed_over: int  # slots reserved for runs moved out of parking
+    in_line: int  # runs its parked line counts
 
 
 def read_semaphores(client: Any, semaphores: Sequence[str]) -> Dict[str, SlotState]:
-    """Read every semaphore (and its waiting line) in one round trip, on the server's clock."""
+    """Read every semaphore (and its parked line's counts) in one round trip, on the
+    server's clock."""
     pipe = client.pipeline(transaction=False)
     pipe.time()
     for key in semaphores:
         pipe.zrangebyscore(key, 0, "+inf", withscores=True)
-        pipe.zcard(waiting_line_key(key))
+        pipe.hmget(parked_counts_key(key), ["w", "a"])
     replies = pipe.execute()
     seconds, micros = replies[0]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     states = {}
     for n, key in enumerate(semaphores):
-        members, in_line = replies[1 + 2 * n], replies[2 + 2 * n]
+        members, counts = replies[1 + 2 * n], replies[2 + 2 * n]
+        in_line = sum(int(count or 0) for count in counts)
         live = [member for member, score in members if score > now_ms]
         reserved = sum(1 for member in live if member.startswith(b"~"))
         states[key] = SlotState(len(live) - reserved, reserved, int(in_line))
@@ -73,7 +76,7 @@ class Row:
     handed_over: int
     capacity: int  # slots; for a rate limit, the most starts allowed in a period
     waiting: int  # sent, not started yet
-    in_line: Optional[int]  # in the lock store's waiting line (None: no such line)
+    in_line: Optional[int]  # in its parked line (None: no such line)
     done: int
 
 
@@ -141,7 +144,7 @@ def render(elapsed: float, table: Sequence[Row], show_line: bool,
 
 def render_plain(elapsed: float, table: Sequence[Row], show_line: bool = False) -> str:
     """One line for a log: ``key used/capacity w<waiting> d<done>`` per key (and
-    ``l<in line>`` once the lock store keeps a waiting line)."""
+    ``l<in line>`` once a parked line formed)."""
     parts = [
         f"{row.limit.name} {row.used}/{row.capacity} w{row.waiting}"
         + (f" l{row.in_line}" if show_line and row.in_line is not None else "")
@@ -154,8 +157,8 @@ def render_plain(elapsed: float, table: Sequence[Row], show_line: bool = False) 
 #: Printed once, before the first of :func:`render_plain`'s lines, so that a log read
 #: later says what ``w14 l14 d0`` means where it is.
 PLAIN_LEGEND = ("  one line a second, per limit key: in use/limit (for a rate: starts in the "
-                "last period/most it allows), w = sent, not started yet, l = in the lock "
-                "store's waiting line (once it keeps one), d = done")
+                "last period/most it allows), w = sent, not started yet, l = in its parked "
+                "line (once one formed), d = done")
 
 
 class LiveView:

@@ -4,7 +4,6 @@
 
 (function () {
   const SVG = "http://www.w3.org/2000/svg";
-  const WAITERS_SHOWN = 8;
   const COLUMNS = 8;  // of the table of keys
   const expanded = new Set();
   let last = null;
@@ -162,31 +161,9 @@
         }}, "Release")) : null))));
   }
 
-  function waitersTable(row) {
-    const parked = row.parked ? row.parked.waiting : 0;
-    if (!row.waiters.length) {
-      return el("p", {class: "muted"}, parked ? "Nobody waits in the lock store's line." : "Nobody waits.");
-    }
-    const shown = row.waiters.slice(0, WAITERS_SHOWN);
-    const more = row.waiting - parked - shown.length;
-    return el("div", {},
-      el("table", {class: "inner waiters"},
-        el("thead", {}, el("tr", {}, ["#", "Task", "Task id", "Worker", "Waiting for", "Slot reserved"]
-          .map((h) => el("th", {}, h)))),
-        el("tbody", {}, shown.map((w) => el("tr", {class: "waiter"},
-          el("td", {class: "num"}, w.position),
-          el("td", {}, w.task || "-"),
-          el("td", {class: "mono task-id"}, w.task_id || "-"),
-          el("td", {class: "mono"}, w.worker || "-"),
-          el("td", {class: "num"}, seconds(w.age_seconds)),
-          el("td", {}, w.reserved ? "yes" : "no"))))),
-      more > 0 ? el("p", {class: "muted"}, `… and ${more} more waiting`) : null);
-  }
-
-  // The parked line (redislock_line = "broker"): counts only, its runs wait in the
-  // broker's parking queue; null when the key has none.
+  // The parked line: counts only, its runs wait in the broker's parking queue.
   function parkedLine(p) {
-    if (!p) return null;
+    if (!p) return el("p", {class: "muted"}, "Nobody waits.");
     const queue = p.queue_length === null ? "length unknown (broker not asked)" :
       `${p.queue_length} message(s) in the broker`;
     return el("div", {class: "parked"},
@@ -235,13 +212,12 @@
   function detailRow(row, actions) {
     const limits = [`configured ${row.configured_limit === null ? "?" : row.configured_limit}`];
     if (row.slots_override !== null) limits.push(`override ${row.slots_override}`);
-    if (row.reserved) limits.push(`${row.reserved} reserved for waiters`);
+    if (row.reserved) limits.push(`${row.reserved} reserved for runs moved out of parking`);
     return el("tr", {class: "detail", "data-key": row.key}, el("td", {colspan: COLUMNS},
       el("div", {class: "muted mono"}, row.key),
       el("div", {class: "muted"}, "Slots: " + limits.join(", ")),
       el("h3", {}, `Holders (${row.holder_count})`), holdersTable(row, actions),
-      el("h3", {}, `Waiting line (${row.waiting - (row.parked ? row.parked.waiting : 0)})`),
-      waitersTable(row), parkedLine(row.parked), fairLine(row.fair),
+      parkedLine(row.parked), fairLine(row.fair),
       actions ? keyActions(row) : null));
   }
 
