@@ -116,10 +116,15 @@ def test_a_rate_limit_parks_one_copy_of_each_run(start_cluster: Any) -> None:
             for r in results]
     print(f"a body starts {min(lags) / 1000:.0f}-{max(lags) / 1000:.0f} ms after the start "
           "its rate counted")
+    # the limit is judged by the admissions (server clock), as the rate decides them
     assert len(admitted) == 60 and most_in_a_second(admitted) <= 5 + BURST
-    # a body starts 10-90 ms after its admission (the pool's dispatch, the first runs of
-    # a pool process slowest): bodies counted in windows shortened by that much
-    assert most_in_a_second(starts, 900_000) <= 5 + BURST
+    # the bodies: none starts before the start its rate counted (a booked run is held
+    # until its start), and each starts later by the pool's dispatch, which grows with the
+    # machine's load (8-220 ms seen): bodies counted in windows shortened by the spread of
+    # those lags, not by a guess of it
+    assert min(lags) >= 0, sorted(lags)[:5]
+    spread = max(lags) - min(lags)
+    assert most_in_a_second(starts, max(1, 1_000_000 - spread)) <= 5 + BURST, spread
     assert span >= (60 - 1 - BURST) / 5 - 0.5  # the rate was used, not undercut
     logs = cluster.logs()
     assert " parked: " in logs and " deferred: " not in logs  # no copy with a countdown
