@@ -300,7 +300,7 @@ def test_a_paused_key_keeps_runs_waiting_until_resumed(cluster):
     pause(cluster.app, name)
     result = cluster.app.send_task(CALL_API, (name[4:],))
     wait_until(lambda: len(refusals(cluster, result.id)) >= 1, timeout=30,
-               what="the run to be refused")  # the old line: again and again; parked: once
+               what="the run to be refused")  # parked: once
     assert all("paused" in reason or "parked behind" in reason
                for reason in refusals(cluster, result.id))
     assert not records(cluster).hexists("started", result.id)

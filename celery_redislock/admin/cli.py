@@ -5,7 +5,7 @@ against the app given with ``-A`` and the lock store its ``redislock_*`` setting
 
     celery -A proj redislock status            # every key: used/limit, waiting, paused
     celery -A proj redislock status --json     # the same, machine-readable
-    celery -A proj redislock inspect crawler   # holders and waiting line of "crawler"
+    celery -A proj redislock inspect crawler   # holders and parked line of "crawler"
     celery -A proj redislock release crawler w1@host|task-1|  # free one holder
     celery -A proj redislock reap              # drop holder entries whose lease ran out
     celery -A proj redislock set-slots crawler 5   # override the slot count

@@ -177,7 +177,7 @@ def clear_slots(app_or_client: Any, name: str, *, prefix: Optional[str] = None) 
 def release_holder(app_or_client: Any, name: str, holder: str, *,
                    prefix: Optional[str] = None) -> Holder:
     """Free one holder of semaphore ``name`` — ``holder`` is its token or a unique start
-    of it — and hand the freed slot to the oldest waiter (with the app; with a client
+    of it — and hand the freed slot to its parked line (with the app; with a client
     instead, the slot is only freed). The run that held it is not stopped: free only a
     holder you know is dead. Returns the holder freed.
 
@@ -210,7 +210,7 @@ def _one_holder(holders: Sequence[Holder], name: str, holder: str) -> Holder:
 
 def _free_exactly(app: Any, client: Any, key: str, token: str) -> int:
     """Free the holder whose token is ``token`` (a member starts with the token and a
-    space), handing the slot over when there is an app to re-publish the waiter."""
+    space), handing the slot over when there is an app to move a parked run."""
     if app is None:
         return int(RELEASE_OWNER.run(client, [key], [token + " ", 0])[0])
     return free_owner_slots(app, client, [key], token + " ")

@@ -12,7 +12,7 @@ name's configured slots and rate:
 * :class:`Rules` finds the slots and rate of a name. Where two templates can make the
   same name (``api:{token}`` and ``api:{token:hash}``) and disagree, Redis decides: the
   interval the rate limiter's state was last counted in, then the tasks of its live
-  holders and waiters; when nothing tells them apart, the answer is unknown, never the
+  holders; when nothing tells them apart, the answer is unknown, never the
   other task's.
 
     >>> from celery_redislock.engine.rate import Rate
@@ -171,7 +171,7 @@ class Rules:
         :data:`UNKNOWN` when its templates disagree and nothing in Redis tells.
 
         ``interval_us`` is the interval Redis recorded with the name's rate limiter's
-        state (it limits starts now); ``tasks`` the tasks of its holders and waiters.
+        state (it limits starts now); ``tasks`` the tasks of its holders.
         """
         if interval_us:
             found = {rate_text(rule.rate) for rule in self.rules

@@ -39,7 +39,7 @@ def unit_members(token: str, cost: int) -> List[str]:
 
 
 def unit_of(member: str) -> Optional[str]:
-    """The token (or, for a reservation, ``"~<ticket>"``) a unit member belongs to; None
+    """The token (or, for a reservation, ``"~~<n>"``) a unit member belongs to; None
     for any other member. Units are the members without a space that end ``*<n>``.
 
         >>> unit_of("ab.1*3"), unit_of("~t-1.ab*2"), unit_of("ab.1 1000 7 {}")

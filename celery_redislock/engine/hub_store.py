@@ -323,13 +323,13 @@ def _release_failed(lease: Lease, failure: Any) -> None:
                    failure, lease.lease_seconds)
 
 
-def _woken(lease: Lease, publish: Callable[[List[Any]], Any], messages: Any) -> None:
-    """The answer of ``wake.lua`` after a release: the messages of the waiters handed
-    the slot, to re-publish."""
-    if not isinstance(messages, list):
-        return _release_failed(lease, messages)
-    if messages:
-        publish(handoffs_of(messages))
+def _woken(lease: Lease, publish: Callable[[List[Any]], Any], moves: Any) -> None:
+    """The answer of ``wake.lua`` after a release: the moves owed to the parked line
+    handed the slot."""
+    if not isinstance(moves, list):
+        return _release_failed(lease, moves)
+    if moves:
+        publish(handoffs_of(moves))
     return None
 
 

@@ -17,7 +17,7 @@ for :data:`SETTLE_AFTER` seconds: a release waits to be written with its thread'
 request to the lock store, or is written but its answer is unread. A busy process does
 it itself long before (its next run's admission carries the release); a process that
 got no next run may not, and the release frees a slot, which the answer may hand to a
-waiting line. So the keeper, which looks at least every :data:`IDLE_WAKE` seconds, looks
+parked line. So the keeper, which looks at least every :data:`IDLE_WAKE` seconds, looks
 :data:`SETTLE_AFTER` seconds after the oldest such request, and while its process sent
 some within the last :data:`IDLE_WAKE` seconds it looks at least that often; it is woken
 only when a process starts sending them after a quiet spell.
@@ -59,7 +59,7 @@ LostCallback = Callable[[Any], None]
 IDLE_WAKE = 1.0
 
 #: Releases left by their own thread for this long (seconds) are finished by the keeper:
-#: the longest a slot stays taken, and a waiting line unserved, after its run ended.
+#: the longest a slot stays taken, and a parked line unserved, after its run ended.
 SETTLE_AFTER = 0.01
 
 #: Seconds the thread waits after an unexpected error before it looks again.

@@ -19,8 +19,8 @@ itself, as the worker's main process does), answers:
   dropped, nothing is held): it fails with ``LockWaitTimeout``.
 
 Hand-offs are :class:`~.admission.ParkedMove` entries: a release of a lease taken here
-(``Lease.release``, ``release_handing_over``, ``release_soon``; the waiting line's
-scripts ``release.lua``, ``wake.lua``, ``release_owner.lua`` too) reserves the freed slots
+(``Lease.release``, ``release_handing_over``, ``release_soon``; the scripts
+``release.lua``, ``wake.lua``, ``release_owner.lua`` too) reserves the freed slots
 for the line and puts one ``ParkedMove(key)`` per move owed among the lease's hand-offs;
 the worker's poll :func:`due` owes the moves of slots freed without a release. A move
 that finds its parking queue empty calls :func:`moved_nothing`. Under default acks the
@@ -54,7 +54,8 @@ cost: ``lua/parked_cost.lua``), and rate limits of any cost with them or alone
 promised start; see :mod:`.parking_rate`); on Redis Cluster a run whose limits lie in
 one hash slot (the poll's index, in another slot, is written by a command of its own
 after each script, :func:`local_index`, :func:`local_rate_index`).
-:func:`prepare_park_admit` answers None for anything else, which keeps today's path.
+:func:`prepare_park_admit` answers None for anything else: such a run is admitted by
+``admit.lua`` and, refused, sent back with a countdown.
 
 Cost (``benchmarks/bench_parking_store.py``: one private redis-server, the scripts'
 own µs per call from ``INFO commandstats``, median of 3 rounds, 100 slots, task ids of
@@ -360,7 +361,7 @@ def prepare_park_admit(client: Any, limiters: Sequence[Any],
     """:func:`park_admit` as one script call for the caller to send (``EVALSHA`` of
     ``call.script`` with ``call.keys`` and ``call.args``, the reply read by
     ``call.outcome(reply)``; or ``call.run()``, blocking), or None when the run cannot
-    wait on the parked line (see :func:`parks`): the caller keeps today's path.
+    wait on the parked line (see :func:`parks`): the caller asks :func:`.admission.admit`.
 
         >>> import redis
         >>> client = redis.Redis.from_url(redis_url)

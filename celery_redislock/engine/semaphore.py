@@ -79,7 +79,7 @@ class Semaphore:
         not taken while a task that asked earlier waits for it.
         """
         outcome = admit(self.client, [self.limit], lease=self.lease, description=description)
-        assert isinstance(outcome, (Lease, Busy, Paused))  # no rate, no ticket: nothing else
+        assert isinstance(outcome, (Lease, Busy, Paused))  # no rate: nothing else
         return outcome
 
     def acquire(

@@ -138,7 +138,7 @@ class _Setup:
     client: Any
     #: How long a slot handed to one of its runs stays reserved (worker runs).
     reserve_ms: int
-    #: Re-publishes the messages of waiters handed a slot (see :mod:`.handoff`).
+    #: Owes the moves of parked lines handed a slot (see :mod:`.handoff`).
     publish: Callable[[Any], Any]
     #: How long a served reference of the parking line is kept (ms; see
     #: :func:`.broker_line.keep_served_ms`): read from the app's broker settings once.
@@ -700,7 +700,7 @@ def _run_holding(task: Any, request: Any, lease: Lease, body: Callable[[], Resul
                  since: Optional[int] = None,
                  publish: Optional[Callable[[Any], Any]] = None) -> Result:
     """Run ``body`` holding ``lease``: kept alive meanwhile, given back however it ends
-    (re-publishing with ``publish`` the messages of waiters handed its slots), or left
+    (owing with ``publish`` the moves of parked lines handed its slots), or left
     for the worker's main process to give back (no ``publish``: :data:`MAIN_RELEASES`).
     ``since``: when the run first asked (server ms), for the ``lock_acquired`` signal."""
     _served_at_start(task, request, lease)
@@ -952,12 +952,12 @@ def give_back(task: Any, lease: Lease, request: Any,
     from the lease keeper within about 10 ms (see :meth:`Lease.release_soon`): also
     when the run stores a result or has a chain, a callback or a chord. Whoever
     learns of the run's end and asks for the slot before the release is written (the
-    chain's next step, a client that read the result) finds it taken, joins the
-    semaphore's waiting line, and is handed the slot by that release. A lease that
+    chain's next step, a client that read the result) finds it taken, parks, and is
+    handed the slot by that release. A lease that
     took the last free slot, or found a line, is released at once and waits for the
     answer, which hands the slot over. An eager run waits for the answer, so that its
-    caller finds the slot free the moment it returns. ``publish`` re-publishes the
-    messages of waiters handed the freed slot."""
+    caller finds the slot free the moment it returns. ``publish`` owes the moves of the
+    parked line handed the freed slot."""
     lease_keeper().forget(lease)
     try:
         if request.is_eager:

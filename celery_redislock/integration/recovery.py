@@ -195,8 +195,8 @@ def _free_after_exit(pids: List[int], lease: float, free: Any, what: str) -> Non
 def free_owner_slots(app: Any, client: Any, keys: Sequence[str], prefix: str,
                      lease: float = handoff.RESERVATION, mode: Sequence[str] = ()) -> int:
     """Free the slots of ``keys`` whose holder tokens start with ``prefix`` (and that
-    ``mode`` selects, see ``release_owner.lua``), hand them to the oldest waiters
-    (re-publishing their messages), and return how many were freed."""
+    ``mode`` selects, see ``release_owner.lua``), hand them to their parked lines (the
+    moves owed go to this process's mover), and return how many were freed."""
     reply = RELEASE_OWNER.run(client, list(keys),
                               [prefix, handoff.reservation_ms(lease), *mode])
     if len(reply) > 1:

@@ -1,7 +1,7 @@
 -- Weighted runs on the parked line (a task's lock_cost): a slot handed to the line is
 -- reserved in units of the cost of the run at the head of the parking queue, so a
 -- heavy head keeps the free units for itself until enough are free (nobody overtakes:
--- a newcomer parks while anyone waits), as today's line does. (This text is put in
+-- a newcomer parks while anyone waits). (This text is put in
 -- front of the scripts after units.lua and fair.lua, before parking.lua; scripts.py.)
 --
 -- Companion of a semaphore K (same hash tag, see parking.lua):
