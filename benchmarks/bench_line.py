@@ -1,9 +1,9 @@
-"""How a long waiting line holds and drains, in real workers, on either line.
+"""How a long waiting line holds and drains, in real workers, on the parking line.
 
-For each N (10, 100, 1,000 by default; ``--sizes 10000 100000`` optional) and each line
-given (``--line store``: today's line, a waiting copy in the broker and a parked copy in
-the lock store; ``--line broker``: one message in a parking queue of the broker, the
-lock store keeping references), on fresh private redis-servers (one for the broker and
+For each N (10, 100, 1,000 by default; ``--sizes 10000 100000`` optional), on the
+parking line (``--line broker``, its only value: one message in a parking queue of the
+broker, the lock store keeping references; the retired ``store`` line, measured beside
+it in RESULTS.md, is gone), on fresh private redis-servers (one for the broker and
 records, one for the lock store alone), 2 prefork workers x 2 processes on
 ``benchmarks/line_app.py``: the benchmark takes the only slot of each of ``--keys`` keys
 (``line:<k>``) by hand, sends N tasks spread over them (10 ms bodies), waits until all N
@@ -22,7 +22,7 @@ Printed per line and N:
 Run from the repository root::
 
     python -m benchmarks.bench_line
-    python -m benchmarks.bench_line --line store broker --sizes 1000 10000
+    python -m benchmarks.bench_line --sizes 1000 10000
     python -m benchmarks.bench_line --line broker --sizes 100000 --keys 1 10000
 """
 
@@ -42,7 +42,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import redis
 
 from celery_redislock import Semaphore
-from celery_redislock.engine.keys import DEFAULT_PREFIX, companion_key, semaphore_key
 from celery_redislock.testing import RedisServer
 
 from .bench_rate import check_alive, wait_until_ready
@@ -158,11 +157,8 @@ def _hold(lock: redis.Redis, name: str) -> Tuple[Semaphore, Any]:
 
 
 def _waiting(case: Case, servers: Servers) -> int:
-    """How many runs wait: in today's lines (the lock store), or in parking queues."""
-    if case.line == "broker":
-        return parked_in_broker(servers.broker)
-    return sum(servers.lock.zcard(companion_key(semaphore_key(f"line:{k}", DEFAULT_PREFIX), "q"))
-               for k in range(case.keys))
+    """How many runs wait: the messages in the parking queues."""
+    return parked_in_broker(servers.broker)
 
 
 def parked_in_broker(broker: redis.Redis) -> int:
@@ -255,7 +251,7 @@ def report(results: List[Dict[str, Any]]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--line", nargs="+", default=["store"], choices=["store", "broker"])
+    parser.add_argument("--line", nargs="+", default=["broker"], choices=["broker"])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--keys", type=int, nargs="+", default=[1])
     parser.add_argument("--timeout", type=float, default=900.0)

@@ -2,7 +2,7 @@
 
 ``REDISLOCK_BENCH_BROKER_URL`` broker and records (database 0 and 2),
 ``REDISLOCK_BENCH_LOCK_URL`` the lock store alone, ``REDISLOCK_BENCH_LINE`` the line
-(``redislock_line``: ``store`` or ``broker``; unset: the package's default). One task,
+(``redislock_line``: ``broker``; unset: the package's default). One task,
 ``bench.line.drain``: one slot of the key ``line:<k>``, a body of 10 ms, no result
 stored; each body pushes ``"<k> <start µs> <end µs>"`` (Redis server clock) to the list
 ``bench:line:ends`` as it ends.

@@ -58,7 +58,7 @@ class Channel:
 
         channel = channel_for(client)
         reply = channel.call("EVALSHA", sha, 1, key, token)
-        removed, exists = channel.call_many(("ZREM", key, member), ("EXISTS", line))
+        removed, mark = channel.call_many(("ZREM", key, member), ("ZSCORE", key, "#hold"))
         channel.send(("ZREM", key, member), then=lambda replies: print(replies))
         channel.send(("ZREM", key, member), then=print, now=False)  # with the next request
     """
