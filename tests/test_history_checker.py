@@ -153,15 +153,24 @@ def test_lost_runs_by_cause() -> None:
     events = [
         # default acks, its body killed with its whole worker: Celery's own loss
         sent("celery", acks_late=False), *body("celery", "c1", 1 * S, None, pid=9),
-        # never started, a worker killed whole after it was sent, but no delivery of it
-        # recorded: lost (a defect), whatever the kill
-        sent("waiting", 2 * S),
+        # never started, a worker killed whole 1.5 s after it was sent, but no delivery
+        # of it recorded: lost (a defect)
+        sent("waiting", 1 * S + 500_000),
         fault(3 * S, "kill_worker", pids=[9], worker="worker1"),
         # never started, no worker killed since it was sent: lost
-        sent("late", 4 * S), settled()]
+        sent("late", 4 * S),
+        # never received by any worker, a worker killed whole 300 ms after it was sent
+        # (or 50 ms before its record): taken off its queue by that worker's BRPOP
+        sent("popped", 10 * S), fault(10 * S + 300_000, "kill_worker", worker="worker2"),
+        sent("popped2", 20 * S + 50_000), fault(20 * S, "kill_worker", worker="worker3"),
+        # ... but not one killed 2 s after it was sent
+        sent("queued", 30 * S), fault(32 * S, "kill_worker", worker="worker2"),
+        settled()]
     verdict = check(events)
-    assert (verdict.lost_by_celery, verdict.lost_known, verdict.lost) == (
-        ["celery"], [], ["waiting", "late"])
+    assert (verdict.lost_by_celery, verdict.lost_known, verdict.lost,
+            verdict.lost_in_transport) == (
+        ["celery"], [], ["waiting", "late", "queued"], ["popped", "popped2"])
+    assert "runs lost by kombu (BRPOP, then killed)  2" in render("seed 1", verdict, {})
 
 
 def test_a_lost_run_is_known_only_when_its_last_receiver_was_killed_before_the_body() -> None:
@@ -177,7 +186,7 @@ def test_a_lost_run_is_known_only_when_its_last_receiver_was_killed_before_the_b
         verdict = check([sent(task, acks_late=acks_late), *events, kill,
                          settled(*([task] if unacked else []))])
         causes = {"celery": verdict.lost_by_celery, "known": verdict.lost_known,
-                  "lost": verdict.lost}
+                  "transport": verdict.lost_in_transport, "lost": verdict.lost}
         return next(cause for cause, tasks in causes.items() if task in tasks)
 
     # An earlier delivery (worker2) refused it; worker1 received it last and was killed.
@@ -194,8 +203,7 @@ def test_a_lost_run_is_known_only_when_its_last_receiver_was_killed_before_the_b
     # A body of it started after that receipt (and ended): not this window.
     assert lost("e", received("e", 5 * S), *body("e", "e1", 5 * S + 10, 5 * S + 20, pid=51)) \
         == "lost"
-    # No delivery recorded at all (a message lost between BRPOP and kombu's unacked
-    # write cannot be told from one the broker lost): lost.
+    # No delivery recorded at all, sent 6 s before the kill: lost.
     assert lost("f") == "lost"
     # Default acks, accepted by worker1's pool before the kill: acknowledged, Celery's own.
     assert lost("g", received("g", 5 * S), accepted("g", 5 * S + 1000), acks_late=False,

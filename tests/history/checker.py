@@ -58,6 +58,15 @@ WORKER_LOST = "WorkerLostError"
 #: How a known cause is reported: the redesign that removes it.
 KNOWN_CAUSE = "known: issue 'one copy of every run'"
 
+#: A whole-worker kill from this long before a task's ``sent`` record to this long after
+#: it (µs) may fall in kombu's window between the ``BRPOP`` that took the message the
+#: task was sent as off its queue (an idle worker's ``BRPOP`` is served at the publish;
+#: Redis serves it to a killed worker's socket it has not yet seen closed) and the write
+#: of the message to ``unacked`` once the worker's main process reads the reply (under
+#: load, its event loop reads it a few hundred ms late). The kill's record trails the
+#: kill; the ``sent`` record comes before the publish.
+POP_WINDOW = (-100_000, 1_000_000)
+
 #: How the known cause of a lost run is reported (see :func:`classify_lost`).
 LOST_KNOWN_CAUSE = ("its last receiver killed whole before the body, the message still "
                     "unacknowledged and not restored")
@@ -149,6 +158,9 @@ class Verdict:
     #: :func:`classify_lost`), or lost.
     lost_by_celery: List[str] = field(default_factory=list)
     lost_known: List[str] = field(default_factory=list)
+    #: Tasks lost in kombu's window between the ``BRPOP`` and ``unacked`` (see
+    #: :func:`classify_lost`): the transport's own loss, as without the package.
+    lost_in_transport: List[str] = field(default_factory=list)
     lost: List[str] = field(default_factory=list)
     #: Tasks lost (of :attr:`lost`) a delivery of which ended as served by another copy.
     lost_served: List[str] = field(default_factory=list)
@@ -342,6 +354,7 @@ def check_final(verdict: Verdict, history: Sequence[Event], sent: Mapping[str, E
         if state not in FINAL_STATES:
             cause = classify_lost(event, by_task[task], faults, receipts, accepts, unacked)
             {"celery": verdict.lost_by_celery, "known": verdict.lost_known,
+             "transport": verdict.lost_in_transport,
              "lost": verdict.lost}[cause].append(task)
         elif state == "FAILURE":
             error = str(final[task].get("error", ""))
@@ -369,17 +382,24 @@ def classify_lost(sent: Event, bodies: Sequence[Body], faults: Sequence[Event],
                 entries older than ``visibility_timeout``, and runs on a timer in a
                 worker with an event loop (prefork), but in a worker without one (gevent,
                 eventlet) only after a poll that found nothing to read
-    ``lost``    anything else (a defect). That includes a message lost between the
-                ``BRPOP`` that took it off its queue and ``QoS.append`` (only in the
-                killed process's memory then, no ``received`` recorded): the history
-                cannot tell that window from a message the broker lost
+    ``transport`` no delivery of it was ever received, no body of it started, and a
+                worker was killed whole within :data:`POP_WINDOW` of its send: a message
+                taken off its queue by that worker's ``BRPOP`` and lost before
+                ``QoS.append`` wrote it to ``unacked`` (only in the killed process's
+                socket or memory then). Celery alone loses it too. (For a copy the
+                package sent, whose publish is not recorded, the history cannot show
+                this window: such a loss is ``lost``.)
+    ``lost``    anything else (a defect)
     """
     task = sent["task"]
     if not sent.get("acks_late") and any(body.killed for body in bodies):
         return "celery"
     mine = [event for event in receipts if event.get("task") == task]
     if not mine:
-        return "lost"
+        since = int(sent["t"])
+        popped = any(fault.get("worker") and since + POP_WINDOW[0] <= int(fault["t"])
+                     <= since + POP_WINDOW[1] for fault in faults)
+        return "transport" if popped and not bodies else "lost"
     last = max(mine, key=lambda event: int(event["t"]))
     received = int(last["t"])
     kill = next((int(fault["t"]) for fault in faults

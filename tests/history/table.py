@@ -22,6 +22,7 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
         ("runs lost", str(len(verdict.lost))),
         ("runs lost, known cause", f"{len(verdict.lost_known)} ({LOST_KNOWN_CAUSE})"),
         ("runs lost by Celery's default acks", str(len(verdict.lost_by_celery))),
+        ("runs lost by kombu (BRPOP, then killed)", str(len(verdict.lost_in_transport))),
         ("unexpected failures", str(len(verdict.failed))),
         ("repeated bodies, explained", f"{len(verdict.repeated_explained)} "
                                        "(a killed body, acks_late)"),
