@@ -9,8 +9,16 @@ from typing import Any, Dict, List
 
 import pytest
 
-from celery_redislock.engine.admission import Booked, Busy, Lease, ParkRef, RateLimit, Served
-from celery_redislock.engine.parking import DeadlineMove, GaveUp, leave, run_id
+from celery_redislock.engine.admission import (
+    Booked,
+    Busy,
+    Lease,
+    ParkRef,
+    RateLimit,
+    Served,
+    SlotLimit,
+)
+from celery_redislock.engine.parking import DeadlineMove, GaveUp, leave, park_admit, run_id
 from celery_redislock.engine.parking_rate import (
     LEAD_MS,
     due_rate,
@@ -271,3 +279,63 @@ def test_a_run_that_leaves_drops_its_deadline_and_gives_its_start_back(
     assert redis_client.llen(key + ":pq") == 0
     time.sleep(0.55)  # a deadline move in flight would be owed again by now
     assert due_rate(redis_client, {key: 0}, prefix=PREFIX) == []
+
+
+def test_acks_late_the_copy_that_ran_runs_again_another_copy_does_not(
+        redis_client: Any) -> None:
+    """Acks late: an admission serves the run's rate reference with the id of the copy
+    admitted. That very copy, given back by the broker (its worker died before the
+    acknowledgement), asks again as a newcomer; another copy (another id, or none:
+    default acks) ends unrun."""
+    rate = [limit("late-ack", rate="10/s")]
+    assert isinstance(rate_park_admit(redis_client, rate, lease=5, run="l0:0"), Lease)
+    parked = rate_park_admit(redis_client, rate, lease=5, run="l1:0")
+    assert isinstance(parked, Busy) and parked.park is not None
+    time.sleep(0.25)  # its promised start is past
+
+    def ask(copy: str, park: Any = parked.park) -> Any:
+        return rate_park_admit(redis_client, rate, lease=5, run="l1:0", parked=park,
+                               copy=copy)
+
+    assert isinstance(ask("c1"), Lease)
+    assert isinstance(ask("c2"), Served) and isinstance(ask(""), Served)
+    time.sleep(0.25)  # room at the rate again
+    assert isinstance(ask("c1"), Lease)  # the copy that ran, given back: runs again
+    assert isinstance(ask("c2"), Served)
+    again = ask("c1")  # at once: no room at the rate, it parks (a new park id)
+    assert isinstance(again, Busy) and again.park is not None
+    assert again.park.park_id != parked.park.park_id
+    time.sleep(0.25)
+    assert isinstance(ask("c9", again.park), Lease)  # moved out of parking: its turn
+    assert isinstance(ask("c1"), Served)
+
+
+def test_acks_late_a_copy_run_again_parks_at_a_semaphore_and_runs_once_moved(
+        redis_client: Any) -> None:
+    """A semaphore and a rate: the copy that ran, given back while the semaphore is full,
+    parks there; its rate reference served to it is dropped, so that the copy moved out
+    of the semaphore's parking queue (another id) runs, and is not taken for stale."""
+    sem = SlotLimit("late-mixed", 2, PREFIX)
+    both = [sem, limit("late-mixed", rate="10/s")]
+    first = park_admit(redis_client, both, lease=30, run="m0:0")
+    assert isinstance(first, Lease)
+    parked = park_admit(redis_client, both, lease=30, run="m1:0")  # the rate: no room
+    assert isinstance(parked, Busy) and parked.park is not None
+    assert parked.park.key == both[1].key
+    assert first.release()
+    time.sleep(0.25)
+    ran = park_admit(redis_client, both, lease=30, run="m1:0", parked=parked.park, copy="c1")
+    assert isinstance(ran, Lease) and ran.release()
+    holders = [park_admit(redis_client, [sem], lease=30, run=f"h{i}:0") for i in range(2)]
+    assert all(isinstance(holder, Lease) for holder in holders)
+    time.sleep(0.25)
+    again = park_admit(redis_client, both, lease=30, run="m1:0", parked=parked.park, copy="c1")
+    assert isinstance(again, Busy) and again.park is not None and again.park.key == sem.key
+    assert holders[0].release()
+    moved = park_admit(redis_client, both, lease=30, run="m1:0", parked=again.park, copy="c9")
+    assert isinstance(moved, Lease)
+    assert isinstance(park_admit(redis_client, both, lease=30, run="m1:0",
+                                 parked=parked.park, copy="c1"), Busy)  # claimed: parks
+    assert moved.release() and holders[1].release()
+    assert isinstance(park_admit(redis_client, both, lease=30, run="m1:0",
+                                 parked=again.park, copy="c1"), Served)

@@ -384,7 +384,7 @@ def prepare_park_admit(client: Any, limiters: Sequence[Any],
     home = _home(ask.parked, keys, rate_keys)
     token = ask.owner + new_token()
     args = [token, milliseconds(ask.lease), ask.description, ask.run, home,
-            _park_id_arg(ask.parked, ask.copy) if home else "",
+            park_id_arg(ask.parked, ask.copy) if home else "",
             ask.keep_served_ms, ask.reserve_ms, *(limiter.slots for limiter in limiters),
             _seen(client), grace_bound_ms(client, ask.lease),
             "1" if ask.park_paused else "0", *_optional_args(limiters, rates, ask)]
@@ -393,10 +393,10 @@ def prepare_park_admit(client: Any, limiters: Sequence[Any],
                          ask.reserve_ms, [*keys, index, *rate_keys], args)
 
 
-def _park_id_arg(parked: Optional[ParkRef], copy: str) -> str:
+def park_id_arg(parked: Optional[ParkRef], copy: str) -> str:
     """The script's park id argument: the moved copy's park id, then its copy id.
 
-        >>> _park_id_arg(ParkRef("k", "1:7"), ""), _park_id_arg(ParkRef("k", "1:7"), "c9")
+        >>> park_id_arg(ParkRef("k", "1:7"), ""), park_id_arg(ParkRef("k", "1:7"), "c9")
         ('1:7', '1:7 c9')
     """
     if parked is None:

@@ -60,7 +60,15 @@ from .admission import (
     milliseconds,
     new_token,
 )
-from .parking import GaveUp, ParkAsk, local_rate_index, moves_of, rate_index, rate_index_of
+from .parking import (
+    GaveUp,
+    ParkAsk,
+    local_rate_index,
+    moves_of,
+    park_id_arg,
+    rate_index,
+    rate_index_of,
+)
 from .scripts import LINE, LuaScript, is_cluster
 
 __all__ = ["LEAD_MS", "RateAdmitCall", "due_rate", "is_rate_key", "prepare_rate_admit",
@@ -163,7 +171,8 @@ def prepare_rate_admit(client: Any, limiters: Sequence[Any],
         return None
     limiter, parked = limiters[0], ask.parked
     interval = limiter.rate.interval * 1_000_000
-    park_id = parked.park_id if parked is not None and parked.key == limiter.key else ""
+    park_id = (park_id_arg(parked, ask.copy)
+               if parked is not None and parked.key == limiter.key else "")
     args = [ask.run, park_id, ask.keep_served_ms, int(ask.book_ms), repr(interval),
             repr(interval * limiter.rate.burst), milliseconds(ask.lease),
             "" if ask.max_wait is None else milliseconds(ask.max_wait)]

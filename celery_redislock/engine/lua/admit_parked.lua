@@ -97,7 +97,7 @@ for i = 1, N do
   rerun_ref(l, copy, park_id)
   limiters[i] = l
 end
-local rates = read_rates(N + 2, R, 14 + 3 * N, run, now, now_us)
+local rates = read_rates(N + 2, R, 14 + 3 * N, run, now, now_us, copy)
 local home_rate = home > N + 1 and home - N - 1 or 0
 local promised = rate_turn(rates, home_rate, park_id)  -- a turn at the rates
 if promised == 'stale' then return reply(4, N + math.max(home_rate, 1), 0, 0, 0, 0) end
@@ -151,7 +151,7 @@ local function park(i)
   local ahead = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
   cost_parked(l.key, l.cost, math.max(0, ahead - live_reservations(l.key, now)))
   local id = park_reference(l, run, born, ref and ref.since or now_text, keep, KEYS[N + 1], now)
-  if promised then keep_turn(rates, run) end
+  keep_turn(rates, run)
   return refuse(7, i, id)
 end
 
@@ -240,6 +240,6 @@ for i = 1, N do
   hold_slot(limiters[i], run, token, member, fence_text, lease, lease_end, now,
             ARGV[11 + N + i], copy)
 end
-rates_admit(rates, run, keep, now, now_us)
+rates_admit(rates, run, keep, now, now_us, copy)
 if #handed > 0 then return reply(1, 0, lease_end, fence_text, contended, last) end
 return string.format('%s %s %s %d %d', now_text, lease_end_text, fence_text, contended, last)

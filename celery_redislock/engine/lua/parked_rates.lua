@@ -28,8 +28,11 @@
 -- cost (every optional argument of admit_parked.lua before them is then sent).
 -- A park at rate j answers {7, now, N + j, 0, wait_ms (-1: paused for ever), -1, park_id}.
 
--- Read the R rate keys from KEYS[first] (their ARGV from `arg`) for `run`.
-local function read_rates(first, count, arg, run, now, now_us)
+-- Read the R rate keys from KEYS[first] (their ARGV from `arg`) for `run`, this copy's
+-- id `copy` ('' but under acks late). A reference served to this very copy (its worker
+-- died unacknowledged) is a rerun's: the copy asks as a newcomer, and the reference is
+-- served again once it is admitted, or dropped once it parks (keep_turn, rates_park).
+local function read_rates(first, count, arg, run, now, now_us, copy)
   local rates = {}
   for j = 1, count do
     local key, a = KEYS[first + j - 1], arg + 3 * (j - 1)
@@ -49,6 +52,7 @@ local function read_rates(first, count, arg, run, now, now_us)
     r.line = math.max(tonumber(saved[2] or '0') or 0, now_us)
     prune_served(key, now)
     r.ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), run))
+    r.rerun = r.ref and r.ref.state == 's' and copy ~= '' and r.ref.copy == copy
     rates[j] = r
   end
   return rates
@@ -59,7 +63,7 @@ end
 local function rate_turn(rates, home_j, park_id)
   local turn = false
   for j, r in ipairs(rates) do
-    local ref = r.ref
+    local ref = not r.rerun and r.ref
     if ref and ref.state == 's' then return 'stale' end
     if j == home_j then
       if ref and (ref.state ~= 'w' or ref.park_id ~= park_id) then return 'stale' end
@@ -98,21 +102,22 @@ local function write_rate(r, fields, now_us)
   end
 end
 
--- Rate `r`'s reference of `run` is served (kept `keep` ms): a copy that comes later ends.
-local function serve_rate(r, run, keep, now)
+-- Rate `r`'s reference of `run` is served (kept `keep` ms): a copy that comes later ends
+-- (but copy `copy`, acking late).
+local function serve_rate(r, run, keep, now, copy)
   drop_deadline(r.key, run)
-  write_ref(r.key, run, 's', '', '', '')
+  write_ref(r.key, run, 's', r.ref.since ~= '' and r.ref.since or '0', '', '', '', copy)
   local served = parked_key(r.key, 'px')
   redis.call('RPUSH', served, string.format('%d', now + keep) .. ' ' .. run)
   keep_parked(served)
 end
 
 -- Admitted: one start counted at every rate; its rate reference served.
-local function rates_admit(rates, run, keep, now, now_us)
+local function rates_admit(rates, run, keep, now, now_us, copy)
   for _, r in ipairs(rates) do
     r.tat = math.max(r.tat, now_us) + r.interval
     write_rate(r, {'tat', string.format('%d', r.tat)}, now_us)
-    if r.ref then serve_rate(r, run, keep, now) end
+    if r.ref then serve_rate(r, run, keep, now, copy) end
   end
 end
 
@@ -137,12 +142,15 @@ local function rate_late(rates, j, run, max_wait, keep, now, now_us)
   return {7, j, 0, promise > 0 and math.ceil(math.max(0, promise - now_us) / 1000) or -1, -1, id}
 end
 
--- A copy with a turn parks at a semaphore: its waiting rate reference keeps the turn.
+-- The run parks at a semaphore: a waiting rate reference keeps its turn; a rerun's
+-- served one is dropped (the copy moved for it later is another).
 local function keep_turn(rates, run)
   for _, r in ipairs(rates) do
     local ref = r.ref
     if ref and ref.state == 'w' then
       write_ref(r.key, run, 't', ref.since, ref.park_id, ref.holder)
+    elseif r.rerun then
+      redis.call('HDEL', parked_key(r.key, 'pr'), run)
     end
   end
 end

@@ -84,7 +84,7 @@ local function write_ref(key, run, state, since, park_id, holder, again, copy)
   local text = 's'
   copy = copy or ''
   if state == 's' and copy ~= '' then
-    text = 's ' .. since .. ' ' .. copy
+    text = 's ' .. (since ~= '' and since or '0') .. ' ' .. copy
   elseif state ~= 's' then
     text = state .. ' ' .. since .. ' ' .. park_id .. ' ' .. holder
     if (again and again ~= '') or copy ~= '' then

@@ -22,7 +22,9 @@
 --
 -- KEYS[1]  the rate key R         KEYS[2]  the index of rate keys with a parked line
 -- ARGV[1]  the run '<task id>:<attempt>'
--- ARGV[2]  the park id of a copy moved out of R's parking queue ('' for none)
+-- ARGV[2]  the park id of a copy moved out of R's parking queue ('' for none), then,
+--          under acks late, ' ' and the copy's id: a reference served to this very copy
+--          (its worker died unacknowledged) lets it ask again as a newcomer
 -- ARGV[3]  how long a served reference is kept (ms)
 -- ARGV[4]  how far ahead (ms) the caller takes a booked start (0: it does not hold runs)
 -- ARGV[5]  the rate's interval (us)      ARGV[6]  its tolerance (us: burst x interval)
@@ -49,7 +51,8 @@
 --        `since` (ms); its reference is served (no other copy of it runs), nothing held
 
 local key, index = KEYS[1], KEYS[2]
-local run, park_id, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local run, keep = ARGV[1], tonumber(ARGV[3])
+local park_id, copy = string.match(ARGV[2], '^(%S*) ?(%S*)$')
 local book_us = (tonumber(ARGV[4]) or 0) * 1000
 local interval, tolerance, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local max_wait = tonumber(ARGV[8] or '')
@@ -71,9 +74,10 @@ local line = math.max(tonumber(saved[2] or '0') or 0, now_us)
 local refs, counts = parked_key(key, 'pr'), parked_key(key, 'pn')
 prune_served(key, now)
 local ref = parse_ref(redis.call('HGET', refs, run))
-if ref and ref.state == 's' then return {4, now, 1, 0, 0, 0, 0} end
-local moved = park_id ~= '' and ref ~= nil
-if park_id ~= '' and ref and ref.park_id ~= park_id then
+local rerun = ref and ref.state == 's' and copy ~= '' and ref.copy == copy
+if ref and ref.state == 's' and not rerun then return {4, now, 1, 0, 0, 0, 0} end
+local moved = park_id ~= '' and ref ~= nil and not rerun
+if moved and ref.park_id ~= park_id then
   return {4, now, 1, 0, 0, 0, 0}  -- a stale copy: the run parked again since, or ran
 end
 
@@ -87,11 +91,12 @@ local function write_state(fields)
   end
 end
 
--- The run's reference is served: a copy of it that comes later ends unrun.
+-- The run's reference is served: a copy of it that comes later ends unrun (but this
+-- very copy, acking late: parking.lua's parse_ref).
 local function serve()
   if not ref then return end
   drop_deadline(key, run)
-  write_ref(key, run, 's', ref.since, ref.park_id, '')
+  write_ref(key, run, 's', ref.since, ref.park_id, '', '', copy)
   local served = parked_key(key, 'px')
   redis.call('RPUSH', served, string.format('%d', now + keep) .. ' ' .. run)
   keep_parked(served)
