@@ -391,10 +391,10 @@ def test_a_run_waits_for_its_rate_start_in_the_worker_within_a_quarter_of_its_ti
     at most a quarter of any time limit of the run (its clock runs while it waits)."""
     from types import SimpleNamespace
 
-    from celery_redislock.integration.execution import _short_wait
+    from celery_redislock.integration.attempt import short_wait_of
 
     plain = SimpleNamespace(time_limit=None, soft_time_limit=None)
-    assert _short_wait(plain, SimpleNamespace(timelimit=(None, None))) == 0.5
-    assert _short_wait(plain, SimpleNamespace(timelimit=(1.0, None))) == 0.25
+    assert short_wait_of(plain, SimpleNamespace(timelimit=(None, None))) == 0.5
+    assert short_wait_of(plain, SimpleNamespace(timelimit=(1.0, None))) == 0.25
     soft = SimpleNamespace(time_limit=None, soft_time_limit=0.4)
-    assert _short_wait(soft, SimpleNamespace(timelimit=None)) == pytest.approx(0.1)
+    assert short_wait_of(soft, SimpleNamespace(timelimit=None)) == pytest.approx(0.1)

@@ -477,7 +477,7 @@ def test_the_original_is_acknowledged_only_once_its_copy_is_parked(
 
     from celery_redislock.engine.admission import ParkRef
     from celery_redislock.integration import broker_line, gate
-    from celery_redislock.integration.execution import Parked
+    from celery_redislock.integration.waiting import Parked
     from celery_redislock.integration.waiting_run import WaitingRun
     from celery_redislock.parking import Done, Outcome
 

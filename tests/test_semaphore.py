@@ -238,16 +238,16 @@ def test_a_redelivered_run_finds_the_earlier_run_that_still_holds(redis_client):
         admit,
         holder_lease_end,
     )
-    from celery_redislock.integration.execution import _earlier_run
+    from celery_redislock.integration.earlier_run import find_earlier
     from celery_redislock.integration.recovery import free_owner_slots
 
     limit = SlotLimit("redelivered", 1, "redislock:")
     earlier = admit(redis_client, [limit], lease=10, owner="w1@host|task-7|")
     again = admit(redis_client, [limit], lease=10, owner="w2@host|task-7|")
-    found = _earlier_run(redis_client, [limit], "task-7", again)
+    found = find_earlier(redis_client, [limit], "task-7", again)
     assert found is not None and found["member"].startswith(earlier.token + " ")
     assert found["until"] == earlier.expires_at_ms and found["name"] == "redelivered"
-    assert _earlier_run(redis_client, [limit], "task-8", again) is None
+    assert find_earlier(redis_client, [limit], "task-8", again) is None
     now_ms, lease_end = holder_lease_end(redis_client, found["key"], found["member"])
     assert lease_end == earlier.expires_at_ms and now_ms < lease_end
     earlier.release()

@@ -3,8 +3,8 @@
 :func:`decide` turns the lock store's answer (an :data:`~..engine.admission.Outcome`, or
 None when the store was not reached) and the run's :class:`Situation` into an
 :data:`Action`. It reads no clock and calls neither Redis nor Celery: the worker's main
-process (:func:`~.execution.admit_before_pool`) and the pool process
-(:func:`~.execution.run_limited`) call it, then carry the action out. How a run is sent
+process (:mod:`.main_process`) and the pool process (:mod:`.pool_process`) call it,
+then carry the action out: they alone end a waiting run (``Ignore``). How a run is sent
 back (its countdown, its place in line), or gives up past its ``max_wait``, is decided
 the same way, by :func:`~.waiting.plan_wait`.
 """

@@ -8,7 +8,7 @@ their limits in the worker's main process, just before a request goes to the poo
 
 * a pool process is free for the run: its limits are asked (one script). Admitted,
   the lease (its slots, or the starts its rate limits gave it) goes to the pool process
-  with the request (the request field :data:`~.execution.ADMITTED`); the pool process
+  with the request (the request field :data:`~.attempt.ADMITTED`); the pool process
   runs under it as it stands (and renews it should the run last a third of a lease),
   and this process gives it back when the pool reports the run's end (see
   :func:`_act_at_end`), with its next request to the lock store. On a worker with no
@@ -42,11 +42,11 @@ their limits in the worker's main process, just before a request goes to the poo
   ``redislock_fail_open`` the run goes to the pool, which runs it without a slot if it
   cannot ask either;
 * a run that gave up waiting (``lock_max_wait``) goes to the pool, where its failure
-  is stored as the task's (:func:`~.execution.run_limited`).
+  is stored as the task's (:func:`~.pool_process.run_limited`).
 
 With ``redislock_gate = "async"`` (experimental) the admission is not waited for: it is
 sent on a connection the worker's event loop drives (:mod:`.hub_store`), and its reply,
-or its failure (no reply within :data:`~.execution.MAIN_PROCESS_TIMEOUT`: the store
+or its failure (no reply within :data:`~.main_process.MAIN_PROCESS_TIMEOUT`: the store
 failed, as above), comes back through :func:`_settle` to the same decision and actions.
 An uncontended lease taken so is given back on that connection too.
 
@@ -78,24 +78,14 @@ from ..config.settings import read_settings, redis_client
 from ..engine.admission import Booked, Lease
 from ..engine.refusal import describe_error
 from . import broker_line, handoff, parked_deadline
+from .attempt import ADMITTED, MAIN_RELEASES, PROMISED, task_settings
 from .decide import ROOM_POLL
-from .execution import (
-    ADMITTED,
-    MAIN_PROCESS_TIMEOUT,
-    MAIN_RELEASES,
-    PROMISED,
-    Asking,
-    BeforePool,
-    Later,
-    Parked,
-    ask_before_pool,
-    give_back_unstarted,
-    release_for_pool,
-    task_settings,
-)
+from .give_back import give_back_unstarted, release_for_pool
 from .hub_store import HubStore, hub_store
+from .main_process import MAIN_PROCESS_TIMEOUT, Asking, BeforePool, Later, ask_before_pool
 from .recovery import forget_copy, limits_of
 from .task_context import context_of
+from .waiting import Parked
 from .waiting_run import carries_wait
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from ..config.unique import PeriodRule
 from ..engine.keys import period_key
 from ..engine.owned import OwnedLease
 from ..errors import LockStoreUnavailable
-from .execution import task_settings
+from .attempt import task_settings
 from .waiting import visibility_ceiling
 
 logger = logging.getLogger(__name__)

@@ -143,7 +143,7 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
 
 #: The requests of this worker that a pool process accepted, by task id: a holder the
 #: worker's main process took for a run, and gives back itself, names no process (see
-#: :data:`~.execution.MAIN_RELEASES`); the request says which process runs it.
+#: :data:`~.attempt.MAIN_RELEASES`); the request says which process runs it.
 _accepted: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 

@@ -40,8 +40,9 @@ from ..engine.keeper import lease_keeper
 from ..engine.keys import unique_key
 from ..engine.owned import OwnedLease
 from ..errors import AlreadyQueued, LockStoreUnavailable
-from .execution import run_limited, task_settings
+from .attempt import task_settings
 from .period import Deferred, check_period
+from .pool_process import run_limited
 from .waiting_run import carries_wait
 
 logger = logging.getLogger(__name__)

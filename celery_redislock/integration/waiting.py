@@ -2,7 +2,8 @@
 
 The run is re-published with a countdown, as :meth:`celery.Task.retry` would, but with
 ``retries`` unchanged, so waiting uses none of the task's ``max_retries`` budget and does
-not show in ``self.request.retries``. The run that was refused then ends with
+not show in ``self.request.retries``. The interpreter of the process that asked
+(:mod:`.main_process`, :mod:`.pool_process`) then ends the refused run with
 :class:`celery.exceptions.Ignore`: no result is stored and no callback runs; the
 re-published copy, which has the same task id, carries on.
 
@@ -11,7 +12,8 @@ What the wait has been so far travels with the message in the ``redislock_wait``
 the Redis server's clock), how many times the run was refused, and the start times rate
 limiters promised it. On the parking line a refused run parks instead (see
 :mod:`.broker_line`): a run is sent back only when it cannot park (its limits lie in
-several hash slots of a Redis Cluster), as one copy in no line.
+several hash slots of a Redis Cluster), as one copy in no line; how a parked run is
+said and the wait its parked copy carries are here too (:func:`parked`).
 """
 
 from __future__ import annotations
@@ -20,16 +22,18 @@ import datetime
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple, Union
-
-from celery.exceptions import Ignore
+from typing import TYPE_CHECKING, Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
 from ..config.retry import RetryPolicy
 from ..config.settings import Settings, read_settings
 from ..engine.admission import Busy, Paused, RateLimited
+from ..engine.parking_rate import is_rate_key
 from ..errors import LockWaitTimeout
-from . import signals
+from . import broker_line, signals
 from .waiting_run import WaitingRun
+
+if TYPE_CHECKING:
+    from .decide import Park  # which imports this module
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +113,9 @@ def requeue(
     kwargs: Mapping[str, Any],
     policy: RetryPolicy,
     refusal: Refusal,
-) -> NoReturn:
-    """Re-publish the current run of ``task`` with a countdown, as one copy in no line,
-    then end it (``Ignore``).
+) -> None:
+    """Re-publish the current run of ``task`` with a countdown, as one copy in no line
+    (the caller then ends this copy).
 
     ``refusal`` is why it was not admitted: :class:`Busy`, :class:`RateLimited`,
     :class:`Paused`, or None when the lock store could not be reached. Raises
@@ -130,14 +134,13 @@ def requeue(
     signature = task.signature_from_request(
         request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
     )
-    _publish(signature)
+    publish(signature)
     _announce(task, request, refusal, countdown)
     # Once per run at INFO (why, and until when); every later deferral at DEBUG.
     logger.log(logging.INFO if attempts == 0 else logging.DEBUG,
                "celery-redislock: task %s[%s] deferred: it %s; %s; waiting %.2f s (attempt %d)",
                task.name, request.id, describe(refusal, task),
                until_when(refusal, countdown), countdown, attempts + 1)
-    raise Ignore()
 
 
 @dataclass(frozen=True)
@@ -209,41 +212,6 @@ def _clock(ms: float) -> str:
     """A server time in ms as ``HH:MM:SS.mmmZ`` (UTC)."""
     moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
     return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
-def follow(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
-           earlier: Mapping[str, Any], countdown: float) -> NoReturn:
-    """Send a redelivered run back to *follow* the earlier run of its task, which still
-    holds a slot, then end it (``Ignore``).
-
-    The copy sent back joins no waiting line and takes no slot: when it comes back it
-    looks at that run (``earlier``: the semaphore ``key``, the holder ``member``, the
-    end of its lease seen last, ``until``). While the run holds its slot, the copy goes
-    back again; once the run has ended before its lease did, the copy ends without
-    running (what Celery alone would have run beside it has run); once the run's lease
-    ran out unrenewed (its worker died), the copy carries on as a waiting run, in the
-    line by the time the run first asked (see :func:`followed_run_ended`).
-    """
-    run = WaitingRun.of(request)
-    wait = WaitingRun(since=run.since or earlier.get("since"), attempts=run.attempts + 1,
-                      follows=dict(earlier), carried=True)
-    headers = wait.on(getattr(request, "headers", None))
-    signature = task.signature_from_request(
-        request, args, kwargs, countdown=countdown, headers=headers, retries=request.retries,
-    )
-    _publish(signature)
-    logger.info("celery-redislock: task %s[%s] was delivered again while an earlier run of "
-                "it holds a slot; it follows that run (back in %.2f s)", task.name,
-                request.id, countdown)
-    raise Ignore()
-
-
-def stop_following(request: Any) -> WaitingRun:
-    """The run followed an earlier run that was lost: from now on it waits as any run
-    does (its wait header no longer names the earlier run); its wait now."""
-    run = WaitingRun.of(request).but(follows=None)
-    run.put_on(request)
-    return run
 
 
 def _wait_so_far(run: WaitingRun, refusal: Refusal) -> Tuple[Optional[int], float]:
@@ -318,7 +286,8 @@ def _announce(task: Any, request: Any, refusal: Refusal, countdown: float) -> No
                                     countdown=countdown, reason=describe(refusal, task))
 
 
-def _publish(signature: Any) -> None:
+def publish(signature: Any) -> None:
+    """Publish ``signature``, trying again twice after a failure."""
     for attempt in range(PUBLISH_ATTEMPTS):
         try:
             signature.apply_async()
@@ -335,3 +304,41 @@ def visibility_ceiling(task: Any) -> Optional[float]:
     if isinstance(timeout, (int, float)) and timeout > 0:
         return timeout * VISIBILITY_SHARE
     return None
+
+
+def served(task: Any, request: Any, name: str) -> None:
+    """Say (DEBUG) that this copy of a run ends unrun: its parked reference was served
+    (another copy of its message ran it) in the line of limit ``name``. The history
+    checker (``tests/history``) reads this line's arguments."""
+    logger.debug("celery-redislock: task %s[%s]: %s of %r", task.name, request.id,
+                 "served already", name)
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A run refused on the parking line: its reference ``ref`` was written; its copy,
+    with the wait ``wait``, is to be published to ``ref``'s parking queue, then the
+    original acknowledged (by the main process, see ``gate``; or by the pool process,
+    see :mod:`.pool_park`)."""
+
+    ref: broker_line.ParkRef
+    wait: WaitingRun
+    name: str
+
+
+def parked(task: Any, request: Any, waited: WaitingRun, park: Park, server_ms: int) -> Parked:
+    """The run of ``request``, its wait so far ``waited``, is to wait in the parking line
+    of ``park.ref`` (said as a refusal is)."""
+    wait = broker_line.parked_wait(waited, park.ref, server_ms or None)
+    if is_rate_key(park.ref.key):  # said as on the old line: a rate refusal, not a slot's
+        signals.rate_limited.send(sender=task, task_id=request.id, key=park.name,
+                                  countdown=0.0, promise=None)
+    else:
+        signals.lock_contended.send(sender=task, task_id=request.id, key=park.name,
+                                    countdown=0.0, reason=f"parked behind {park.name!r}")
+    why = ("a later start of the rate %r is promised to it" if is_rate_key(park.ref.key)
+           else "the slots of %r are taken")
+    logger.log(logging.DEBUG if waited.parked else logging.INFO,
+               "celery-redislock: task %s[%s] parked: " + why + "; it waits in their parking "
+               "queue (attempt %d)", task.name, request.id, park.name, wait.attempts)
+    return Parked(park.ref, wait, park.name)

@@ -211,7 +211,7 @@ def _record_ends_unrun(urls: AppUrls) -> None:
 
 
 #: The package's logger that says when a run ends as served by another copy.
-ENDS_UNRUN_LOGGER = "celery_redislock.integration.execution"
+ENDS_UNRUN_LOGGER = "celery_redislock.integration.waiting"
 
 
 if BROKER_URL_ENV in os.environ:

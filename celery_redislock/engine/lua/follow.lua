@@ -1,5 +1,5 @@
 -- Look at one holder of a semaphore: is it still there? For a redelivered message that
--- follows the earlier run of its task (see integration/execution.py). (line.lua is put
+-- follows the earlier run of its task (see integration/earlier_run.py). (line.lua is put
 -- in front of this script when it is loaded.)
 --
 -- KEYS[1]   the semaphore

@@ -1,0 +1,102 @@
+"""The end of a run: its slots given back, by the process that runs it or, for a run the
+worker's main process was admitted to, by the main process; and the releases left for a
+process's next request written before it exits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping
+
+from celery.signals import worker_process_shutdown, worker_shutdown
+from redis.exceptions import RedisError
+
+from ..config.limit import TaskLimits
+from ..engine.admission import Lease
+from ..engine.channel import settle_all
+from ..engine.keeper import lease_keeper
+from ..engine.refusal import describe_error, error_kind, is_transient, server_message
+from . import signals
+from .attempt import Setup
+
+logger = logging.getLogger(__name__)
+
+
+def release_for_pool(task: Any, limits: TaskLimits, handed: Mapping[str, Any]) -> None:
+    """Give back, from the worker's main process, the lease it was admitted to for a run
+    that a pool process has ended (:data:`MAIN_RELEASES`), as :func:`give_back` does:
+    the release goes out with this thread's next request to the lock store (usually
+    the next run's admission), or from the lease keeper within about 10 ms.
+
+    A pool process that came to the run too late to take it over unadopted adopted it
+    under a description of its own, and released it itself: this release then finds
+    nothing to free."""
+    setup = Setup.of(task, limits)
+    lease = Lease.of_handover(setup.client, handed)
+    try:
+        lease.release_soon(setup.publish, with_next_request=True)
+    except RedisError as exc:
+        logger.warning(
+            "celery-redislock: task %s: could not release its slot of %r (%s); the slot "
+            "comes back when its lease ends, within %.0f s",
+            task.name, lease.name, describe_error(exc), lease.lease_seconds,
+        )
+
+
+def give_back(task: Any, lease: Lease, request: Any,
+              publish: Callable[[Any], Any]) -> None:
+    """Release ``lease``; if Redis cannot be reached, its lease runs out by itself.
+
+    A worker's run does not wait for the answer, and its release goes out with the
+    process's next request to the lock store (usually its next run's admission), or
+    from the lease keeper within about 10 ms (see :meth:`Lease.release_soon`): also
+    when the run stores a result or has a chain, a callback or a chord. Whoever
+    learns of the run's end and asks for the slot before the release is written (the
+    chain's next step, a client that read the result) finds it taken, parks, and is
+    handed the slot by that release. A lease that
+    took the last free slot, or found a line, is released at once and waits for the
+    answer, which hands the slot over. An eager run waits for the answer, so that its
+    caller finds the slot free the moment it returns. ``publish`` owes the moves of the
+    parked line handed the freed slot."""
+    lease_keeper().forget(lease)
+    try:
+        if request.is_eager:
+            lease.release_handing_over(publish)
+        else:
+            lease.release_soon(publish, with_next_request=True)
+    except RedisError as exc:
+        logger.warning(
+            "celery-redislock: task %s[%s] could not release its slot of %r (%s); the slot "
+            "comes back when its lease ends, within %.0f s",
+            task.name, request.id, lease.name, describe_error(exc), lease.lease_seconds,
+        )
+        if not is_transient(exc):
+            signals.lock_store_error.send(sender=task, task_id=request.id, key=lease.name,
+                                          kind=error_kind(exc), message=server_message(exc))
+    else:
+        logger.debug("celery-redislock: task %s[%s] released %r", task.name, request.id,
+                     lease.name)
+
+
+def give_back_unstarted(task: Any, limits: TaskLimits, handed: Mapping[str, Any]) -> None:
+    """Give back at once the lease the worker's main process was admitted to (``handed``,
+    see :mod:`.main_process`) for a run that will not start after all (revoked
+    while its limits were asked), instead of leaving it until it runs out."""
+    lease = Lease.of_handover(Setup.of(task, limits).client, handed)
+    if not lease.holds_slots:
+        return
+    try:
+        lease.release()
+    except RedisError as exc:
+        logger.warning("celery-redislock: task %s: could not give back the slots of a revoked "
+                       "run (%s); they come back when the lease ends, within %.0f s",
+                       task.name, describe_error(exc), lease.lease_seconds)
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _settle_releases(**_: Any) -> None:
+    """A pool child (or a solo or threads worker) that exits first writes the releases
+    left for its next request and reads the answers to its last releases, so that every
+    slot comes back and one freed for a waiting line is still handed over."""
+    settle_all()

@@ -1,0 +1,290 @@
+"""The worker's main process's interpreter of a run's admission: before the pool sees a
+request, the one place that carries out :func:`~.decide.decide`'s action there.
+
+:func:`ask_before_pool` makes the run's :class:`~.attempt.Attempt`; :class:`Asking`
+asks the lock store (blocking, or on the worker's event loop: the gate sends the call
+and hands back the reply) and carries the decision out: a lease to hand to the pool
+process, a hold (:class:`Later`), a park (:class:`~.waiting.Parked`: the gate publishes
+the copy, then acknowledges the original), a run that gave up waiting (it fails in the
+pool), or the end of this copy (``Ignore``: sent back to wait, served already, or
+following an earlier run of its task), after which the gate acknowledges its message.
+Nothing here blocks for longer than :data:`MAIN_PROCESS_TIMEOUT`, and after a failure
+of the lock store the main process asks no more for a while
+(:data:`MAIN_PROCESS_PAUSE_AFTER_ERROR`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+from celery.exceptions import Ignore
+from redis.exceptions import RedisError
+
+from ..config.limit import TaskLimits
+from ..engine.admission import AdmitCall, Booked, Outcome, prepare_admit
+from ..engine.channel import limit_waits
+from ..engine.parking import GaveUp, ParkAdmitCall
+from ..engine.refusal import error_kind, is_transient
+from ..errors import LockWaitTimeout
+from . import broker_line, parked_deadline, pool_park
+from .attempt import Attempt, Setup, limit_names, outcome_time, short_wait_of
+from .decide import Action, End, Hold, Park, Run, SendBack, Situation, decide
+from .earlier_run import follows_on, look_at_earlier
+from .store_errors import report_store_error
+from .waiting import Parked, parked, requeue, served
+
+logger = logging.getLogger(__name__)
+
+
+#: After the lock store failed the worker's main process, how long (s) it asks no more:
+#: runs are sent back to wait as if the store had failed them (or, with
+#: ``redislock_fail_open``, go to the pool).
+MAIN_PROCESS_PAUSE_AFTER_ERROR = 5.0
+
+
+_main_process_skips_until = [float("-inf")]
+
+
+#: How long (s) the worker's main process waits for the lock store (to connect, or for
+#: an answer) before it counts it failed (a plain ``redis.Redis`` client only).
+MAIN_PROCESS_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class Later:
+    """What :func:`admit_before_pool` answers for a run to be held in the worker's main
+    process and asked about again after ``seconds``: a rate limiter promised it a start
+    that close (``promises``, to ask with), or (``probed``) it would be admitted but no
+    pool process is free for it; or held until then and started without asking again,
+    under the start its rate limiter booked for it (``booked``)."""
+
+    seconds: float
+    promises: Dict[str, int]
+    probed: bool = False
+    booked: Optional[Booked] = None
+
+
+#: The answer of :func:`admit_before_pool`: the lease to adopt, a hold, a run to park
+#: (:class:`~.waiting.Parked`), a run that gave up waiting, or None.
+BeforePool = Union[None, Dict[str, Any], Later, "Parked", parked_deadline.GaveUpHere]
+
+
+def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool = True,
+                      promises: Optional[Mapping[str, int]] = None,
+                      may_wait: bool = True) -> BeforePool:
+    """Decide in the worker's main process, before the pool sees the request, whether
+    this run may start. ``request`` is the task's context (``args``, ``kwargs``,
+    ``headers``, ``delivery_info``...), as the pool process would see it; ``room``: a
+    pool process is free to start it at once.
+
+    * admitted (``room`` only): what the pool process is to adopt
+      (:meth:`Lease.handover`: the slots, or the rate limits' starts, taken here);
+    * ``Ignore``: the run ends here (sent back to wait, served by another copy,
+      following an earlier run; the lock store failed and it is sent back to wait for
+      it), after which the caller acknowledges the message without running it;
+    * :class:`Later`: hold the request here and ask again then (a rate limiter's start
+      within :func:`~.attempt.short_wait_of`, at most when ``may_wait``; or no room for a run that
+      the limits would admit: a probe, which takes nothing, found it so); or, when the
+      run's one limiter is a rate limiter, hold it until the start booked for it then
+      (:class:`~..engine.admission.Booked`) and start it without asking again;
+    * None: the pool process is to decide as before (the package is disabled, the run
+      gave up waiting: its failure belongs in the task's trace; ``redislock_fail_open``
+      and the lock store failed).
+    """
+    asking = ask_before_pool(task, limits, request, room=room, promises=promises,
+                             may_wait=may_wait)
+    return asking.blocking() if isinstance(asking, Asking) else asking
+
+
+def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool = True,
+                    promises: Optional[Mapping[str, int]] = None,
+                    may_wait: bool = True, loop: bool = False) -> Union[BeforePool, Asking]:
+    """:func:`admit_before_pool` up to the admission: the answer when it needs none (the
+    package is disabled, the main process asks no store for a while after a failure),
+    else the :class:`Asking` that asks the store (blocking, or sent by the caller, which
+    hands it the reply: the worker's event loop, see :mod:`.hub_store`). ``loop``: the
+    worker has an event loop (a refused run may then wait on the parking line)."""
+    if not limits.rules:
+        return None
+    setup = Setup.of(task, limits)
+    if not setup.settings.enabled:
+        return None
+    args, kwargs = tuple(request.args or ()), dict(request.kwargs or {})
+    attempt = Attempt.of(task, setup, args, kwargs, request, pid=None)  # unadopted
+    attempt.promises.update(promises or {})
+    if not loop and pool_park.parks_here(setup.settings, setup.client, attempt.limiters):
+        return None  # no event loop: it parks in the process (greenlet) that runs it
+    attempt.parking = setup.parks(attempt.limiters, loop, task.name)
+    if time.monotonic() < _main_process_skips_until[0]:
+        return _without_store(attempt, args, kwargs, None)
+    asking = Asking(attempt, args, kwargs, room, may_wait)
+    try:
+        if attempt.waited.follows and follows_on(attempt, args, kwargs):
+            raise Ignore()  # it went back to follow the earlier run, or that run ended
+    except RedisError as exc:
+        return asking.failed(exc)
+    except LockWaitTimeout:
+        return None
+    return asking
+
+
+@dataclass
+class Asking:
+    """One run's admission in the worker's main process, between the question and the
+    answer: :meth:`blocking` asks and answers; or the caller sends :meth:`call` itself
+    and hands the reply to :meth:`replied` (or the failure to :meth:`failed`). Either way
+    the outcome goes through :func:`decide` and is carried out by :meth:`answered`."""
+
+    attempt: Attempt
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    room: bool
+    may_wait: bool
+
+    def __post_init__(self) -> None:
+        request = self.attempt.request
+        self.short_wait = short_wait_of(self.attempt.task, request)
+        self.redelivered = bool((request.delivery_info or {}).get("redelivered"))
+        self.probe = not self.room
+        self.book_ms = (int(self.short_wait * 1000)
+                        if self.room and self.may_wait and not self.redelivered else 0)
+
+    @property
+    def client(self) -> Any:
+        """The lock store's client (its connection settings, its scripts' state)."""
+        return self.attempt.setup.client
+
+    def blocking(self) -> BeforePool:
+        """Ask the lock store, waiting at most :data:`MAIN_PROCESS_TIMEOUT`."""
+        limit_waits(self.client, MAIN_PROCESS_TIMEOUT)
+        try:
+            outcome = self._admit()
+        except RedisError as exc:
+            return self.failed(exc)
+        except LockWaitTimeout:
+            return None
+        return self.answered(outcome)
+
+    def _admit(self) -> Outcome:
+        """The admission, blocking (the hand-offs it brings published)."""
+        call = self.call() if self.attempt.parking else None
+        if call is None:
+            return self.attempt.admit(probe=self.probe, book_ms=self.book_ms)
+        return self.attempt.published(call.outcome(
+            call.script.run(self.client, call.keys, call.args)))
+
+    def call(self) -> Optional[Union[AdmitCall, ParkAdmitCall]]:
+        """The one script call of the admission, for a caller that sends it itself; None
+        when it takes more than one (Redis Cluster): :meth:`blocking` then."""
+        attempt = self.attempt
+        if attempt.parking:
+            priority = broker_line.priority_of(attempt.setup.limits.retry.priority,
+                                               attempt.request)
+            return broker_line.prepare(self.client, attempt.limiters,
+                                       attempt.park_ask(self.book_ms, priority))
+        return prepare_admit(
+            self.client, attempt.limiters, lease=attempt.setup.limits.lease,
+            description=attempt.description, promises=attempt.promises,
+            owner=attempt.owner, reserve_ms=attempt.reserve_ms,
+            probe=self.probe, book_ms=self.book_ms)
+
+    def replied(self, call: Union[AdmitCall, ParkAdmitCall], reply: Any) -> BeforePool:
+        """The answer for the lock store's ``reply`` to ``call`` (a failure of the
+        connection as a ``RedisError``)."""
+        if isinstance(reply, RedisError):
+            return self.failed(reply)
+        return self.answered(self.attempt.published(call.outcome(reply)))
+
+    def answered(self, outcome: Any) -> BeforePool:
+        """Decide on ``outcome`` and carry the decision out (see
+        :func:`admit_before_pool`)."""
+        try:
+            return _ask_before_pool(self.attempt, self.args, self.kwargs, outcome,
+                                    self.may_wait, self.short_wait, self.redelivered)
+        except RedisError as exc:
+            return self.failed(exc)
+        except LockWaitTimeout:
+            return None
+
+    def failed(self, exc: RedisError) -> BeforePool:
+        """The lock store failed the main process: the run is sent back to wait for it
+        (see :func:`_without_store`); a store that cannot be reached is not asked again
+        for :data:`MAIN_PROCESS_PAUSE_AFTER_ERROR`."""
+        if is_transient(exc):
+            # The worker's main process must not wait on a lock store that does not
+            # answer (a connect timeout stalls its event loop): for a while it asks no
+            # more.
+            _main_process_skips_until[0] = time.monotonic() + MAIN_PROCESS_PAUSE_AFTER_ERROR
+        return _without_store(self.attempt, self.args, self.kwargs, exc)
+
+
+def _ask_before_pool(attempt: Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
+                     outcome: Any, may_wait: bool, short_wait: float,
+                     redelivered: bool) -> BeforePool:
+    """The answer of :func:`admit_before_pool` for the lock store's ``outcome``."""
+    if isinstance(outcome, GaveUp):  # parked past its max wait: it fails in the pool
+        return parked_deadline.gave_up(attempt.task, attempt.request, outcome,
+                                       attempt.setup.limits.retry.max_wait)
+    action = decide(outcome, Situation(may_hold=may_wait, short_wait=short_wait,
+                                       redelivered=redelivered))
+    if isinstance(action, Park):
+        return parked(attempt.task, attempt.request, attempt.waited, action,
+                      outcome_time(outcome))
+    if not isinstance(action, Hold):
+        return _carry_out(attempt, args, kwargs, outcome, action)
+    if action.look_for_earlier and look_at_earlier(attempt, args, kwargs, outcome):
+        raise Ignore()  # sent back to follow the earlier run of its task
+    if action.promise is not None:
+        attempt.promises[action.promise[0]] = action.promise[1]
+    return Later(action.seconds, attempt.promises, probed=action.probed,
+                 booked=action.booked)
+
+
+def _carry_out(attempt: Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
+               outcome: Any, action: Action) -> Dict[str, Any]:
+    """Do what :func:`decide` chose, other than a hold or a park: the lease for the pool
+    process to adopt (:meth:`~..engine.admission.Lease.handover`), or the run ends here
+    (``Ignore``: served already, sent back to wait, or sent back to follow the earlier
+    run of its task); the gate then acknowledges its message."""
+    task, request = attempt.task, attempt.request
+    if isinstance(action, End):
+        served(task, request, action.name)
+        raise Ignore()
+    assert isinstance(action, (Run, SendBack))  # the main process never runs eager runs
+    if action.look_for_earlier and look_at_earlier(attempt, args, kwargs, outcome):
+        raise Ignore()
+    if isinstance(action, Run):
+        return action.lease.handover()
+    requeue(task, request, args, kwargs, attempt.setup.limits.retry, action.refusal)
+    raise Ignore()
+
+
+def _without_store(attempt: Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
+                   exc: Optional[RedisError]) -> BeforePool:
+    """The worker's main process could not ask the lock store (``exc``; None: it asks
+    no more for a while, after a failure): the run is sent back to wait (``Ignore``), as
+    its pool process would send it back, fail-closed (on the parking line it is held
+    here, :data:`STORE_HOLD`); with ``redislock_fail_open`` and an outage, it goes to
+    the pool (None), which runs it without a slot if it cannot ask either."""
+    task, request = attempt.task, attempt.request
+    if attempt.setup.settings.fail_open and (exc is None or is_transient(exc)):
+        return None
+    if exc is not None:
+        report_store_error(task, request.id, limit_names(attempt.limiters), exc)
+    if attempt.parking:  # one copy: held here, never re-published (its header kept)
+        if exc is not None and error_kind(exc) == "unreachable":  # else said above
+            logger.info("celery-redislock: task %s[%s] held: it could not reach the lock "
+                        "store; it asks again in %.2f s", task.name, request.id, STORE_HOLD)
+        return Later(STORE_HOLD, attempt.promises)
+    requeue(task, request, args, kwargs, attempt.setup.limits.retry, None)
+    raise Ignore()
+
+
+#: The parking line: how long (s) the worker's main process holds a run the lock store
+#: did not answer for before it asks again (the run stays one message, unacknowledged
+#: here, instead of a copy sent back with a countdown: a copy published and the original
+#: acknowledged is a window no reference tells apart).
+STORE_HOLD = 0.5
