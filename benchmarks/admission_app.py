@@ -12,6 +12,8 @@ Its environment, task names and counters are :mod:`benchmarks.app_common`'s (sha
   (``redislock_gate = "async"``), with its look-ahead;
 * ``parked``: ``async`` on the parking line (``redislock_line = "broker"``:
   ``admit_parked.lua``, the slots-only script);
+* ``parked_no_hand_on``: ``parked`` with ``redislock_hand_on = False`` (every slot
+  back through the lock store, see :mod:`celery_redislock.integration.hand_on`);
 * ``once``: celery-once's ``QueueOnce``; ``singleton``: celery-singleton's ``Singleton``
   (both lock in ``apply_async``, on the sender, and unlock at the run's end).
 
@@ -47,6 +49,7 @@ SETTINGS: Dict[str, Dict[str, Any]] = {
     "blocking": {"gate": "blocking"},
     "async": {"gate": "async"},
     "parked": {"gate": "async", "line": "broker"},
+    "parked_no_hand_on": {"gate": "async", "line": "broker", "hand_on": False},
 }
 
 

@@ -41,6 +41,7 @@ bench_peers.LABELS.update({
     "blocking": "LimitedTask, redislock_gate = blocking",
     "async": "LimitedTask, redislock_gate = async (look-ahead)",
     "parked": "LimitedTask, async, redislock_line = broker",
+    "parked_no_hand_on": "LimitedTask, async, broker line, redislock_hand_on = False",
 })
 
 

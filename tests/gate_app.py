@@ -35,6 +35,13 @@ SLOTTED_KEY = "gate-slotted"
 THREE = "gate_app.three"
 THREE_KEY = "gate-three"
 RATED_KEY = "gate-rated"
+#: A task of FOUR slots whose body records the holder token it runs under (``tokens``:
+#: task id -> token): a slot handed on in the worker (see
+#: :mod:`celery_redislock.integration.hand_on`) names the run it was first taken for.
+HANDED = "gate_app.handed"
+HANDED_KEY = "gate-handed"
+#: The lease of HANDED (seconds): a slot is handed on within a sixth of it (and 0.5 s).
+HANDED_LEASE = 3
 #: The rate of RATED: starts per second (burst 1).
 RATE = 4
 #: The lease of SLOTTED (seconds).
@@ -73,6 +80,21 @@ def create_app(urls: AppUrls) -> Celery:
     def three(self: Any, seconds: float) -> str:
         """Three at a time across the cluster."""
         recorder(urls.record).run(self.request.id, [THREE_KEY], seconds)
+        return self.request.id
+
+    @app.task(base=LimitedTask, bind=True, shared=False, name=HANDED, lock_slots=4,
+              lock_key=HANDED_KEY, lock_lease=HANDED_LEASE)
+    def handed(self: Any, seconds: float, hold_if_handed: bool = False) -> str:
+        """Four at a time across the cluster, recorded under its key and its holder
+        token; with ``hold_if_handed``, a run handed a slot in its worker says so
+        (``holding``) and holds it for a minute."""
+        token = self.request.redislock_lease.token
+        record = recorder(urls.record)
+        record.client.hset("tokens", self.request.id, token)
+        if hold_if_handed and f"|{self.request.id}|" not in token:
+            record.client.set("holding", self.request.id)
+            seconds = 60
+        record.run(self.request.id, [HANDED_KEY, token], seconds)
         return self.request.id
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=RATED,

@@ -40,6 +40,12 @@
                            most 1 s); ``"async"`` (experimental) sends the admissions on
                            a connection driven by the worker's event loop, batched, and
                            never waits (prefork and solo pools; others ask blocking).
+``redislock_hand_on``      ``True`` (the default): with admission before the pool, a
+                           worker hands the uncontended slot of a run that ended to its
+                           next run of the same slots-only limits waiting for a pool
+                           process, with no lock-store request (at most 8 runs in a row
+                           per slot, within 0.5 s of its admission). ``False``: every
+                           slot goes back through the lock store.
 ``redislock_line``         Where a refused run waits: ``"broker"``, the only value (the
                            *parking line*: one message in a parking queue of the broker,
                            the lock store keeping only references). ``"store"``, the old
@@ -105,6 +111,9 @@ class Settings:
     gate: str = "blocking"
     #: ``redislock_line``: ``"broker"`` (see :data:`LINES`).
     line: str = DEFAULT_LINE
+    #: ``redislock_hand_on``: an ended run's slot handed on in the worker (see
+    #: :mod:`~..integration.hand_on`).
+    hand_on: bool = True
     #: ``redislock_max_lease``: the longest lease (s) of any holder, at least; None: the
     #: longest lease of the app's limited tasks.
     max_lease: Optional[float] = None
@@ -140,6 +149,7 @@ def read_settings(app: Any) -> Settings:
                     rate_recheck=_rate_recheck(conf),
                     admit_before_pool=_flag(conf, "redislock_admit_before_pool", True),
                     gate=_gate(conf), line=_line(conf),
+                    hand_on=_flag(conf, "redislock_hand_on", True),
                     max_lease=_seconds(conf, "redislock_max_lease"))
 
 

@@ -77,7 +77,7 @@ from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
 from ..engine.admission import Booked, Lease
 from ..engine.refusal import describe_error
-from . import broker_line, handoff, parked_deadline
+from . import broker_line, hand_on, handoff, parked_deadline
 from .attempt import ADMITTED, MAIN_RELEASES, PROMISED, task_settings
 from .decide import ROOM_POLL
 from .give_back import give_back_unstarted, release_for_pool
@@ -456,9 +456,13 @@ def _release_here(consumer: Any, request: Any, limits: TaskLimits,
     if settings.gate == "async":
         store = hub_store(consumer, redis_client(request.task._get_app(), settings),
                           MAIN_PROCESS_TIMEOUT)
-        return None if store is None else functools.partial(
+        release: Optional[Callable[[], None]] = None if store is None else functools.partial(
             _release_on_hub, store, request.task, limits, handed)
-    return functools.partial(release_for_pool, request.task, limits, handed)
+    else:
+        release = functools.partial(release_for_pool, request.task, limits, handed)
+    if release is None or not settings.hand_on:
+        return release
+    return hand_on.MainRelease(handed, limits, release)
 
 
 def _release_on_hub(store: HubStore, task: Any, limits: TaskLimits,
@@ -509,13 +513,16 @@ class _RunEnd:
         self.ended_well, self.ended_badly = request.on_success, request.on_failure
 
     def give_back(self) -> None:
+        """Give the run's slots back, or hand them on to the next run waiting here for a
+        pool process (see :mod:`.hand_on`)."""
         release, self.release = self.release, None
-        if release is not None:
+        if release is not None and not _hand_on(self.consumer, self.request, release):
             release()
 
     def unwrap(self) -> None:
         """Take the wrappers off the request: the run's end is handled (the pool keeps
         the ones it was handed until it calls one)."""
+        hand_on.forget(self.request.id)
         own = getattr(self.request, "__dict__", None)
         if own is not None:
             if getattr(own.get("on_success"), "__self__", None) is self:
@@ -539,6 +546,41 @@ class _RunEnd:
                 self.give_back()
             self.unwrap()
             _serve_waiting_now(self.consumer)
+
+
+def _hand_on(consumer: Any, ended: Any, release: Callable[[], None]) -> bool:
+    """Hand the lease of ``ended``, a run that ended (its ``release``), to the run at the
+    head of ``consumer``'s queue of runs waiting for a pool process, when that run is of
+    the same limits and may go to the pool now, and the lease may be handed on (see
+    :mod:`.hand_on`): it goes to the pool under it, and True is answered. Else False:
+    the caller gives the lease back."""
+    if not isinstance(release, hand_on.MainRelease) or not hand_on.may_hand_on(
+            release.handed, release.limits):
+        return False
+    room = _rooms.get(consumer)
+    if room is None or not room.queue or room.thread != threading.get_ident():
+        return False
+    if carries_wait(getattr(getattr(ended, "message", None), "headers", None)):
+        return False  # a copy of a waiting run: its slot goes back through the store
+    with _held_lock:
+        request, handle, hold = room.queue[0]
+        if (limits_of(request.task) is not release.limits or hold.booked is not None
+                or hold.promises or carries_wait(
+                    getattr(getattr(request, "message", None), "headers", None))):
+            return False
+        free = _free_processes(consumer)
+        if free <= 0 and (free <= -_lookahead(consumer) or not _may_go_ahead(request)):
+            return False
+        room.queue.popleft()
+        _held.pop(request, None)
+    if request.revoked():
+        release()
+        handle(request)
+        return True
+    handed = hand_on.handed_on(release.handed)
+    hand_on.note(request.id, handed)
+    _to_pool(consumer, request, handle, hold, release.limits, handed)
+    return True
 
 
 def _serve_waiting_now(consumer: Any) -> None:

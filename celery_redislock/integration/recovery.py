@@ -54,7 +54,7 @@ from ..engine.workers import (
     registry_prefix,
 )
 from ..errors import LockConfigurationError
-from . import broker_line, handoff
+from . import broker_line, hand_on, handoff
 from .startup import CheckAtStart, start_problems
 
 logger = logging.getLogger(__name__)
@@ -106,9 +106,10 @@ def uses_limits(app: Any) -> bool:
 
 
 def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any],
-                   worker: str) -> int:
-    """Free the slots that run ``task_id`` of ``task`` holds through worker ``worker``,
-    once the processes holding them have exited.
+                   worker: str, token: Optional[str] = None) -> int:
+    """Free the slots that run ``task_id`` of ``task`` holds through worker ``worker``
+    (or, for a slot handed on to it, see :mod:`.hand_on`, under holder ``token``), once
+    the processes holding them have exited.
 
     Celery reports a hard time limit, and a terminating revoke, while the pool child may
     still be running (it is killed right after): freeing its slots then would let another
@@ -124,7 +125,7 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
     if not slot_keys:
         return 0
     client = redis_client(task._get_app(), settings)
-    prefix = owner_prefix(worker, task_id, this_start(worker))
+    prefix = token or owner_prefix(worker, task_id, this_start(worker))
 
     def free() -> int:
         return sum(free_owner_slots(task._get_app(), client, keys, prefix, limits.lease)
@@ -318,7 +319,8 @@ def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str
     if not worker or task is None:
         return
     try:
-        freed = free_run_slots(task, task_id, args, kwargs, worker)
+        freed = free_run_slots(task, task_id, args, kwargs, worker,
+                               token=hand_on.token_of(task_id))
     except Exception as exc:
         logger.warning("celery-redislock: could not free the slots of %s[%s] (%s): %s; they "
                        "come back when their leases end", task.name, task_id, why,
