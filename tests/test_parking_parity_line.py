@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, List
 
@@ -48,23 +49,39 @@ def ready(cluster: WorkerCluster, results: List[AsyncResult]) -> Callable[[], bo
     return done
 
 
+def _waited(result: AsyncResult) -> float:
+    """How long the lock store said a run had waited when it gave it up (s, 0.1 s)."""
+    found = re.search(r"waited (\d+\.\d) s parked", str(result.result))
+    assert found, result.result
+    return float(found.group(1))
+
+
 def test_max_wait_fails_parked_runs_on_time_with_the_line_long(start_cluster: Any) -> None:
     """One slot held longer than the max wait, 20 runs parked behind it: each fails with
-    LockWaitTimeout within about a poll of its deadline, none runs, the holder ends."""
+    LockWaitTimeout within about a poll of its deadline, none runs, the holder ends.
+    Each waiter is judged from its own send (its deadline counts from its first refusal,
+    after that) to its failure as the worker stored it: sending 20 runs on a loaded
+    machine takes a while, so the first ones are due before the last ones are sent."""
     cluster = start_cluster()
     record = record_store(cluster)
     task = cluster.app.tasks[WAITS]
     holder = task.delay(MAX_WAIT + 2.5, key="mw")
     wait_until(lambda: record.hexists("started", holder.id), TIMEOUT, "the holder's start")
-    sent = time.monotonic()
-    waiters = [task.delay(0.05, key="mw") for _ in range(20)]
-    time.sleep(MAX_WAIT * 0.7)  # the check: nothing gave up before its deadline
-    assert not any(result.ready() for result in waiters)
+    waiters, sent = [], []
+    for _ in range(20):
+        sent.append(time.time())  # the host's clock, as the worker's result date
+        waiters.append(task.delay(0.05, key="mw"))
     wait_until(ready(cluster, waiters), TIMEOUT, "the waiters' failures", interval=0.02)
-    took = time.monotonic() - sent
-    print(f"\n20 parked runs failed {took:.2f} s after they were sent (max wait {MAX_WAIT} s)")
     assert [type(r.result).__name__ for r in waiters] == ["LockWaitTimeout"] * len(waiters)
-    assert took < MAX_WAIT + 1.5
+    waited = [r.date_done.timestamp() - at for r, at in zip(waiters, sent)]
+    print(f"\n20 parked runs failed {min(waited):.2f}-{max(waited):.2f} s after each was sent "
+          f"(max wait {MAX_WAIT} s; the sends took {sent[-1] - sent[0]:.2f} s)")
+    assert min(waited) >= MAX_WAIT, waited  # none gave up before its deadline
+    # and the lock store gave each up at or past its deadline, counted on the server's
+    # clock from its first refusal ("waited 1.1 s parked behind ...")
+    told = [_waited(r) for r in waiters]
+    assert min(told) >= MAX_WAIT, told
+    assert max(waited) < MAX_WAIT + 1.5, waited
     assert [int(record.get(f"runs:{r.id}") or 0) for r in waiters] == [0] * len(waiters)
     wait_until(ready(cluster, [holder]), TIMEOUT, "the holder's end")
     assert holder.status == "SUCCESS"
