@@ -36,7 +36,7 @@ from celery import Celery
 
 from celery_redislock import LimitedTask
 from celery_redislock.admin.control import pause_key_of
-from celery_redislock.integration import gate
+from celery_redislock.integration import gate, main_process
 from celery_redislock.integration.signals import lock_contended, lock_released
 
 from fault_app import fault_recorder
@@ -159,7 +159,7 @@ def _kill_at_park(record: Any) -> None:
     node = os.environ.get(KILL_ENV)
     if not node:
         return
-    acknowledge = gate.end_unrun
+    acknowledge = main_process.end_unrun
 
     def end_unrun(request: Any) -> None:
         hostname = str(getattr(request, "hostname", "") or "")
@@ -168,6 +168,7 @@ def _kill_at_park(record: Any) -> None:
         acknowledge(request)
 
     gate.end_unrun = end_unrun  # type: ignore[assignment]
+    main_process.end_unrun = end_unrun  # type: ignore[assignment]  (after a park)
 
 
 #: The app of the worker processes (see :mod:`fault_app`).

@@ -130,6 +130,27 @@ def test_the_parking_line_does_not_import_celery() -> None:
     assert out == "[]"
 
 
+#: The modules that end a run with Celery's ``Ignore``: the interpreters of a waiting run
+#: in the worker's main process and in the process that runs it, and ``period`` (a run
+#: its ``lock_period`` drops or defers, ``Deferred``).
+ENDS_RUNS = {"integration/main_process.py", "integration/pool_process.py",
+             "integration/period.py"}
+
+
+def test_only_the_interpreters_end_a_run() -> None:
+    raising: List[str] = []
+    for _, path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Raise) or node.exc is None:
+                continue
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            name = exc.id if isinstance(exc, ast.Name) else getattr(exc, "attr", "")
+            where = path.relative_to(PACKAGE).as_posix()
+            if name in ("Ignore", "Deferred") and where not in ENDS_RUNS:
+                raising.append(f"{where}:{node.lineno}")
+    assert not raising, "Ignore raised outside the interpreters:\n" + "\n".join(raising)
+
+
 def test_the_public_names_are_all_importable() -> None:
     import celery_redislock
 

@@ -476,7 +476,7 @@ def test_the_original_is_acknowledged_only_once_its_copy_is_parked(
     from kombu.asynchronous import Hub
 
     from celery_redislock.engine.admission import ParkRef
-    from celery_redislock.integration import broker_line, gate
+    from celery_redislock.integration import broker_line, main_process
     from celery_redislock.integration.waiting import Parked
     from celery_redislock.integration.waiting_run import WaitingRun
     from celery_redislock.parking import Done, Outcome
@@ -486,7 +486,7 @@ def test_the_original_is_acknowledged_only_once_its_copy_is_parked(
                         jobs.append(on_done) or taken)
     hub, request = Hub(), _Request()
     parked = Parked(ParkRef("k", "1:1"), WaitingRun(attempts=1, park_id="1:1", line="k"), "k")
-    gate._park(type("Consumer", (), {"hub": hub})(), request, parked)
+    main_process.park(type("Consumer", (), {"hub": hub})(), request, parked)
     assert request.done == ([] if taken else after)  # nothing before the publish
     if taken:
         outcome = Outcome(True, "parked") if published else None

@@ -77,13 +77,21 @@ from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
 from ..engine.admission import Booked, Lease
 from ..engine.refusal import describe_error
-from . import broker_line, hand_on, handoff, parked_deadline
+from . import hand_on, handoff, parked_deadline
 from .attempt import ADMITTED, MAIN_RELEASES, PROMISED, task_settings
 from .decide import ROOM_POLL
 from .give_back import give_back_unstarted, release_for_pool
 from .hub_store import HubStore, hub_store
-from .main_process import MAIN_PROCESS_TIMEOUT, Asking, BeforePool, Later, ask_before_pool
-from .recovery import forget_copy, limits_of
+from .main_process import (
+    MAIN_PROCESS_TIMEOUT,
+    Asking,
+    BeforePool,
+    Later,
+    ask_before_pool,
+    end_unrun,
+    park,
+)
+from .recovery import limits_of
 from .task_context import context_of
 from .waiting import Parked
 from .waiting_run import carries_wait
@@ -317,13 +325,6 @@ def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Ho
     return _act_on_answer(consumer, request, handle, hold, limits, answer, ahead)
 
 
-def end_unrun(request: Any) -> None:
-    """Acknowledge ``request``, which ends here without running (sent back to wait,
-    parked, or served by another copy): the last step of its message in this worker."""
-    forget_copy(request)
-    request.acknowledge()
-
-
 def _store_of(consumer: Any, asking: Asking) -> Optional[HubStore]:
     """The connection on the worker's event loop to ask through; None: ask blocking."""
     if asking.attempt.setup.settings.gate != "async":
@@ -342,7 +343,7 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
             and not request.revoked() and _give_back_ahead(consumer, request, answer)):
         return _wait_for_room(consumer, request, handle, hold)
     if isinstance(answer, Parked):
-        return _park(consumer, request, answer)
+        return park(consumer, request, answer)
     if isinstance(answer, parked_deadline.GaveUpHere):  # it fails in the pool process
         answer.mark(request)
         answer = None
@@ -391,35 +392,6 @@ def _give_back_ahead(consumer: Any, request: Any, handed: Dict[str, Any]) -> boo
                       MAIN_PROCESS_TIMEOUT)
     return store is not None and store.give_back(
         handed, functools.partial(handoff.publish, request.task.app))
-
-
-def _park(consumer: Any, request: Any, parked: Parked) -> None:
-    """Publish ``request``'s parked copy on the mover's thread; the original is
-    acknowledged on the event loop once the copy is in its parking queue, never before
-    (a worker that dies between the two: the broker gives the original back, and its
-    reference tells it apart). Not published: the original goes back to its queue."""
-    forget_copy(request)
-    published = broker_line.hop(consumer.hub).on_loop(  # from the mover's thread
-        functools.partial(_after_park, request, parked))
-    if not broker_line.park(request.task.app, request.message, parked.ref, parked.wait,
-                            published):
-        _not_parked(request, parked, "the mover is full or stopped")
-
-
-def _after_park(request: Any, parked: Parked, done: Any) -> None:
-    """On the event loop, after the mover's publish of ``request``'s parked copy."""
-    if done.ok:
-        end_unrun(request)
-    else:
-        _not_parked(request, parked, repr(done.error or done.outcome))
-
-
-def _not_parked(request: Any, parked: Parked, why: str) -> None:
-    """The parked copy was not published: the original goes back to its queue (one
-    broker operation), to ask again; its reference names it anew then."""
-    logger.warning("celery-redislock: task %s[%s] could not be parked behind %r (%s); it "
-                   "goes back to its queue", request.task.name, request.id, parked.name, why)
-    request.reject(requeue=True)
 
 
 def _due_booking(consumer: Any, request: Any, hold: _Hold) -> Optional[Dict[str, Any]]:

@@ -7,7 +7,9 @@ and hands back the reply) and carries the decision out: a lease to hand to the p
 process, a hold (:class:`Later`), a park (:class:`~.waiting.Parked`: the gate publishes
 the copy, then acknowledges the original), a run that gave up waiting (it fails in the
 pool), or the end of this copy (``Ignore``: sent back to wait, served already, or
-following an earlier run of its task), after which the gate acknowledges its message.
+following an earlier run of its task), after which the gate acknowledges its message
+(:func:`end_unrun`). :func:`park` publishes a parked run's copy (on the mover's thread)
+and acknowledges the original once it is in its parking queue, never before.
 Nothing here blocks for longer than :data:`MAIN_PROCESS_TIMEOUT`, and after a failure
 of the lock store the main process asks no more for a while
 (:data:`MAIN_PROCESS_PAUSE_AFTER_ERROR`).
@@ -15,6 +17,7 @@ of the lock store the main process asks no more for a while
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ from . import broker_line, parked_deadline, pool_park
 from .attempt import Attempt, Setup, limit_names, outcome_time, short_wait_of
 from .decide import Action, End, Hold, Park, Run, SendBack, Situation, decide
 from .earlier_run import follows_on, look_at_earlier
+from .recovery import forget_copy
 from .store_errors import report_store_error
 from .waiting import Parked, parked, requeue, served
 
@@ -288,3 +292,39 @@ def _without_store(attempt: Attempt, args: Sequence[Any], kwargs: Mapping[str, A
 #: here, instead of a copy sent back with a countdown: a copy published and the original
 #: acknowledged is a window no reference tells apart).
 STORE_HOLD = 0.5
+
+
+def end_unrun(request: Any) -> None:
+    """Acknowledge ``request``, which ends here without running (sent back to wait,
+    parked, or served by another copy): the last step of its message in this worker."""
+    forget_copy(request)
+    request.acknowledge()
+
+
+def park(consumer: Any, request: Any, parked: Parked) -> None:
+    """Publish ``request``'s parked copy on the mover's thread; the original is
+    acknowledged on the event loop once the copy is in its parking queue, never before
+    (a worker that dies between the two: the broker gives the original back, and its
+    reference tells it apart). Not published: the original goes back to its queue."""
+    forget_copy(request)
+    published = broker_line.hop(consumer.hub).on_loop(  # from the mover's thread
+        functools.partial(_after_park, request, parked))
+    if not broker_line.park(request.task.app, request.message, parked.ref, parked.wait,
+                            published):
+        _not_parked(request, parked, "the mover is full or stopped")
+
+
+def _after_park(request: Any, parked: Parked, done: Any) -> None:
+    """On the event loop, after the mover's publish of ``request``'s parked copy."""
+    if done.ok:
+        end_unrun(request)
+    else:
+        _not_parked(request, parked, repr(done.error or done.outcome))
+
+
+def _not_parked(request: Any, parked: Parked, why: str) -> None:
+    """The parked copy was not published: the original goes back to its queue (one
+    broker operation), to ask again; its reference names it anew then."""
+    logger.warning("celery-redislock: task %s[%s] could not be parked behind %r (%s); it "
+                   "goes back to its queue", request.task.name, request.id, parked.name, why)
+    request.reject(requeue=True)
