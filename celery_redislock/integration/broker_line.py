@@ -5,7 +5,7 @@ parking queues (:mod:`.parking`) for the gate.
 * :func:`parks` says whether a run waits on this line: the setting, a worker with an
   event loop (the gate's main process; without one the process that runs it parks it,
   :mod:`.pool_park`); a run whose limits lie in several hash slots of a Redis Cluster
-  keeps today's line, said once in the log;
+  is sent back with a countdown (one copy, in no line), said once in the log;
 * :func:`prepare` is the admission's one script (a moved copy asks with its
   :class:`ParkRef`);
 * :func:`park` publishes a refused run's copy on this process's :class:`Mover`, then
@@ -18,10 +18,10 @@ parking queues (:mod:`.parking`) for the gate.
 * :class:`Poll`: each worker's main process asks the lock store every :data:`POLL`
   seconds for slots freed without a release (``due``) and moves what it owes.
 
-    >>> split([ParkedMove("k"), "message"])
-    (['message'], [ParkedMove(key='k', sub='')])
-    >>> split([b"!move 2 k"])  # a script's reply passed through as it came
-    ([], [ParkedMove(key='k', sub=''), ParkedMove(key='k', sub='')])
+    >>> moves_owed([ParkedMove("k")])
+    [ParkedMove(key='k', sub='')]
+    >>> moves_owed([b"!move 2 k"])  # a script's reply passed through as it came
+    [ParkedMove(key='k', sub=''), ParkedMove(key='k', sub='')]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import os
 import threading
 import weakref
 from dataclasses import replace
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set
 
 from celery.apps.worker import Worker as CommandWorker
 from celery.bootsteps import CLOSE, RUN, TERMINATE
@@ -61,8 +61,8 @@ from .waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["POLL", "ParkRef", "ParkedMove", "Poll", "hop", "leave_soon", "owe", "park",
-           "parked_ref", "parks", "prepare", "split", "started"]
+__all__ = ["POLL", "ParkRef", "ParkedMove", "Poll", "hop", "leave_soon", "moves_owed", "owe",
+           "park", "parked_ref", "parks", "prepare", "started"]
 
 #: How often (s) each worker's main process asks the lock store for moves owed.
 POLL = 0.2
@@ -199,16 +199,11 @@ def park(app: Any, message: Any, ref: ParkRef, wait: WaitingRun,
     return mover(app).park(copy, on_done)
 
 
-def split(handoffs: Iterable[Any]) -> Tuple[List[Any], List[ParkedMove]]:
-    """Messages to re-publish (today's line), and the moves owed (the parking line),
-    as :class:`ParkedMove` entries or as a script's raw ``"!move <n> <key>"`` entries
-    (the callers that pass a script's reply through: freeing a dead run's slots, an
-    operator's wake)."""
-    messages: List[Any] = []
-    moves: List[ParkedMove] = []
-    for handoff in handoffs_of(list(handoffs)):
-        (moves if isinstance(handoff, ParkedMove) else messages).append(handoff)
-    return messages, moves
+def moves_owed(handoffs: Iterable[Any]) -> List[ParkedMove]:
+    """The moves owed among ``handoffs``: :class:`ParkedMove` entries, or a script's raw
+    ``"!move <n> <key>"`` entries (the callers that pass a script's reply through:
+    freeing a dead run's slots, an operator's wake)."""
+    return [move for move in handoffs_of(list(handoffs)) if isinstance(move, ParkedMove)]
 
 
 def owe(app: Any, moves: Iterable[ParkedMove]) -> None:

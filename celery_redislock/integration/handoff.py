@@ -29,7 +29,7 @@ def publish(app: Any, moves: Iterable[Any]) -> int:
     :func:`.broker_line.owe`): :class:`~celery_redislock.engine.admission.ParkedMove`
     entries, or a script's raw ``"!move <n> <key>"`` entries. Returns how many moves
     were owed (the mover moves the parked runs)."""
-    _, owed = broker_line.split(moves)
+    owed = broker_line.moves_owed(moves)
     if owed:
         broker_line.owe(app, owed)
     return len(owed)
