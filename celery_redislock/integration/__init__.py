@@ -19,7 +19,8 @@ Where a Celery task meets the engine: :class:`~.task.LimitedTask` and
 =================  ===================================================================
 
 and the rest: ``waiting_run`` (the wait a message carries), ``pool_park``,
-``parked_deadline``, ``handoff``, ``hub_store`` (the worker's non-blocking connection),
+``parked_deadline``, ``handoff``, ``hand_on`` (a slot handed to the next run waiting
+in the same worker), ``hub_store`` (the worker's non-blocking connection),
 ``store_errors``, ``recovery`` (a lost run's slots), ``startup``, ``unique``,
 ``period``, ``task_context`` and ``signals``. Only the two interpreters end a waiting
 run with ``Ignore`` (``period`` ends a run its ``lock_period`` drops).
