@@ -86,6 +86,11 @@ def _starts(record) -> List[float]:
     return sorted(int(value) / 1e6 for value in record.hvals("started"))
 
 
+#: The queue ``test_rate_lowered_at_run_time_slows_starts_on_every_worker`` fills before
+#: the workers consume it, so that its backlog is whole when the first run starts.
+BACKLOG = "rated-backlog"
+
+
 @pytest.mark.slow
 def test_rate_lowered_at_run_time_slows_starts_on_every_worker(cluster: WorkerCluster) -> None:
     """A backlog runs at 20/s (no burst) on two workers; set_rate lowers it to 4/s: the
@@ -93,17 +98,24 @@ def test_rate_lowered_at_run_time_slows_starts_on_every_worker(cluster: WorkerCl
     booked before it, at most half a second ahead, keep their time) are spaced at least
     ~250 ms apart, whichever worker runs them. The spacing is judged by the
     admissions (server clock), as the limit decides them: a body records its start after
-    its run was handed to a pool process, later by however long that took."""
+    its run was handed to a pool process, later by however long that took.
+
+    The backlog is sent to a queue no worker consumes yet, and the workers are told to
+    consume it once it is whole: sent while they consume (30 sends took 1.3 s at load
+    ~16, as long as 26 starts at 20/s), most of it ran before the change."""
     task = cluster.app.tasks[RATED]
     record = record_store(cluster)
-    for _ in range(30):
-        task.delay()
+    for _ in range(40):
+        task.apply_async(queue=BACKLOG)
+    replies = cluster.app.control.add_consumer(BACKLOG, reply=True, timeout=20, limit=2)
+    assert len(replies) == 2, replies
     wait_until(lambda: record.hlen("started") >= 8, 30, "8 starts at 20/s")
     control.set_rate(cluster.app, RATED_KEY, "4/s")
     seconds, micros = cluster.redis.client().time()
     changed_at = seconds + micros / 1e6
+    started_then = record.hlen("started")
     wait_until(lambda: len([t for t in _starts(record) if t > changed_at + 1]) >= 7, 30,
-               "7 starts at the new rate")
+               f"7 starts at the new rate ({started_then} of 40 started at the change)")
     starts = _starts(record)
     before = [t for t in starts if t < changed_at]
     slow = [t for t in starts if t > changed_at + 1]
@@ -113,7 +125,8 @@ def test_rate_lowered_at_run_time_slows_starts_on_every_worker(cluster: WorkerCl
     hosts = {record.get(f"host:{task_id}") for task_id in record.hkeys("started")}
     print(f"\nstarts/s before {(len(before) - 1) / (before[-1] - before[0]):.1f}, "
           f"after lowering to 4/s {(len(slow) - 1) / (slow[-1] - slow[0]):.2f}; smallest gap "
-          f"after {min(gaps) * 1000:.0f} ms; workers {len(hosts)}")
+          f"after {min(gaps) * 1000:.0f} ms; workers {len(hosts)}; {started_then} of 40 started at "
+          "the change")
     assert min(b - a for a, b in zip(before, before[1:])) < 0.15  # faster than 4/s before
     assert len(slow_admitted) >= 2, admitted
     assert min(gaps) > 0.2, gaps  # 250 ms apart
