@@ -9,6 +9,7 @@ from typing import Any, Dict, List
 
 import pytest
 
+from celery_redislock.admin import control
 from celery_redislock.engine.admission import (
     Booked,
     Busy,
@@ -339,3 +340,81 @@ def test_acks_late_a_copy_run_again_parks_at_a_semaphore_and_runs_once_moved(
     assert moved.release() and holders[1].release()
     assert isinstance(park_admit(redis_client, both, lease=30, run="m1:0",
                                  parked=again.park, copy="c1"), Served)
+
+
+def _park_runs(client: Any, rate: List[RateLimit], count: int) -> Dict[str, Any]:
+    """One run admitted, then ``count`` runs parked with promised starts, by run."""
+    assert isinstance(rate_park_admit(client, rate, lease=5, run="p0:0"), Lease)
+    parks = {}
+    for i in range(1, count + 1):
+        outcome = rate_park_admit(client, rate, lease=5, run=f"p{i}:0")
+        assert isinstance(outcome, Busy) and outcome.park is not None
+        parks[f"p{i}:0"] = outcome.park
+    return parks
+
+
+def test_a_raised_rate_moves_the_parked_runs_earlier(redis_client: Any) -> None:
+    """2/s: ten runs parked with starts 0.5 s apart (the last 5 s away). Raised to 20/s
+    (set-rate), the poll owes most of them at once: their starts were re-planned to
+    0.05 s apart (before, the poll moved them at the old pace whatever the rate)."""
+    rate = [limit("raised", rate="2/s")]
+    _park_runs(redis_client, rate, 10)
+    control.set_rate(redis_client, "raised", "20/s")
+    moves = due_rate(redis_client, {rate[0].key: 10}, prefix=PREFIX)
+    assert len(moves) >= 6, moves
+    newcomer = rate_park_admit(redis_client, rate, lease=5, run="late:0")
+    assert isinstance(newcomer, Busy) and newcomer.retry_hint < 1.0  # behind the new line
+    control.clear_rate(redis_client, "raised")
+
+
+def test_a_lowered_rate_moves_the_parked_runs_later_in_order(redis_client: Any) -> None:
+    """20/s: five runs parked with starts 50 ms apart. Lowered to 2/s, the poll moves them
+    in their order at the new pace, each moved copy is admitted, and no two starts are
+    closer than the new interval (before, all five were moved at once and every copy
+    but one parked again, behind newcomers)."""
+    rate = [limit("lowered", rate="20/s")]
+    key = rate[0].key
+    parks = _park_runs(redis_client, rate, 5)
+    control.set_rate(redis_client, "lowered", "2/s")
+    order, starts = [], []
+    deadline = time.monotonic() + 10
+    while len(order) < 5:
+        assert time.monotonic() < deadline, f"moved {order}"
+        for _ in due_rate(redis_client, {key: 5 - len(order)}, prefix=PREFIX):
+            run = f"p{len(order) + 1}:0"
+            outcome = rate_park_admit(redis_client, rate, lease=5, run=run, parked=parks[run],
+                                      book_ms=500)  # moved up to the poll's lead early
+            assert isinstance(outcome, (Lease, Booked)), (run, outcome)
+            order.append(run)
+            starts.append(outcome.lease.acquired_at_ms if isinstance(outcome, Booked)
+                          else outcome.acquired_at_ms)
+        time.sleep(0.02)
+    assert [b - a for a, b in zip(starts, starts[1:])] == pytest.approx([500] * 4, abs=60)
+    control.clear_rate(redis_client, "lowered")
+
+
+def test_an_unchanged_rate_is_never_re_planned(redis_client: Any) -> None:
+    """3/s (an interval of a fraction of a µs more than 333,333): its line is planned in
+    whole µs, and asking or polling does not take that rounding for a change of rate."""
+    rate = [limit("thirds", rate="3/s")]
+    parks = _park_runs(redis_client, rate, 3)
+    due_rate(redis_client, {rate[0].key: 3}, prefix=PREFIX)
+    rate_park_admit(redis_client, rate, lease=5, run="p1:0", parked=parks["p1:0"])
+    assert redis_client.hget(rate[0].key + ":pn", "pm") is None
+
+
+def test_a_raised_rate_re_plans_a_line_of_runs_with_slots_too(redis_client: Any) -> None:
+    """A semaphore and a rate (2/s): six runs parked at the rate's line. Raised to 20/s,
+    the next admission re-plans the line (before any poll): a newcomer is promised a
+    start within a second, and the poll then owes most of the parked runs at once."""
+    both = [SlotLimit("mix-plan", 5, PREFIX), limit("mix-plan", rate="2/s")]
+    assert isinstance(park_admit(redis_client, both, lease=30, run="q0:0"), Lease)
+    for i in range(1, 7):
+        parked = park_admit(redis_client, both, lease=30, run=f"q{i}:0")
+        assert isinstance(parked, Busy) and parked.park is not None
+        assert parked.park.key == both[1].key
+    control.set_rate(redis_client, "mix-plan", "20/s")
+    newcomer = park_admit(redis_client, both, lease=30, run="q7:0")
+    assert isinstance(newcomer, Busy) and newcomer.retry_hint < 1.0
+    assert len(due_rate(redis_client, {both[1].key: 7}, prefix=PREFIX)) >= 5
+    control.clear_rate(redis_client, "mix-plan")

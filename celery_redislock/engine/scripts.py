@@ -100,10 +100,11 @@ _PLAIN = "_redislock_plain_scripts"
 #: Shared functions put in front of the scripts that hand out slots: the store's
 #: incarnation (store.lua), weighted holders (units.lua), the parked line (parking.lua,
 #: with its fair sub-lines: fair.lua, its weighted runs: parked_cost.lua, its companions'
-#: names: parked_names.lua, and its runs' deadlines: deadline.lua), then a semaphore's
-#: limit and its hand-over to its parked line (line.lua).
+#: names: parked_names.lua, a rate's line re-planned: rate_plan.lua, and its runs'
+#: deadlines: deadline.lua), then a semaphore's limit and its hand-over to its parked
+#: line (line.lua).
 LINE = ["store.lua", "units.lua", "fair.lua", "parked_cost.lua", "parked_names.lua", "parking.lua",
-        "deadline.lua", "line.lua"]
+        "rate_plan.lua", "deadline.lua", "line.lua"]
 
 #: The admissions by mode, over the same preludes (admit_args.lua: the arguments and
 #: replies; admit_semaphore.lua, admit_rates.lua: each kind of limiter): semaphores only,

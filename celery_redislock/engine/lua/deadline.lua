@@ -119,6 +119,7 @@ local function rate_gave_up(key, ref, interval, now_us)
   local fifo = parked_key(key, 'pq')
   local tail = tonumber(redis.call('LINDEX', fifo, -1) or '')
   if not tail then return end
+  tail = fifo_start(plan_map(key), tail)
   redis.call('LTRIM', fifo, 0, -2)
   local line = tonumber(redis.call('HGET', key, 'line') or '') or 0
   if line >= tail and line <= tail + interval + 1 then

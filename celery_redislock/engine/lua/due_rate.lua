@@ -1,5 +1,6 @@
 -- The poll of the rate limiters' parked lines (each worker, every ~200 ms): for each rate
--- key, the parked copies whose promised start is due within the lead are owed a move out
+-- key, the line is re-planned if an operator set the rate at run time (rate_plan.lua);
+-- the parked copies whose promised start is due within the lead are owed a move out
 -- of its parking queue (the heads of its FIFO of promised starts, rate_parked.lua); a
 -- parking queue that holds messages its FIFO does not know (the store lost its data, or
 -- copies were parked twice) for a while is given that many starts at the end of the
@@ -26,9 +27,9 @@ local out = {0}
 -- `interval` us), at the tail of its FIFO `fifo`.
 local function promise_starts(key, fifo, n, interval)
   local line = math.max(tonumber(redis.call('HGET', key, 'line') or '0') or 0, now_us)
-  local promises = {'RPUSH', fifo}
+  local promises, map = {'RPUSH', fifo}, plan_map(key)
   for _ = 1, n do
-    promises[#promises + 1] = string.format('%d', line)
+    promises[#promises + 1] = fifo_entry(map, line)
     line = line + interval
   end
   redis.call(unpack(promises))
@@ -42,10 +43,13 @@ for i = 1, N do
   local key = KEYS[i]
   local length = tonumber(ARGV[2 + i]) or -1
   local fifo, counts = parked_key(key, 'pq'), parked_key(key, 'pn')
+  local control = redis.call('HMGET', string.gsub(key, '}:r:', '}:cr:', 1), 'paused_until',
+                             'interval')
+  replan_rate(key, tonumber(control[2] or ''), now_us)  -- set-rate (rate_plan.lua)
   local interval = tonumber(redis.call('HGET', counts, 'iv') or '') or 0
   if interval <= 0 then interval = 1000000 end  -- never parked here: a start a second
   local held = tonumber(redis.call('HGET', counts, 'p') or '0') or 0
-  local pause = redis.call('HGET', string.gsub(key, '}:r:', '}:cr:', 1), 'paused_until')
+  local pause = control[1]
   if held > 0 and not pause_end(pause, now) then
     -- A pause ended: the runs parked during it are promised the starts at the line's end.
     local n = math.min(held, 1000)
@@ -53,10 +57,10 @@ for i = 1, N do
     redis.call('HINCRBY', counts, 'p', -n)
     held = held - n
   end
-  local heads = redis.call('LRANGE', fifo, 0, most - 1)
+  local heads, map = redis.call('LRANGE', fifo, 0, most - 1), plan_map(key)
   local due = 0
   for _, head in ipairs(heads) do
-    if tonumber(head) > now_us + lead then break end
+    if fifo_start(map, tonumber(head)) > now_us + lead then break end
     due = due + 1
   end
   if due > 0 then
@@ -65,6 +69,7 @@ for i = 1, N do
   end
   deadline_moves(key, now, out)
   local waiting = redis.call('LLEN', fifo) + held
+  if waiting == held then redis.call('HDEL', counts, 'pm') end  -- no entry to map
   local seen = tonumber(redis.call('HGET', counts, 'e') or '')
   if length > waiting and due == 0 then
     -- Messages no promise stands for: seen so for STALE_MS, they are promised starts at

@@ -47,6 +47,7 @@ local function read_rates(first, count, arg, run, now, now_us, copy)
     end
     local r = {key = key, base = interval, paused = pause_end(control[1], now)}
     r.interval, r.tolerance = interval * cost, tolerance - (cost - 1) * interval
+    replan_rate(key, interval, now_us)  -- a rate changed at run time (rate_plan.lua)
     local saved = redis.call('HMGET', key, 'tat', 'line')
     r.tat = math.max(tonumber(saved[1] or '0') or 0, now_us)
     r.line = math.max(tonumber(saved[2] or '0') or 0, now_us)
@@ -179,7 +180,7 @@ local function rates_park(rates, at, start, turn, run, keep, index, now, now_us,
   end
   write_ref(r.key, run, 'w', since, id, string.format('%d', start))
   local fifo = parked_key(r.key, 'pq')
-  redis.call(turn and 'LPUSH' or 'RPUSH', fifo, string.format('%d', start))
+  redis.call(turn and 'LPUSH' or 'RPUSH', fifo, fifo_entry(plan_map(r.key), start))
   keep_parked(fifo)
   if not turn then
     for _, o in ipairs(rates) do

@@ -68,6 +68,7 @@ if override and override > 0 then
   interval = override
 end
 
+replan_rate(key, interval, now_us)  -- a rate changed at run time (rate_plan.lua)
 local saved = redis.call('HMGET', key, 'tat', 'line')
 local tat = math.max(tonumber(saved[1] or '0') or 0, now_us)
 local line = math.max(tonumber(saved[2] or '0') or 0, now_us)
@@ -137,7 +138,7 @@ local function park(promise)
   parked_deadline(key, run, since, max_wait)
   write_ref(key, run, 'w', since, id, string.format('%d', promise))
   local fifo = parked_key(key, 'pq')
-  redis.call('RPUSH', fifo, string.format('%d', promise))
+  redis.call('RPUSH', fifo, fifo_entry(plan_map(key), promise))
   keep_parked(fifo)
   redis.call('ZADD', index, now, key)
   write_state({'line', string.format('%d', line)})
