@@ -3,6 +3,7 @@ per key, admissions per rate window, lost runs and repeated bodies by cause. Pur
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, List, Optional
 
 from history.checker import ACK_WINDOW, KILLED_BEFORE_ACK, OPEN, check, most_in_window
@@ -336,3 +337,21 @@ def test_a_lease_lost_is_a_defect_only_when_the_store_kept_its_data() -> None:
     assert check(events).defects() == []
     kept = check([*events, {"kind": "run", "t": 0, "persistence": "aof"}])
     assert kept.defects() == ["1 lease(s) lost though the lock store kept its data"]
+
+
+def test_the_served_line_is_read_where_the_package_writes_it(caplog: Any) -> None:
+    """The history's ``served`` events come from the package's DEBUG line: its logger
+    and its arguments are those the workers' filter reads."""
+    from celery.app.task import Context
+
+    from celery_redislock.integration.waiting import served
+
+    from history.app import ENDS_UNRUN_LOGGER, served_fields
+
+    class Task:
+        name = "history.slot.late"
+
+    with caplog.at_level(logging.DEBUG, logger=ENDS_UNRUN_LOGGER):
+        served(Task(), Context({"id": "t1"}), "slot:1")
+    [record] = [r for r in caplog.records if r.name == ENDS_UNRUN_LOGGER]
+    assert served_fields(record) == {"task": "t1", "key": "slot:1"}

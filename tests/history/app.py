@@ -18,7 +18,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from celery import Celery
 from celery import signals as celery_signals
@@ -196,11 +196,19 @@ class _EndsUnrun(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno > logging.DEBUG:
             return True
-        args = record.args if isinstance(record.args, tuple) else ()
-        if len(args) == 4 and args[2] == "served already":
-            recorder(self.url).event("served", task=str(args[1]), pid=os.getpid(),
-                                     key=str(args[3]))
+        fields = served_fields(record)
+        if fields is not None:
+            recorder(self.url).event("served", pid=os.getpid(), **fields)
         return False
+
+
+def served_fields(record: logging.LogRecord) -> Optional[Dict[str, str]]:
+    """The task and key of the package's DEBUG line that a run ends as served by another
+    copy (``waiting.served``), or None for any other line."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    if len(args) == 4 and args[2] == "served already":
+        return {"task": str(args[1]), "key": str(args[3])}
+    return None
 
 
 def _record_ends_unrun(urls: AppUrls) -> None:
