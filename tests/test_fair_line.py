@@ -65,10 +65,11 @@ def test_a_backlog_does_not_hold_back_other_tenants(start_cluster: Any) -> None:
 
 
 def test_a_low_priority_starts_within_the_aging_bound(start_cluster: Any) -> None:
-    """One slot, 0.1 s bodies; a steady stream of priority-5 runs, faster than they are
-    served; a priority-0 run sent 0.5 s in. Without aging it would start after
-    the stream; with 0.2 s per step it goes before every priority-5 run sent more than
-    5 x 0.2 = 1 s after it, so it starts once the older ones are served: within 3 s."""
+    """One slot, 0.1 s bodies; a steady stream of runs at priority 5, faster than they
+    are served; a run at priority 0 sent 0.5 s in (a Redis broker: message priorities
+    4 and 9, which wait as 9 - p). Without aging it would start after the stream; with
+    0.2 s per step it goes before every priority-5 run sent more than 5 x 0.2 = 1 s after
+    it, so it starts once the older ones are served: within 3 s, and not at once."""
     cluster = start_cluster()
     record = record_store(cluster)
     task = cluster.app.tasks[PRIO]
@@ -77,7 +78,7 @@ def test_a_low_priority_starts_within_the_aging_bound(start_cluster: Any) -> Non
 
     def stream() -> None:
         while not stop.is_set():
-            high.append(task.apply_async((0.1, "high"), priority=5))
+            high.append(task.apply_async((0.1, "high"), priority=4))
             time.sleep(0.07)
 
     sender = threading.Thread(target=stream)
@@ -85,19 +86,53 @@ def test_a_low_priority_starts_within_the_aging_bound(start_cluster: Any) -> Non
     try:
         time.sleep(0.5)
         sent = int(record.time()[0] * 1_000_000 + record.time()[1])
-        low = task.apply_async((0.1, "low"), priority=0)
+        low = task.apply_async((0.1, "low"), priority=9)
         wait_until(lambda: record.hget("started", low.id) is not None, 10.0, "the low run")
         time.sleep(1.0)  # the stream goes on after it
     finally:
         stop.set()
         sender.join()
-    waited = (int(record.hget("started", low.id)) - sent) / 1e6
+    low_start = int(record.hget("started", low.id))
+    waited = (low_start - sent) / 1e6
     starts = sorted(int(record.hget("started", r.id) or 0) for r in high)
-    after = sum(1 for start in starts if start > int(record.hget("started", low.id)))
-    print(f"\nthe low run started {waited:.2f} s after it was sent; {after} of "
-          f"{len(high)} high runs started after it (aging {PRIO_AGING} s per step)")
+    after = sum(1 for start in starts if start > low_start)
+    meanwhile = sum(1 for start in starts if sent < start < low_start)
+    print(f"\nthe low run started {waited:.2f} s after it was sent; {meanwhile} high runs "
+          f"started meanwhile, {after} of {len(high)} after it (aging {PRIO_AGING} s per step)")
     assert waited <= 3.0
+    assert meanwhile >= 3  # read higher first (9 - p), it would have gone next
     assert after > 0
+    assert max(peaks(record, "prio")) == 1
+
+
+def test_a_redis_message_priority_of_0_goes_first(start_cluster: Any) -> None:
+    """On a Redis broker (kombu serves a message priority of 0 first, and a message sent
+    without one carries 0): one slot held; 3 runs sent with priority 9, then 3 with 0 and
+    2 without: once the holder ends, the 5 of priority 0 start before the 3 of 9."""
+    from celery_redislock.engine.keys import semaphore_key
+    from celery_redislock.engine.parked_view import read_parked_lines
+
+    from cluster_checks import lock_store, server_time_us
+
+    cluster = start_cluster(workers=1)
+    record, store = record_store(cluster), lock_store(cluster)
+    task = cluster.app.tasks[PRIO]
+    holder = task.apply_async((3.0, "holder"))
+    wait_until(lambda: record.hget("started", holder.id) is not None, TIMEOUT, "the holder")
+    last = [task.apply_async((0.05, "last"), priority=9) for _ in range(3)]
+    first = [task.apply_async((0.05, "first"), priority=0) for _ in range(3)]
+    first += [task.apply_async((0.05, "first")) for _ in range(2)]
+    key = semaphore_key("prio", "redislock:")
+
+    def parked() -> int:
+        line = read_parked_lines(store, [key], server_time_us(store) // 1000).get(key)
+        return 0 if line is None else line.references_waiting
+
+    wait_until(lambda: parked() == 8, TIMEOUT, "8 runs parked")
+    assert record.hget("ended", holder.id) is None, "the holder ended before all parked"
+    results_of(cluster, [holder, *last, *first])
+    started = {r.id: int(record.hget("started", r.id)) for r in [*last, *first]}
+    assert max(started[r.id] for r in first) < min(started[r.id] for r in last)
     assert max(peaks(record, "prio")) == 1
 
 

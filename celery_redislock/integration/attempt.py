@@ -24,6 +24,7 @@ from ..config.settings import Settings, read_settings, redis_client
 from ..engine.admission import Lease, Outcome, admit, declare_longest_lease, owner_prefix
 from ..engine.parking import ParkAsk, run_id
 from . import broker_line, handoff
+from .priority import priority_of, serves_low_first
 from .recovery import longest_lease, this_start
 from .waiting import SHORT_WAIT
 from .waiting_run import WaitingRun
@@ -124,6 +125,8 @@ class Setup:
     #: How long a served reference of the parking line is kept (ms; see
     #: :func:`.broker_line.keep_served_ms`): read from the app's broker settings once.
     keep_served_ms: int
+    #: Its broker serves a message priority of 0 first (Redis; see :mod:`.priority`).
+    low_first: bool = False
     #: :meth:`parks`' last answer: for the limiters (the same list for every run of a
     #: task with constant limits), and whether the worker had an event loop.
     _parks: Dict[bool, Tuple[Sequence[Any], bool]] = field(
@@ -155,6 +158,7 @@ class Setup:
                 reserve_ms=handoff.reservation_ms(limits.lease),
                 publish=functools.partial(handoff.publish, task.app),
                 keep_served_ms=broker_line.keep_served_ms(task),
+                low_first=serves_low_first(task.app),
             )
         return setup
 
@@ -212,9 +216,11 @@ class Attempt:
             description=self.description, promises=self.promises, owner=self.owner,
             reserve_ms=self.reserve_ms, probe=probe, book_ms=book_ms))
 
-    def park_ask(self, book_ms: int = 0, priority: Optional[int] = None) -> ParkAsk:
-        """This run's ask of the parking line (:func:`.broker_line.prepare`)."""
+    def park_ask(self, book_ms: int = 0) -> ParkAsk:
+        """This run's ask of the parking line (:func:`.broker_line.prepare`), with its
+        priority (:func:`.priority.priority_of`)."""
         retry = self.setup.limits.retry
+        priority = priority_of(retry.priority, self.request, self.setup.low_first)
         return ParkAsk(lease=self.setup.limits.lease,
                        run=run_id(self.request.id, self.request.retries or 0),
                        parked=broker_line.parked_ref(self.waited),

@@ -104,7 +104,7 @@ def prepare(client: Any, limiters: Sequence[Any], ask: store.ParkAsk) -> Optiona
     (semaphores and rate limits, several rates, a cost above 1) is decided all or nothing
     in one script (``lua/parked_rates.lua``): a far start parks the run at its rate's
     line, promised that start, and it holds no slot while it waits. ``ask.priority``
-    (:func:`priority_of`): the band it waits in, higher first."""
+    (:func:`.priority.priority_of`): the band it waits in, higher first."""
     if parking_rate.rate_parks(client, limiters):
         return parking_rate.prepare_rate_admit(client, limiters, ask)
     return store.prepare_park_admit(client, limiters, replace(ask, park_paused=True))
@@ -113,22 +113,6 @@ def prepare(client: Any, limiters: Sequence[Any], ask: store.ParkAsk) -> Optiona
 def parked_ref(waited: WaitingRun) -> Optional[ParkRef]:
     """Where the copy carrying ``waited`` was parked (None: a copy never parked)."""
     return ParkRef(waited.line, waited.park_id) if waited.parked else None
-
-
-def priority_of(option: Optional[int], request: Any) -> Optional[int]:
-    """The priority a run waits with on the parked line: the task's ``lock_priority``
-    (``option``), else its message's ``priority`` property (as sent; higher first), else
-    None (no band: first come first served within its sub-line).
-
-        >>> class Request: delivery_info = {"priority": 3}
-        >>> priority_of(None, Request()), priority_of(7, Request()), priority_of(None, None)
-        (3, 7, None)
-    """
-    if option is not None:
-        return option
-    info = getattr(request, "delivery_info", None)
-    value = info.get("priority") if isinstance(info, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def parked_wait(waited: WaitingRun, ref: ParkRef, since: Optional[int]) -> WaitingRun:

@@ -185,10 +185,8 @@ class Asking:
         when it takes more than one (Redis Cluster): :meth:`blocking` then."""
         attempt = self.attempt
         if attempt.parking:
-            priority = broker_line.priority_of(attempt.setup.limits.retry.priority,
-                                               attempt.request)
             return broker_line.prepare(self.client, attempt.limiters,
-                                       attempt.park_ask(self.book_ms, priority))
+                                       attempt.park_ask(self.book_ms))
         return prepare_admit(
             self.client, attempt.limiters, lease=attempt.setup.limits.lease,
             description=attempt.description, promises=attempt.promises,

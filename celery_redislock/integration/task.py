@@ -63,7 +63,9 @@ class LimitedTask(Task):
                                across the keys this template gives the runs, e.g.
                                ``"tenant:{tenant}"`` (``redislock_line = "broker"``)
     ``lock_priority``          the band a run waits in on the parked line, 0 to 255,
-                               higher first (default None: the message's ``priority``)
+                               higher first (default None: the message's ``priority``
+                               in its broker's order: Redis serves 0 first, so p
+                               waits as 9 - p; see :mod:`.priority`)
     ``lock_priority_aging``    seconds of waiting worth one step of priority (default 10)
     ``lock_unique``            ``True``: while a task of the same key is queued or running,
                                ``delay()``/``apply_async()`` return its result instead of
