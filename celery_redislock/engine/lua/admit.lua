@@ -6,18 +6,11 @@
 -- admit_rate.lua: the same, without the other kind's code.
 
 -- Phase 1: look at every limiter; stop at the first one that refuses the run.
-local limiters = {}
-for i = 1, #KEYS do
-  local key, spec = KEYS[i], ARGV[3 + i]
-  local limiter, refusal
-  if string.sub(spec, 1, 1) == 's' then
-    limiter, refusal = read_semaphore(i, key, spec)
-  else
-    limiter, refusal = read_rate_limiter(i, key, spec)
-  end
-  if not limiter then return refusal end
-  limiters[i] = limiter
-end
+local limiters, refusal = read_all(function(i, key, spec)
+  if string.sub(spec, 1, 1) == 's' then return read_semaphore(i, key, spec) end
+  return read_rate_limiter(i, key, spec)
+end)
+if not limiters then return refusal end
 
 -- Phase 1b: every semaphore has a slot for the run; now the rate limiters.
 local rate_refusal = nil

@@ -68,6 +68,20 @@ local now, now_us = server_now()
 -- to text conversion (and '%.0f') takes the C library's slow floating-point path.
 local now_text = string.format('%d', now)
 
+-- Phase 1 of an admission: every limiter read by `reader(i, KEYS[i], ARGV[3+i])`
+-- (read_semaphore, read_rate_limiter, or one that picks by the spec's kind), which
+-- answers the limiter, or nil and the run's refusal. The limiters in order, or nil and
+-- the first refusal (the limiters after it are not read).
+local function read_all(reader)
+  local limiters = {}
+  for i = 1, #KEYS do
+    local limiter, refusal = reader(i, KEYS[i], ARGV[3 + i])
+    if not limiter then return nil, refusal end
+    limiters[i] = limiter
+  end
+  return limiters
+end
+
 local function number(value)
   return tonumber(value or '0') or 0
 end

@@ -4,12 +4,8 @@
 -- replies) and admit_rates.lua are put in front of this script when it is loaded.)
 
 -- Phase 1: read every rate limiter; stop at the first one that is paused.
-local limiters = {}
-for i = 1, #KEYS do
-  local limiter, refusal = read_rate_limiter(i, KEYS[i], ARGV[3 + i])
-  if not limiter then return refusal end
-  limiters[i] = limiter
-end
+local limiters, paused = read_all(read_rate_limiter)
+if not limiters then return paused end
 
 -- Phase 1b: does every rate limiter allow the run now? The first that does not refuses
 -- it (a promise, or a booked start).

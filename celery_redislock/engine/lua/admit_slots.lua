@@ -5,12 +5,8 @@
 -- when it is loaded.)
 
 -- Phase 1: look at every semaphore; stop at the first one that refuses the run.
-local limiters = {}
-for i = 1, #KEYS do
-  local limiter, refusal = read_semaphore(i, KEYS[i], ARGV[3 + i])
-  if not limiter then return refusal end
-  limiters[i] = limiter
-end
+local limiters, refusal = read_all(read_semaphore)
+if not limiters then return refusal end
 
 if probe then return reply(5, 0, 0, 0, 0, 0) end
 
