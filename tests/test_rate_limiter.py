@@ -7,6 +7,7 @@ import time
 import pytest
 
 from celery_redislock import LockConfigurationError, Rate, RateLimiter
+from celery_redislock.admin import control
 from celery_redislock.engine.admission import (
     Booked,
     Lease,
@@ -346,3 +347,35 @@ def test_a_booked_start_is_given_back_only_while_it_is_the_last_counted(redis_cl
     assert redis_client.hget(limit.key, "tat") == counted
     assert second.give_back()  # the last counted: given back
     assert first.give_back() is True  # now the last again
+
+
+
+def test_a_booked_start_given_back_under_a_raised_rate_gives_back_what_it_took(redis_client):
+    """A rate raised at run time (set-rate 4/s -> 20/s): a booked start counts one interval
+    of the new rate, and giving it back takes out that much, not the configured
+    interval: else the count would fall behind the start counted before it, and the next
+    run would start at once, closer to it than the rate allows."""
+    limit = RateLimit("given-back-raised", Rate.parse("4/s", burst=0), "redislock:")
+    control.set_rate(redis_client, "given-back-raised", "20/s")
+    assert isinstance(admit(redis_client, [limit], lease=5), Lease)
+    before = int(redis_client.hget(limit.key, "tat"))
+    booked = admit(redis_client, [limit], lease=5, book_ms=500)
+    assert isinstance(booked, Booked)
+    assert 0 <= int(redis_client.hget(limit.key, "tat")) - (before + 50_000) < 10
+    assert booked.give_back()
+    assert 0 <= int(redis_client.hget(limit.key, "tat")) - before < 10
+    assert isinstance(admit(redis_client, [limit], lease=5), RateLimited)
+
+
+def test_a_booked_start_given_back_under_a_lowered_rate_never_gives_back_more(redis_client):
+    """A rate lowered at run time (20/s -> 4/s), then a booked start given back: the
+    count never moves back past the start counted before it (the smaller of the two
+    intervals is given back: the booking may have been counted before the change)."""
+    limit = RateLimit("given-back-lowered", Rate.parse("20/s", burst=0), "redislock:")
+    control.set_rate(redis_client, "given-back-lowered", "4/s")
+    assert isinstance(admit(redis_client, [limit], lease=5), Lease)
+    before = int(redis_client.hget(limit.key, "tat"))
+    booked = admit(redis_client, [limit], lease=5, book_ms=500)
+    assert isinstance(booked, Booked)
+    assert booked.give_back()
+    assert int(redis_client.hget(limit.key, "tat")) >= before

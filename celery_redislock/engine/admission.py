@@ -673,6 +673,8 @@ class Booked:
     handoffs: List[Any] = field(default_factory=list, repr=False, compare=False)
     #: The rate limiter's count (its GCRA ``tat``, µs) as the booking left it.
     counted_until_us: int = 0
+    #: The run's cost in starts (a rate set at run time counts it in its own interval).
+    cost: int = 1
 
     def give_back(self) -> bool:
         """Give the booked start back (the run did not start on time); True if it was
@@ -680,7 +682,8 @@ class Booked:
         count could let a later start come too close to one counted after it; it is
         left unused). One script."""
         return bool(REFUND.run(self.lease._client, [self.key],
-                               [repr(self.interval_us), self.counted_until_us]))
+                               [repr(self.interval_us), self.counted_until_us,
+                                self.cost]))
 
 
 @dataclass(frozen=True)
@@ -770,7 +773,7 @@ def _admit_across_slots(client: Any, groups: List[List[Limiter]], token: str, le
                 for limiter in earlier_group:
                     if isinstance(limiter, RateLimit):
                         REFUND.run(client, [limiter.key],
-                                   [repr(limiter.start_us)])
+                                   [repr(limiter.start_us), "", limiter.cost])
             return outcome
         taken.append((group, outcome))
     if probe:
@@ -901,7 +904,7 @@ def _booked(limiter: Limiter, lease: Lease, wait_ms: int, counted_until_us: int,
     return Booked(lease=lease, key=limiter.key,
                   interval_us=limiter.start_us,
                   wait=max(0, wait_ms) / 1000.0, server_time_ms=now_ms, handoffs=handoffs,
-                  counted_until_us=counted_until_us)
+                  counted_until_us=counted_until_us, cost=limiter.cost)
 
 
 def _refusal(limiter: Limiter, status: int, now_ms: int, fields: Sequence[Any]) -> Outcome:

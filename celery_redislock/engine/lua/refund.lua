@@ -10,6 +10,15 @@
 --           taking it out of the count never lets a later start come closer than the
 --           rate allows to one counted after it; else nothing is written (the start
 --           is left unused)
+-- ARGV[3]   the run's cost in starts (1 if missing)
+--
+-- With a rate set at run time ('set-rate': the interval in the control hash '}:cr:'),
+-- the admission counted the run's cost in intervals of that rate, not ARGV[1]: the start
+-- given back is the smaller of the two, never more than was counted (a raised rate's
+-- start given back as the configured interval would take starts counted before it out
+-- of the count, and let the next runs start closer than the rate allows; with the rate
+-- changed again between the booking and this, the smaller is still no more than it took,
+-- unless the rate was raised and then lowered within that half second).
 --
 -- Returns 1 if a start was given back.
 
@@ -19,5 +28,11 @@ local tat = tonumber(redis.call('HGET', KEYS[1], 'tat') or '0') or 0
 if tat <= now_us then return 0 end
 local booked = tonumber(ARGV[2] or '')
 if booked and tat ~= booked then return 0 end
-redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', math.max(tat - tonumber(ARGV[1]), now_us)))
+local given = tonumber(ARGV[1])
+local control = (string.gsub(KEYS[1], '}:r:', '}:cr:', 1))
+local override = tonumber(redis.call('HGET', control, 'interval') or '')
+if override and override > 0 then
+  given = math.min(given, override * (tonumber(ARGV[3] or '') or 1))
+end
+redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', math.max(tat - given, now_us)))
 return 1
