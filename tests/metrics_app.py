@@ -41,8 +41,8 @@ FAIR = "metrics_app.fair"
 MAX_LIMIT_LABELS = 8
 
 #: Starts per second of :data:`RATED`, one interval apart (burst 0): slow enough that a
-#: run's start is further off than a worker process waits for one, so that the worker
-#: sends runs back to the queue (which the rate-limited metrics count).
+#: run's start is further off than the worker books one, so that runs park at the rate's
+#: line (which the rate-limited metrics count).
 RATE = 2
 
 FAST_RETRY: Dict[str, float] = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.2}

@@ -203,9 +203,9 @@ def test_signals_fire_with_their_documented_kwargs(cluster: WorkerCluster) -> No
     """Every signal, sent from the pool children of a real worker, with the kwargs that
     signals.py documents; and the contention log line names the task id and the key."""
     app = cluster.app
-    # Four rated runs while both pool processes are free: the two taken up first start
-    # at once and 1/RATE s later (a wait inside the process); the next one is promised a
-    # start further off than a process waits, so it is sent back (rate_limited).
+    # Four rated runs while both pool processes are free: the first starts at once, a
+    # run whose start is near is booked it, one promised a start further off parks at
+    # the rate's line (rate_limited, no countdown).
     rated = [app.tasks[RATED].delay() for _ in range(4)]
     first, second = (app.tasks[CONTENDED].delay(0.5) for _ in range(2))
     wait_for_results(cluster, [first, second, *rated])
@@ -242,7 +242,7 @@ def test_signals_fire_with_their_documented_kwargs(cluster: WorkerCluster) -> No
     assert {e["task_id"] for e in contended} == {waiter}
     for entry in contended:
         assert entry["key"] == CONTENDED
-        assert entry["countdown"] >= 0  # 0: parked on the parking line, no countdown
+        assert entry["countdown"] == 0  # parked: no countdown
         assert CONTENDED in entry["reason"]
     assert acquired[waiter]["waited"] > 0
     contention_lines = [line for line in cluster.logs().splitlines()
@@ -252,9 +252,9 @@ def test_signals_fire_with_their_documented_kwargs(cluster: WorkerCluster) -> No
     limited = by_signal["rate_limited"]
     assert limited and {e["sender"] for e in limited} == {RATED}
     assert all(e["key"] == RATED for e in limited)
-    # Sent back on the old line: a countdown and the start promised; parked: neither.
-    assert all((e["countdown"] > 0 and e["promise"] > 0)
-               or (e["countdown"] == 0 and e["promise"] is None) for e in limited)
+    # Parked (a rate's parking script answers a park, never a countdown): neither a
+    # countdown nor a promised start.
+    assert all(e["countdown"] == 0 and e["promise"] is None for e in limited)
 
     assert [(e["task_id"], e["lease_name"]) for e in by_signal["lease_lost"]] == [
         (lost.id, SHORT_LEASE)]
