@@ -44,8 +44,9 @@ logger = logging.getLogger(__name__)
 
 
 #: After the lock store failed the worker's main process, how long (s) it asks no more:
-#: runs are sent back to wait as if the store had failed them (or, with
-#: ``redislock_fail_open``, go to the pool).
+#: runs are held as if the store had failed them (parking line: :data:`STORE_HOLD`; a
+#: run that cannot park is sent back to wait), or, with ``redislock_fail_open``, go to
+#: the pool.
 MAIN_PROCESS_PAUSE_AFTER_ERROR = 5.0
 
 
