@@ -99,8 +99,10 @@ def test_the_main_process_takes_and_gives_back_each_slot_in_one_script_call(
     """A slot the worker's main process takes for a run goes with the request to a pool
     process, which runs under it as it stands (no adoption), and the main process gives
     it back with its next admission once the pool reports the run's end: one script
-    call per run (the admission), the release riding with the next one as two plain
-    commands. Every run runs once, every slot comes back."""
+    call per run at most (the admission), the release riding with the next one as two
+    plain commands; a slot handed on to the next run waiting in the worker (see
+    :mod:`celery_redislock.integration.hand_on`) costs neither. Every run runs once,
+    every slot comes back."""
     task = cluster.app.tasks[QUIET_SLEEP]
     record = record_store(cluster)
     with store_commands(cluster) as commands:
@@ -114,9 +116,10 @@ def test_the_main_process_takes_and_gives_back_each_slot_in_one_script_call(
 
     assert_each_ran_once(record, sent)
     scripts = sum(1 for words in commands if words and words[0].upper() == "EVALSHA")
-    # 40 admissions; a few more for probes of runs that waited for a pool process and
-    # for the workers' registrations (adopting each lease in its pool process made 80).
-    assert 40 <= scripts <= 50, f"{scripts} script calls for 40 runs"
+    # At most 40 admissions (fewer: slots handed on in the workers); a few more for
+    # probes of runs that waited for a pool process and for the workers' registrations
+    # (adopting each lease in its pool process made 80).
+    assert 1 <= scripts <= 50, f"{scripts} script calls for 40 runs"
     assert_no_lease_lost(cluster)
 
 
