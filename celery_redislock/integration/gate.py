@@ -38,7 +38,8 @@ their limits in the worker's main process, just before a request goes to the poo
   :data:`BOOKED_SLACK`; else it gives the start back and asks anew;
 * the lock store failed the main process: the run is sent back to wait for it, as its
   pool process would (fail-closed), and for 5 s the main process does not ask, so that
-  its event loop never stalls on a store that does not answer; with
+  its event loop never stalls on a store that does not answer (after a store's transient
+  answer, ``READONLY`` or ``LOADING``, 0.5 s, then 1 s, one ask at a time); with
   ``redislock_fail_open`` the run goes to the pool, which runs it without a slot if it
   cannot ask either;
 * a run that gave up waiting (``lock_max_wait``) goes to the pool, where its failure

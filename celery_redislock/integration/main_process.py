@@ -11,8 +11,7 @@ following an earlier run of its task), after which the gate acknowledges its mes
 (:func:`end_unrun`). :func:`park` publishes a parked run's copy (on the mover's thread)
 and acknowledges the original once it is in its parking queue, never before.
 Nothing here blocks for longer than :data:`MAIN_PROCESS_TIMEOUT`, and after a failure
-of the lock store the main process asks no more for a while
-(:data:`MAIN_PROCESS_PAUSE_AFTER_ERROR`).
+of the lock store the main process asks no more for a while (:class:`_Pause`).
 """
 
 from __future__ import annotations
@@ -43,14 +42,67 @@ from .waiting import Parked, parked, requeue, served
 logger = logging.getLogger(__name__)
 
 
-#: After the lock store failed the worker's main process, how long (s) it asks no more:
-#: runs are held as if the store had failed them (parking line: :data:`STORE_HOLD`; a
-#: run that cannot park is sent back to wait), or, with ``redislock_fail_open``, go to
-#: the pool.
+#: After the lock store could not be reached by the worker's main process, how long (s)
+#: it asks no more: runs are held as if the store had failed them (parking line:
+#: :data:`STORE_HOLD`; a run that cannot park is sent back to wait), or, with
+#: ``redislock_fail_open``, go to the pool. (A store that does not answer costs the
+#: blocking gate up to :data:`MAIN_PROCESS_TIMEOUT` of its event loop per ask.)
 MAIN_PROCESS_PAUSE_AFTER_ERROR = 5.0
 
+#: After the lock store answered with a transient error (``READONLY`` during a
+#: fail-over, ``LOADING``), the longest pause (s) between the main process's asks: it
+#: answered at once, so asking costs no stall; the pause starts at :data:`STORE_HOLD`
+#: and doubles with each ask that fails, up to this.
+PAUSE_AFTER_ANSWERED_ERROR = 1.0
 
-_main_process_skips_until = [float("-inf")]
+
+class _Pause:
+    """When the worker's main process may ask the lock store, after a transient error:
+    not before ``until``; then one ask at a time (a probe: the others are held until its
+    answer, or until it is overdue), with the pause after each failed probe doubled (see
+    :data:`PAUSE_AFTER_ANSWERED_ERROR`, :data:`MAIN_PROCESS_PAUSE_AFTER_ERROR`).
+
+        >>> pause = _Pause()
+        >>> pause.failed("readonly", now=0.0); pause.asks(now=0.4), pause.asks(now=0.5)
+        (False, True)
+        >>> pause.asks(now=0.6)  # the probe is in flight
+        False
+        >>> pause.failed("readonly", now=0.6); round(pause.until, 2)
+        1.55
+        >>> pause.answered(); pause.asks(now=0.7)
+        True
+    """
+
+    __slots__ = ("interval", "until")
+
+    def __init__(self) -> None:
+        self.until = float("-inf")
+        #: The pause after the next failure; 0: the store answered since the last one.
+        self.interval = 0.0
+
+    def asks(self, now: float) -> bool:
+        """Whether an ask may go now (after an error, it is the probe)."""
+        if now < self.until:
+            return False
+        if self.interval:
+            self.until = now + 2 * MAIN_PROCESS_TIMEOUT  # the probe's answer is due by then
+            self.interval = min(2 * self.interval, PAUSE_AFTER_ANSWERED_ERROR)
+        return True
+
+    def failed(self, kind: str, now: float) -> None:
+        """A transient error of ``kind`` (see :func:`~..engine.refusal.error_kind`)."""
+        self.interval = self.interval or STORE_HOLD
+        # Ends a little early: the held runs' timers (every STORE_HOLD) that fall due as
+        # it ends may fire a few ms early, and would wait for the next tick.
+        self.until = now - 0.05 + (MAIN_PROCESS_PAUSE_AFTER_ERROR if kind == "unreachable"
+                                   else self.interval)
+
+    def answered(self) -> None:
+        """The lock store answered: ask as before."""
+        self.until, self.interval = float("-inf"), 0.0
+
+
+_pause = _Pause()
 
 
 #: How long (s) the worker's main process waits for the lock store (to connect, or for
@@ -123,7 +175,7 @@ def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool =
     if not loop and pool_park.parks_here(setup.settings, setup.client, attempt.limiters):
         return None  # no event loop: it parks in the process (greenlet) that runs it
     attempt.parking = setup.parks(attempt.limiters, loop, task.name)
-    if time.monotonic() < _main_process_skips_until[0]:
+    if not _pause.asks(time.monotonic()):
         return _without_store(attempt, args, kwargs, None)
     asking = Asking(attempt, args, kwargs, room, may_wait)
     try:
@@ -204,6 +256,7 @@ class Asking:
     def answered(self, outcome: Any) -> BeforePool:
         """Decide on ``outcome`` and carry the decision out (see
         :func:`admit_before_pool`)."""
+        _pause.answered()
         try:
             return _ask_before_pool(self.attempt, self.args, self.kwargs, outcome,
                                     self.may_wait, self.short_wait, self.redelivered)
@@ -213,14 +266,17 @@ class Asking:
             return None
 
     def failed(self, exc: RedisError) -> BeforePool:
-        """The lock store failed the main process: the run is sent back to wait for it
-        (see :func:`_without_store`); a store that cannot be reached is not asked again
-        for :data:`MAIN_PROCESS_PAUSE_AFTER_ERROR`."""
+        """The lock store failed the main process: the run is held, or sent back to
+        wait for it (see :func:`_without_store`); after a transient error the store is
+        not asked again for a while (:class:`_Pause`)."""
         if is_transient(exc):
             # The worker's main process must not wait on a lock store that does not
-            # answer (a connect timeout stalls its event loop): for a while it asks no
-            # more.
-            _main_process_skips_until[0] = time.monotonic() + MAIN_PROCESS_PAUSE_AFTER_ERROR
+            # answer (a connect timeout stalls the blocking gate's event loop): for
+            # MAIN_PROCESS_PAUSE_AFTER_ERROR it asks no more; one that answered (READONLY,
+            # LOADING) is asked again sooner, one ask at a time.
+            _pause.failed(error_kind(exc), time.monotonic())
+        else:
+            _pause.answered()
         return _without_store(self.attempt, self.args, self.kwargs, exc)
 
 
