@@ -38,6 +38,8 @@ RECORD_URL_ENV = "REDISLOCK_TEST_RECORD_URL"
 #: A worker's ``redislock_line`` (unset: the package's default, ``"broker"``, its only
 #: value; see :func:`line_from_environment`).
 LINE_ENV = "REDISLOCK_TEST_LINE"
+#: Set to ``"0"``: the workers run with ``redislock_hand_on`` off (unset: the default, on).
+HAND_ON_ENV = "REDISLOCK_TEST_HAND_ON"
 
 #: Limit keys under which the tasks below record their runs.
 LIMITED_KEY = "limited"
@@ -194,6 +196,8 @@ def create_app(urls: AppUrls) -> Celery:
         worker_prefetch_multiplier=1,
     )
     line_from_environment(app)
+    if os.environ.get(HAND_ON_ENV) == "0":
+        app.conf.redislock_hand_on = False
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=LIMITED_SLEEP, lock_slots=2,
               **FAST_RETRY)

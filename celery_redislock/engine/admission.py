@@ -397,6 +397,15 @@ class Lease:
         self.handoffs.extend(handoffs_of(reply[1:]))
         return bool(int(reply[0]))
 
+    def release_unreserved(self) -> bool:
+        """:meth:`release`, reserving no freed slot for a parked line: the slot is simply
+        free, and the workers' poll hands it to the line (see ``due.lua``). For a process
+        that may not live to move the parked run (being killed), whose reservation would
+        otherwise keep the slot from everyone until it lapsed."""
+        for lease in (self, *self._parts):
+            lease._reserve_ms = 0
+        return self.release()
+
     def release_soon(self, on_handoffs: Callable[[List[Any]], None], *,
                      with_next_request: bool = False) -> None:
         """Give the slots back without waiting for Redis's answer where the answer is

@@ -78,6 +78,26 @@ def give_back(task: Any, lease: Lease, request: Any,
                      lease.name)
 
 
+def give_back_exiting(task: Any, lease: Lease, request: Any) -> None:
+    """Release ``lease`` now, reserving no slot for a parked line, for a run whose body
+    ``SystemExit`` ended: its process is exiting, or being killed (a hard time limit, a
+    terminating revoke: the pool sends SIGTERM, then SIGKILL 0.1 s later). A move out
+    of a parking queue owed to this process's mover could die with the process, and the
+    slot would stay reserved for the line, free for nobody, until the reservation lapsed
+    (:data:`~.handoff.RESERVATION`, 10 s); a slot simply freed is handed to the line by
+    the next poll of any worker (every :data:`~.broker_line.POLL` s). Should the process
+    be killed before the release is written, the worker's main process frees the slot
+    once the process is gone (:mod:`.recovery`)."""
+    lease_keeper().forget(lease)
+    try:
+        lease.release_unreserved()
+    except RedisError as exc:
+        logger.warning(
+            "celery-redislock: task %s[%s] could not release its slot of %r as its process "
+            "exits (%s); the worker frees it once the process is gone, or it comes back "
+            "when its lease ends", task.name, request.id, lease.name, describe_error(exc))
+
+
 def give_back_unstarted(task: Any, limits: TaskLimits, handed: Mapping[str, Any]) -> None:
     """Give back at once the lease the worker's main process was admitted to (``handed``,
     see :mod:`.main_process`) for a run that will not start after all (revoked

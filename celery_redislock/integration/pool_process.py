@@ -38,7 +38,7 @@ from .attempt import (
 )
 from .decide import Action, End, Hold, Park, Run, SendBack, Situation, WaitHere, decide
 from .earlier_run import follows_on, look_at_earlier
-from .give_back import give_back
+from .give_back import give_back, give_back_exiting
 from .store_errors import eager_store_error, report_store_error
 from .waiting import describe, parked, requeue, served
 from .waiting_run import WaitingRun, without_wait
@@ -220,12 +220,18 @@ def _run_holding(task: Any, request: Any, lease: Lease, body: Callable[[], Resul
             sender=task, task_id=request.id, lease=lease,
             waited=(lease.acquired_at_ms - since) / 1000.0 if since else 0.0,
         )
+    exiting = False
     try:
         return body()
+    except SystemExit:  # this process is being terminated, or exits
+        exiting = True
+        raise
     finally:
         if holds_slots:
             if publish is None:
                 lease_keeper().forget(lease)
+            elif exiting:
+                give_back_exiting(task, lease, request)
             else:
                 give_back(task, lease, request, publish)
             if signals.lock_released.receivers:
