@@ -49,6 +49,10 @@ RETRY = {"lock_retry_backoff": 0.05, "lock_retry_backoff_max": 0.5}
 #: the package's default).
 LINE_ENV = "REDISLOCK_HISTORY_LINE"
 
+#: The environment variable that gives the workers' app its ``redislock_gate`` (unset:
+#: the package's default).
+GATE_ENV = "REDISLOCK_HISTORY_GATE"
+
 #: Loggers whose debug lines the workers' logs keep: the parked line's poll says there
 #: why one of its rounds failed.
 DEBUG_LOGGERS = ("celery_redislock.integration.broker_line",)
@@ -86,12 +90,16 @@ def weight(cost: int) -> int:
     return cost
 
 
-def create_app(urls: AppUrls, line: Optional[str] = None) -> Celery:
+def create_app(urls: AppUrls, line: Optional[str] = None,
+               gate: Optional[str] = None) -> Celery:
     """The history app on ``urls``: every kind's two tasks, and the signals recorded;
-    ``redislock_line`` is ``line`` when given (else the package's default)."""
+    ``redislock_line`` is ``line`` and ``redislock_gate`` is ``gate`` when given (else
+    the package's defaults)."""
     app = Celery("history", broker=urls.broker, backend=urls.backend, set_as_current=False)
     if line:
         app.conf.redislock_line = line
+    if gate:
+        app.conf.redislock_gate = gate
     app.conf.update(
         redislock_url=urls.lock,
         broker_connection_retry_on_startup=True,
@@ -228,6 +236,7 @@ if BROKER_URL_ENV in os.environ:
 
 #: The app of the worker processes, which find the URLs in their environment.
 app: Optional[Celery] = (
-    create_app(AppUrls.from_environment(), os.environ.get(LINE_ENV) or None)
+    create_app(AppUrls.from_environment(), os.environ.get(LINE_ENV) or None,
+               os.environ.get(GATE_ENV) or None)
     if BROKER_URL_ENV in os.environ else None
 )

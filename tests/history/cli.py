@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from celery_redislock.config.settings import DEFAULT_LINE, LINES
+from celery_redislock.config.settings import DEFAULT_LINE, GATES, LINES
 
 from .checker import Verdict
 from .run import Options, Outcome, run
@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     parse.add_argument("--line", choices=(*LINES, "both"), default=DEFAULT_LINE,
                        help="the workers' redislock_line: where a refused run waits "
                             f"(default: the package's, {DEFAULT_LINE!r})")
+    parse.add_argument("--gate", choices=GATES, default=None,
+                       help="the workers' redislock_gate: how the main process asks the "
+                            "lock store (default: the package's)")
     parse.add_argument("--log-dir", type=Path, default=None,
                        help="keep the workers' logs here (else kept only on a defect)")
     return parse
@@ -76,9 +79,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log_dir = args.log_dir / name if args.log_dir else None
         outcome = run(Options(seed=seed, tasks=args.tasks, faults_for=args.faults_for,
                               persistence=mode, pool=args.pool, log_directory=log_dir,
-                              line=line))
+                              line=line, gate=args.gate))
         title = (f"history check: seed {seed}, lock store {mode}, {line} line, "
-                 f"{args.pool}")
+                 f"{outcome.facts['gate']} gate, {args.pool}")
         print(render(title, outcome.verdict, outcome.facts), flush=True)
         if outcome.log_directory:
             print(f"  workers' logs: {outcome.log_directory}", flush=True)

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 from celery import Celery
 
 from celery_redislock import Semaphore
-from celery_redislock.config.settings import DEFAULT_LINE
+from celery_redislock.config.settings import DEFAULT_LINE, Settings
 from celery_redislock.engine.parked_view import read_parked_lines
 from celery_redislock.parking.naming import PARKING_PREFIX
 
@@ -48,6 +48,8 @@ class Options:
     log_directory: Optional[Path] = None
     #: The workers' ``redislock_line``; None: the package's default.
     line: Optional[str] = None
+    #: The workers' ``redislock_gate``; None: the package's default.
+    gate: Optional[str] = None
 
 
 @dataclass
@@ -62,14 +64,14 @@ def run(options: Options) -> Outcome:
     started = time.monotonic()
     logs = options.log_directory or Path(tempfile.mkdtemp(prefix="history-logs-"))
     servers = Servers(options.persistence)
-    workers = Workers(servers.urls, logs, options.pool, line=options.line)
+    workers = Workers(servers.urls, logs, options.pool, line=options.line, gate=options.gate)
     try:
         record = Recorder(servers.urls.record)
         record.event("run", seed=options.seed, persistence=options.persistence,
                      pool=options.pool, tasks=options.tasks, faults_for=options.faults_for,
-                     line=line_of(options))
+                     line=line_of(options), gate=gate_of(options))
         workers.start()
-        app = create_app(servers.urls, options.line)
+        app = create_app(servers.urls, options.line, options.gate)
         sent = drive(options, app, servers, workers, record)
         settle(app, servers, workers, record, sent)
         dump_lock_store(servers.lock_client(), logs / "lock-store.txt")
@@ -79,7 +81,7 @@ def run(options: Options) -> Outcome:
         workers.stop()
         servers.stop()
     facts = {"seed": options.seed, "persistence": options.persistence, "pool": options.pool,
-             "line": line_of(options),
+             "line": line_of(options), "gate": gate_of(options),
              "faults for (s)": options.faults_for,
              "wall time (s)": round(time.monotonic() - started, 1)}
     kept = None
@@ -183,6 +185,11 @@ def dump_lock_store(lock: Any, path: Path) -> None:
         value = read(key) if read else "?"
         lines.append(f"{key.decode(errors='replace')} {kind} ttl={lock.pttl(key)} {value!r}")
     path.write_text("\n".join(lines) + "\n")
+
+
+def gate_of(options: Options) -> str:
+    """The gate the run's workers use: the option, else the package's default."""
+    return options.gate or Settings.gate
 
 
 def line_of(options: Options) -> str:

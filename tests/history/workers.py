@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .app import LINE_ENV
+from .app import GATE_ENV, LINE_ENV
 from worker_app import AppUrls
 from worker_cluster import TESTS_DIRECTORY, WorkerProcess
 
@@ -37,13 +37,17 @@ class Workers:
     """``count`` workers ``worker1``... of ``history.app`` with pool ``pool``."""
 
     def __init__(self, urls: AppUrls, log_directory: Path, pool: str = "prefork",
-                 count: int = 3, line: Optional[str] = None) -> None:
+                 count: int = 3, line: Optional[str] = None,
+                 gate: Optional[str] = None) -> None:
         self.pool = pool
         env = dict(os.environ)
         env.update(urls.environment())
         env.pop(LINE_ENV, None)
         if line:
             env[LINE_ENV] = line
+        env.pop(GATE_ENV, None)
+        if gate:
+            env[GATE_ENV] = gate
         paths = [str(TESTS_DIRECTORY), env.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
         env["PYTHONUNBUFFERED"] = "1"
