@@ -329,9 +329,10 @@ class ParkAsk:
     * ``book_ms`` (one rate limit alone): how far ahead the caller holds a run for the
       start booked for it (0: it parks);
     * ``copy``: a moved copy's id (the ``move`` of its wait header), for a task that
-      acknowledges late ("" otherwise): its claim, then its served reference, keeps it,
-      so that this very copy, given back by the broker after its worker died unacknowledged,
-      runs again (as Celery runs it), while another copy of the same move ends unrun.
+      late or early: its claim, then its served reference, keeps it, so that this very
+      copy asking again (its admission's reply lost, or given back by the broker
+      unacknowledged) runs again (as Celery runs it), while another copy of the same move
+      ends unrun.
 
         >>> ask = ParkAsk(lease=30, run=run_id("5f0c", 0), max_wait=600)
         >>> ask.keep_served_ms == KEEP_SERVED_MS, ask.parked is None

@@ -228,8 +228,7 @@ class Attempt:
                        keep_served_ms=self.setup.keep_served_ms, max_wait=retry.max_wait,
                        book_ms=book_ms, priority=priority,
                        priority_aging=retry.priority_aging,
-                       copy=self.waited.move if getattr(self.task, "acks_late", False)
-                       else "")
+                       copy=self.waited.move)
 
     def published(self, outcome: Any) -> Any:
         """``outcome``, the hand-offs it brings published."""

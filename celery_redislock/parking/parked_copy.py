@@ -157,8 +157,8 @@ def stamped(headers: Mapping[str, Any], move: str) -> Dict[str, Any]:
     copy about to be moved (a wait header that is not a dict is left as it is).
 
     Two copies of one run must never carry the same id unless one is the other given
-    back by the broker: under ``acks_late`` the lock store lets that one copy run again
-    after its worker died unacknowledged, and ends any other copy of the run unrun.
+    back by the broker: the lock store lets that one copy run again (its admission's
+    reply lost, or given back unacknowledged), and ends any other copy of the run unrun.
 
         >>> stamped({"redislock_wait": {"park_id": "1:2"}, "x": 1}, "m1")
         {'redislock_wait': {'park_id': '1:2', 'move': 'm1'}, 'x': 1}

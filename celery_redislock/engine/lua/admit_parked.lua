@@ -12,7 +12,7 @@
 -- ARGV[4]      the run: '<task id>:<attempt>'
 -- ARGV[5]      home: i of the semaphore whose parking queue this copy was moved out of,
 --              0 for a copy never parked
--- ARGV[6]      its park id ('' for none), then, under acks late, ' ' and the copy's id
+-- ARGV[6]      its park id ('' for none), then ' ' and the copy's id
 --              (a moved copy's: see parked_admit.lua's rerun_ref)
 -- ARGV[7]      how long a served reference is kept (ms): the broker's visibility timeout
 -- ARGV[8]      how long a slot handed to the line stays reserved (ms)

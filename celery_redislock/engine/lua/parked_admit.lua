@@ -64,8 +64,8 @@ local function claimed_again(l, run)
   end
 end
 
--- A served reference at `l` whose copy id is `copy` (acks late, not ''): the very copy
--- that ran, given back by the broker (its worker died before acknowledging it), runs
+-- A served reference at `l` whose copy id is `copy` (not ''): the very copy asking
+-- again (its admission's reply lost, or given back by the broker unacknowledged) runs
 -- again, as Celery runs it: read as claimed by a holder no longer live, under its park
 -- id `park_id`. A copy of another id (two copies of one move) stays stale.
 local function rerun_ref(l, copy, park_id)

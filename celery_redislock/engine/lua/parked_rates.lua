@@ -29,8 +29,8 @@
 -- A park at rate j answers {7, now, N + j, 0, wait_ms (-1: paused for ever), -1, park_id}.
 
 -- Read the R rate keys from KEYS[first] (their ARGV from `arg`) for `run`, this copy's
--- id `copy` ('' but under acks late). A reference served to this very copy (its worker
--- died unacknowledged) is a rerun's: the copy asks as a newcomer, and the reference is
+-- id `copy` ('' for none). A reference served to this very copy (its reply lost, or
+-- given back unacknowledged) is a rerun's: the copy asks as a newcomer, and the reference is
 -- served again once it is admitted, or dropped once it parks (keep_turn, rates_park).
 local function read_rates(first, count, arg, run, now, now_us, copy)
   local rates = {}

@@ -23,8 +23,8 @@
 -- KEYS[1]  the rate key R         KEYS[2]  the index of rate keys with a parked line
 -- ARGV[1]  the run '<task id>:<attempt>'
 -- ARGV[2]  the park id of a copy moved out of R's parking queue ('' for none), then,
---          under acks late, ' ' and the copy's id: a reference served to this very copy
---          (its worker died unacknowledged) lets it ask again as a newcomer
+--          ' ' and the copy's id: a reference served to this very copy (its reply
+--          lost, or given back unacknowledged) lets it ask again as a newcomer
 -- ARGV[3]  how long a served reference is kept (ms)
 -- ARGV[4]  how far ahead (ms) the caller takes a booked start (0: it does not hold runs)
 -- ARGV[5]  the rate's interval (us)      ARGV[6]  its tolerance (us: burst x interval)
