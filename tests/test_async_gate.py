@@ -1,4 +1,4 @@
-"""End to end: ``redislock_gate = "async"`` (experimental), admissions sent from the
+"""End to end: ``redislock_gate = "async"`` (the default), admissions sent from the
 worker's main process on a connection its event loop drives (see
 :mod:`celery_redislock.integration.hub_store`), with real prefork workers of
 :mod:`gate_app`.

@@ -99,7 +99,7 @@ def test_a_failure_answers_everything_queued_or_in_flight() -> None:
     assert line.queue(b"c", got.append, ask=True, now=1.0)  # nothing in flight now
 
 
-@pytest.mark.parametrize("value, expected", [(None, "blocking"), ("blocking", "blocking"),
+@pytest.mark.parametrize("value, expected", [(None, "async"), ("blocking", "blocking"),
                                              ("async", "async")])
 def test_the_gate_setting(value: Any, expected: str) -> None:
     app = Celery(set_as_current=False)

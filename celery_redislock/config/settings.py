@@ -36,10 +36,11 @@
                            one lock-store request less per run, for throughput-bound
                            apps of very short tasks (see docs/benchmarks.md).
 ``redislock_gate``         How the worker's main process asks the lock store before the
-                           pool: ``"blocking"`` (the default) waits for each answer (at
-                           most 1 s); ``"async"`` (experimental) sends the admissions on
-                           a connection driven by the worker's event loop, batched, and
-                           never waits (prefork and solo pools; others ask blocking).
+                           pool: ``"async"`` (the default) sends the admissions on a
+                           connection driven by the worker's event loop, batched, and
+                           never waits (prefork and solo pools with a ``redis://`` or
+                           ``unix://`` store; others ask blocking); ``"blocking"`` waits
+                           for each answer (at most 1 s).
 ``redislock_hand_on``      ``True`` (the default): with admission before the pool, a
                            worker hands the uncontended slot of a run that ended to its
                            next run of the same slots-only limits waiting for a pool
@@ -108,7 +109,7 @@ class Settings:
     #: ``redislock_admit_before_pool``: limits asked in the worker's main process.
     admit_before_pool: bool = True
     #: ``redislock_gate``: ``"blocking"`` or ``"async"`` (see :data:`GATES`).
-    gate: str = "blocking"
+    gate: str = "async"
     #: ``redislock_line``: ``"broker"`` (see :data:`LINES`).
     line: str = DEFAULT_LINE
     #: ``redislock_hand_on``: an ended run's slot handed on in the worker (see
@@ -167,7 +168,7 @@ GATES = ("blocking", "async")
 
 def _gate(conf: Any) -> str:
     """``redislock_gate``: one of :data:`GATES`."""
-    value = conf.get("redislock_gate", "blocking")
+    value = conf.get("redislock_gate", Settings.gate)
     if value not in GATES:
         raise LockConfigurationError(
             f"setting redislock_gate must be 'blocking' or 'async', not {value!r}")

@@ -1,5 +1,5 @@
 """The lock store as an event loop sees it: script calls that never block the loop
-(the worker's ``redislock_gate = "async"``, experimental).
+(the worker's ``redislock_gate = "async"``, the default).
 
 A :class:`HubStore` is one connection to the lock store, driven by an event loop with
 the interface of kombu's ``Hub`` (``add_reader``, ``add_writer``, ``remove``,

@@ -45,7 +45,7 @@ their limits in the worker's main process, just before a request goes to the poo
 * a run that gave up waiting (``lock_max_wait``) goes to the pool, where its failure
   is stored as the task's (:func:`~.pool_process.run_limited`).
 
-With ``redislock_gate = "async"`` (experimental) the admission is not waited for: it is
+With ``redislock_gate = "async"`` (the default) the admission is not waited for: it is
 sent on a connection the worker's event loop drives (:mod:`.hub_store`), and its reply,
 or its failure (no reply within :data:`~.main_process.MAIN_PROCESS_TIMEOUT`: the store
 failed, as above), comes back through :func:`_settle` to the same decision and actions.

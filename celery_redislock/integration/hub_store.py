@@ -1,5 +1,5 @@
 """The worker's connections to the lock store on its event loop (``redislock_gate =
-"async"``, experimental): one :class:`~..engine.hub_store.HubStore` per worker (its
+"async"``, the default): one :class:`~..engine.hub_store.HubStore` per worker (its
 consumer) and lock store, on the consumer's ``Hub``, made on first use.
 
 Only the prefork and solo pools, with an event loop, and a plain ``redis://`` or
@@ -60,6 +60,6 @@ def hub_store(consumer: Any, client: Any, deadline: float) -> Optional[HubStore]
         return None
     store = stores[id(client)] = HubStore(consumer.hub, client, deadline)
     logger.info("celery-redislock: the worker's main process asks the lock store without "
-                "blocking (redislock_gate = 'async', experimental)")
+                "blocking (redislock_gate = 'async')")
     return store
 
