@@ -292,9 +292,11 @@ class HubStore:
 
 class _ScriptReply:
     """What :meth:`HubStore.run_script` does with the reply to its ``EVALSHA``: hand it
-    to ``then``, or on ``NOSCRIPT`` send the script whole, once. (An object, not a
-    closure that names itself: such a closure is a reference cycle, which would keep
-    everything its caller's callback refers to until the garbage collector runs.)"""
+    to ``then``, or on ``NOSCRIPT`` send the script whole; on Redis before 7, whose
+    compiler refuses the ``#!lua`` flags line, once more without it (twice at most:
+    ``eval_again`` answers None once the plain form failed). (An object, not a closure
+    that names itself: such a closure is a reference cycle, which would keep everything
+    its caller's callback refers to until the garbage collector runs.)"""
 
     __slots__ = ("args", "keys", "script", "sent_whole", "store", "then")
 
@@ -302,15 +304,16 @@ class _ScriptReply:
                  args: Sequence[Any], then: Then) -> None:
         self.store, self.script, self.keys, self.args, self.then = (
             store, script, keys, args, then)
-        self.sent_whole = False
+        self.sent_whole = 0  # times the script was sent whole
 
     def __call__(self, reply: Any) -> None:
         if isinstance(reply, ErrorReply):
             store = self.store
-            again = None if self.sent_whole else self.script.eval_again(store.client, reply)
+            again = (None if self.sent_whole >= 2
+                     else self.script.eval_again(store.client, reply))
             if again is None:
                 return self.then(ResponseError(str(reply)))
-            self.sent_whole = True
+            self.sent_whole += 1
             return store.send(pack(*again, len(self.keys), *self.keys, *self.args), self)
         if isinstance(reply, BaseException) and not isinstance(reply, RedisError):
             reply = ConnectionError(f"the lock store failed: {reply!r}")
