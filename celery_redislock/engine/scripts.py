@@ -100,11 +100,11 @@ _PLAIN = "_redislock_plain_scripts"
 #: Shared functions put in front of the scripts that hand out slots: the store's
 #: incarnation (store.lua), weighted holders (units.lua), the parked line (parking.lua,
 #: with its fair sub-lines: fair.lua, its weighted runs: parked_cost.lua, its companions'
-#: names: parked_names.lua, a rate's line re-planned: rate_plan.lua, and its runs'
-#: deadlines: deadline.lua), then a semaphore's limit and its hand-over to its parked
-#: line (line.lua).
+#: names: parked_names.lua, its references' claims: parked_claims.lua, a rate's line
+#: re-planned: rate_plan.lua, and its runs' deadlines: deadline.lua), then a semaphore's
+#: limit and its hand-over to its parked line (line.lua).
 LINE = ["store.lua", "units.lua", "fair.lua", "parked_cost.lua", "parked_names.lua", "parking.lua",
-        "rate_plan.lua", "deadline.lua", "line.lua"]
+        "parked_claims.lua", "rate_plan.lua", "deadline.lua", "line.lua"]
 
 #: The admissions by mode, over the same preludes (admit_args.lua: the arguments and
 #: replies; admit_semaphore.lua, admit_rates.lua: each kind of limiter): semaphores only,
@@ -129,9 +129,11 @@ FOLLOW = LuaScript.load("follow.lua", after=["units.lua", "line.lua"], flags="no
 ADOPT = LuaScript.load("adopt.lua", after=["units.lua", "parked_names.lua"])
 #: The parked line (parking.lua; see :mod:`.parking`).
 ADMIT_PARKED = LuaScript.load("admit_parked.lua",
-                              after=[*LINE, "parked_admit.lua", "parked_rates.lua"])
+                              after=[*LINE, "parked_admit.lua", "parked_rates.lua",
+                                     "parked_args.lua"])
 DUE = LuaScript.load("due.lua", after=LINE)
-PARKED = ["units.lua", "fair.lua", "parked_cost.lua", "parked_names.lua", "parking.lua"]
+PARKED = ["units.lua", "fair.lua", "parked_cost.lua", "parked_names.lua", "parking.lua",
+          "parked_claims.lua"]
 MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=PARKED)
 STARTED = LuaScript.load("started.lua", after=PARKED)
 LEAVE_PARKED = LuaScript.load("leave_parked.lua", after=LINE)
