@@ -17,7 +17,12 @@ line; a global cap of ``--slots`` served round-robin across tenants, ``fair_by``
   tenant's time from its send to its last run's end, over its fair-share time
   (``each x seconds x active tenants / slots``; the issue asks <= 2), and the global
   slots' utilisation while runs wait (busy slot-time over slots x span, from the first
-  other tenant's send to the last one's end; the issue asks >= 0.97);
+  other tenant's send to the last one's end; the issue asks >= 0.97), and each hand-off
+  in that span (a body's end to the next start in the slot it freed) split into its
+  parts (``handoff``: ms, median and mean; :func:`handoff_parts`), from the workers'
+  trace files: the end to the release, the move taken up and done by the releasing
+  process's mover, the copy received by a worker's main process, admitted (the lock
+  store's clock), reaching a pool process, its body's start;
 * **weights**: tenants ``a`` (weight 3) and ``b`` (weight 1), ``--weighted`` runs each
   parked, then drained: ``a``'s share of the starts while both wait (0.75 exact), and
   in each full ``--window`` s of that time (``--weighted 2000``: over a minute);
@@ -33,6 +38,7 @@ Run from the repository root::
 
     python -m benchmarks.bench_fair_share
     python -m benchmarks.bench_fair_share --backlog 10000 --others 20 --each 5 --weighted 2000
+    REDISLOCK_BENCH_GATE=blocking python -m benchmarks.bench_fair_share --phases backlog
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ from .common import command_usec, markdown_table, write_json
 
 APP = "benchmarks.fair_share_app"
 
-Run = Tuple[str, int, int, int]  # tenant, n, start µs, end µs
+Run = Tuple[str, int, int, int, str]  # tenant, n, start µs, end µs, task id
 
 
 def _root(url: str) -> str:
@@ -80,6 +86,8 @@ class Cluster:
 
     def __init__(self, args: argparse.Namespace, log_dir: Path, name: str) -> None:
         self.args, self.log_dir, self.name = args, log_dir, name
+        self.trace_dir = log_dir / f"{name}-trace"
+        self.trace_dir.mkdir(parents=True, exist_ok=True)
 
     def __enter__(self) -> Cluster:
         self.broker_server, self.lock_server = RedisServer(), RedisServer()
@@ -88,7 +96,8 @@ class Cluster:
         env = {**os.environ, "REDISLOCK_BENCH_BROKER_URL": f"{broker}/0",
                "REDISLOCK_BENCH_LOCK_URL": f"{lock}/0",
                "REDISLOCK_BENCH_RECORD_URL": f"{broker}/2",
-               "REDISLOCK_BENCH_SLOTS": str(self.args.slots)}
+               "REDISLOCK_BENCH_SLOTS": str(self.args.slots),
+               "REDISLOCK_BENCH_TRACE_DIR": str(self.trace_dir)}
         os.environ.update(env)
         from . import fair_share_app  # the sender's app: made again on this phase's URLs
         self.bench = importlib.reload(fair_share_app)
@@ -125,8 +134,19 @@ class Cluster:
     def runs(self) -> List[Run]:
         found = []
         for value in self.records.lrange(self.bench.RUNS, 0, -1):
-            tenant, n, start, end = value.decode().split()
-            found.append((tenant, int(n), int(start), int(end)))
+            tenant, n, start, end, task_id = value.decode().split()
+            found.append((tenant, int(n), int(start), int(end), task_id))
+        return found
+
+    def traces(self) -> Dict[str, Dict[str, int]]:
+        """Each task id's events (the latest of each kind) from the workers' trace files."""
+        found: Dict[str, Dict[str, int]] = {}
+        for path in self.trace_dir.glob("*.trace"):
+            for line in path.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 3:
+                    events = found.setdefault(parts[1], {})
+                    events[parts[0]] = max(events.get(parts[0], 0), int(parts[2]))
         return found
 
     def wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -141,8 +161,49 @@ class Cluster:
 
 def busy_share(runs: Sequence[Run], start: int, end: int, slots: int) -> float:
     """Busy slot-time of ``runs`` within [start, end] over slots x (end - start)."""
-    busy = sum(max(0, min(e, end) - max(s, start)) for _, _, s, e in runs)
+    busy = sum(max(0, min(e, end) - max(s, start)) for _, _, s, e, _ in runs)
     return busy / (slots * (end - start))
+
+
+#: The parts of a hand-off, in order: each from the previous event (the first from the
+#: freed slot's body end) to this one (see :func:`handoff_parts`).
+PARTS = ("released", "movestart", "moved", "received", "admitted", "prerun", "start")
+
+
+def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start: int,
+                  end: int, slots: int) -> Dict[str, Any]:
+    """The hand-offs within [start, end], each split into its parts (ms, median and
+    p90): the (slots + i)-th start takes the slot the i-th end freed: from that body's
+    end to its release (the pool process gave the slot back), to the next run's
+    delivery to a worker's main process (the move out of the parking queue, the
+    broker), to its admission (the lock store's clock), to a pool process, to its
+    body's start. Gaps whose events are missing count in the whole only."""
+    ended = sorted(runs, key=lambda r: r[3])
+    started = sorted(runs, key=lambda r: r[2])
+    gaps: List[float] = []
+    parts: Dict[str, List[float]] = {name: [] for name in PARTS}
+    for index in range(len(runs) - slots):
+        freed, taker = ended[index], started[slots + index]
+        if not start <= freed[3] <= end:
+            continue
+        gaps.append((taker[2] - freed[3]) / 1000)
+        mine, theirs = traces.get(freed[4], {}), traces.get(taker[4], {})
+        times = [freed[3], mine.get("released"), mine.get("movestart"), mine.get("moved"),
+                 theirs.get("received"),
+                 theirs.get("admitted"), theirs.get("prerun"), taker[2]]
+        if all(t is not None for t in times):
+            for name, (a, b) in zip(PARTS, zip(times, times[1:])):
+                parts[name].append((b - a) / 1000)  # type: ignore[operator]
+
+    def q(values: List[float], at: float) -> Optional[float]:
+        return sorted(values)[int(at * (len(values) - 1))] if values else None
+
+    return {"handoffs": len(gaps), "gap_ms_p50": q(gaps, 0.5), "gap_ms_p90": q(gaps, 0.9),
+            "gap_ms_mean": sum(gaps) / len(gaps) if gaps else None,
+            "split": len(parts["start"]),
+            **{f"to_{name}_ms_p50": q(v, 0.5) for name, v in parts.items()},
+            **{f"to_{name}_ms_mean": sum(v) / len(v) if v else None
+               for name, v in parts.items()}}
 
 
 def backlog_phase(args: argparse.Namespace, log_dir: Path) -> Dict[str, Any]:
@@ -165,6 +226,7 @@ def backlog_phase(args: argparse.Namespace, log_dir: Path) -> Dict[str, Any]:
         cluster.wait(lambda: sum(1 for r in cluster.runs() if r[0] in others) >= want,
                      args.timeout, "the other tenants' runs")
         runs = cluster.runs()
+        traces = cluster.traces()
         known.update(tenants_known(cluster))
     active = len(others) + 1
     fair_us = args.each * args.seconds * active / args.slots * 1e6
@@ -180,6 +242,7 @@ def backlog_phase(args: argparse.Namespace, log_dir: Path) -> Dict[str, Any]:
             "backlog_runs_meanwhile": sum(1 for r in runs if r[0] == "big"
                                           and r[2] >= sent_us and r[3] <= end),
             "utilisation": busy_share(runs, sent_us, end, args.slots),
+            "handoff": handoff_parts(runs, traces, sent_us, end, args.slots),
             "fifo_would_be_s": args.backlog * args.seconds / args.slots}
 
 
@@ -408,6 +471,12 @@ def report(data: Dict[str, Any]) -> str:
             f"{b['backlog_runs_meanwhile']} of the backlog's runs ended meanwhile; "
             f"utilisation of the global slots while runs waited "
             f"{b['utilisation']:.3f} (the issue asks >= 0.97).\n")
+        h = b["handoff"]
+        if h["split"]:
+            parts.append(f"Hand-offs: {h['handoffs']}, gap median {h['gap_ms_p50']:.1f} ms, "
+                         f"mean {h['gap_ms_mean']:.1f} ms; its parts' means (ms): " + ", ".join(
+                             f"→ {name} {h[f'to_{name}_ms_mean']:.2f}" for name in PARTS)
+                         + ".\n")
     w = data.get("weights")
     if w:
         parts.append(f"Weights 3 : 1, {w['weighted']} runs each: tenant a had "

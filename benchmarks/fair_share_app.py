@@ -5,19 +5,29 @@ sender, on the parking line (``redislock_line = "broker"``).
 ``REDISLOCK_BENCH_RECORD_URL`` records, ``REDISLOCK_BENCH_SLOTS`` the global cap. One
 task, ``bench.fair.work(tenant, seconds, n)``: at most ``SLOTS`` at once over every
 tenant, its line served round-robin across tenants (``fair_by``); each body pushes
-``"<tenant> <n> <start µs> <end µs>"`` (the records server's clock) to ``bench:fair:runs``.
+``"<tenant> <n> <start µs> <end µs> <task id>"`` (the records server's clock) to
+``bench:fair:runs``.
+
+With ``REDISLOCK_BENCH_TRACE_DIR`` set, each worker process also appends to a file of
+its own there, one line per event, ``"<event> <task id> <µs>"`` (the machine's clock,
+the one the records server reads): ``received`` (the worker's main process has the
+delivery), ``admitted`` (the lock store's time of the admission), ``prerun`` (a pool
+process has it), ``released`` (the pool process gave the slot back, after the body):
+the parts of each hand-off (see ``bench_fair_share.handoff_parts``).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import redis
 from celery import Celery
+from celery.signals import task_prerun, task_received
 
 from celery_redislock import LimitedTask
+from celery_redislock.integration.signals import lock_released
 
 BROKER_ENV = "REDISLOCK_BENCH_BROKER_URL"
 LOCK_ENV = "REDISLOCK_BENCH_LOCK_URL"
@@ -27,6 +37,8 @@ WORK = "bench.fair.work"
 GLOBAL = "fair:global"
 RUNS = "bench:fair:runs"
 SLOTS = int(os.environ.get(SLOTS_ENV, "4"))
+GATE_ENV = "REDISLOCK_BENCH_GATE"
+TRACE_ENV = "REDISLOCK_BENCH_TRACE_DIR"
 
 app = Celery("fair_share_app", broker=os.environ.get(BROKER_ENV, "memory://"),
              set_as_current=False)
@@ -35,6 +47,8 @@ app.conf.update(redislock_url=os.environ.get(LOCK_ENV, "redis://localhost:6379/1
                 task_ignore_result=True, redislock_line="broker",
                 redislock_limits={WORK: [{"slots": SLOTS, "key": GLOBAL,
                                           "fair_by": "tenant:{tenant}", "lease": 60}]})
+if os.environ.get(GATE_ENV):
+    app.conf.redislock_gate = os.environ[GATE_ENV]
 
 _records: Dict[str, redis.Redis] = {}
 
@@ -51,9 +65,73 @@ def work(self: Any, tenant: str, seconds: float, n: int = 0) -> None:
     client = _record()
     started = _server_us(client)
     time.sleep(seconds)
-    client.rpush(RUNS, f"{tenant} {n} {started} {_server_us(client)}")
+    client.rpush(RUNS, f"{tenant} {n} {started} {_server_us(client)} {self.request.id}")
+    lease = getattr(self.request, "redislock_lease", None)
+    if lease is not None:
+        _trace("admitted", self.request.id, int(lease.acquired_at_ms) * 1000)
 
 
 def _server_us(client: redis.Redis) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1_000_000 + int(micros)
+
+
+_trace_files: Dict[int, Any] = {}
+
+
+def _trace(event: str, task_id: Optional[str], at_us: Optional[int] = None) -> None:
+    """Append ``"<event> <task id> <µs>"`` to this process's trace file, if tracing."""
+    where = os.environ.get(TRACE_ENV)
+    if not where or not task_id:
+        return
+    pid = os.getpid()
+    out = _trace_files.get(pid)
+    if out is None:
+        # kept open for the process's life, one line buffered per event
+        out = _trace_files[pid] = open(os.path.join(where, f"{pid}.trace"), "a",  # noqa: SIM115
+                                       buffering=1)
+    at = at_us if at_us is not None else int(time.time() * 1e6)
+    out.write(f"{event} {task_id} {at}\n")
+
+
+@task_received.connect
+def _received(request: Any = None, **_: Any) -> None:
+    if request is not None and request.name == WORK:
+        _trace("received", request.id)
+
+
+@task_prerun.connect
+def _prerun(task_id: Optional[str] = None, task: Any = None, **_: Any) -> None:
+    if task is not None and task.name == WORK:
+        _trace("prerun", task_id)
+
+
+_last_released = {"task_id": None}
+
+
+@lock_released.connect
+def _released(task_id: Optional[str] = None, **_: Any) -> None:
+    _last_released["task_id"] = task_id
+    _trace("released", task_id)
+
+
+def _trace_moves() -> None:
+    """Trace when this process's mover takes up and ends each move (``movestart``,
+    ``moved``), under the task id of the last run this process released."""
+    from celery_redislock.parking.mover import Mover
+
+    do = Mover._do
+
+    def traced(self: Any, job: Any) -> Any:
+        released = _last_released["task_id"] if job.kind == "move" else None
+        _trace("movestart", released)
+        try:
+            return do(self, job)
+        finally:
+            _trace("moved", released)
+
+    Mover._do = traced  # type: ignore[method-assign]
+
+
+if os.environ.get(TRACE_ENV):
+    _trace_moves()
