@@ -33,6 +33,7 @@ from celery_redislock.engine.parking import (
     prepare_park_admit,
     run_id,
     started,
+    started_soon,
 )
 from celery_redislock.engine.scripts import RELEASE_OWNER
 
@@ -89,6 +90,40 @@ def test_a_newcomer_takes_a_free_slot_and_a_refusal_parks(redis_client):
     assert started(moved) == 1
     assert isinstance(ask(redis_client, limiters, "t1", parked=second.park), Served)
     assert isinstance(ask(redis_client, limiters, "t1"), Served)
+
+
+def test_started_soon_marks_served_without_waiting(redis_client):
+    """The served mark at a body's start is written before the body and not waited for:
+    its answer is read with the thread's next request (the first call on a pool waits,
+    loading the script); an error answer marks it again, blocking."""
+    limiters = [limit("soon")]
+    errors: List[Any] = []
+    refs = limiters[0].key.replace("}:s:", "}:pr:", 1)
+    for n in range(2):  # the first call on the pool waits; the second is sent unwaited
+        holder = ask(redis_client, limiters, f"h{n}")
+        parked = ask(redis_client, limiters, f"t{n}")
+        assert isinstance(holder, Lease) and isinstance(parked, Busy)
+        assert holder.release() and holder.handoffs
+        moved = ask(redis_client, limiters, f"t{n}", parked=parked.park)
+        assert isinstance(moved, Lease)
+        started_soon(moved, errors.append)
+        # Written already: another connection sees the reference served.
+        deadline = time.monotonic() + 5
+        while redis_client.hget(refs, run_id(f"t{n}", 0)) != b"s":
+            assert time.monotonic() < deadline, redis_client.hget(refs, run_id(f"t{n}", 0))
+            time.sleep(0.005)
+        assert isinstance(ask(redis_client, limiters, f"t{n}", parked=parked.park), Served)
+        assert moved.release()  # reads the answer left unread
+    # The script unknown to the server (a restarted store): marked again, blocking.
+    holder = ask(redis_client, limiters, "h2")
+    parked = ask(redis_client, limiters, "t2")
+    assert holder.release()
+    moved = ask(redis_client, limiters, "t2", parked=parked.park)
+    redis_client.script_flush()
+    started_soon(moved, errors.append)
+    assert moved.release()
+    assert redis_client.hget(refs, run_id("t2", 0)) == b"s"
+    assert errors == []
 
 
 def test_prepare_answers_none_off_the_parked_line(redis_client):

@@ -69,8 +69,12 @@ waiting reference, 153 B per served reference (kept ``keep_served_ms``).
 
 from __future__ import annotations
 
+import os
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from redis.exceptions import RedisError
 
 from .admission import (
     SUB_MARK,
@@ -91,6 +95,7 @@ from .admission import (
     saw_incarnation,
     seen_incarnation,
 )
+from .channel import channel_for
 from .fair import with_band
 from .scripts import (
     ADMIT_PARKED,
@@ -106,7 +111,7 @@ from .scripts import (
 __all__ = [
     "KEEP_SERVED_MS", "RESERVE_MS", "DeadlineMove", "GaveUp", "ParkAdmitCall", "ParkAsk",
     "ParkRef", "ParkedMove", "due", "leave", "moved_nothing", "moves_of", "park_admit",
-    "parked_index", "parked_keys", "prepare_park_admit", "run_id", "started",
+    "parked_index", "parked_keys", "prepare_park_admit", "run_id", "started", "started_soon",
 ]
 
 #: How long a served reference is kept (ms): as long as the broker may give back a copy
@@ -560,6 +565,54 @@ def started(lease: Lease) -> int:
     if not keys:
         return 0
     return int(STARTED.run(lease._client, keys, [lease.token]))
+
+
+def started_soon(lease: Lease, on_error: Callable[[RedisError], None]) -> None:
+    """:func:`started`, written now and not waited for: its answer is read with this
+    thread's next request to the lock store (usually the run's release), so that the
+    body starts a round trip sooner. The request is written before the body starts; until
+    the holder's claim ends, the claim itself keeps any other copy of the run from
+    running, and the mark matters only should the holder die. The first call on a
+    connection pool, and any call that finds no channel, waits (the script is loaded
+    so); an error in the answer (the script unknown to a restarted store, the store
+    unreachable) marks it again blocking, else goes to ``on_error`` (the release marks
+    the reference served anyway)::
+
+        started_soon(lease, lambda exc: logger.warning("not marked: %s", exc))
+    """
+    keys = [key for part in (lease._parts or [lease]) for key in part._keys]
+    if not keys:
+        return
+    client = lease._client
+    channel = channel_for(client) if not lease._parts else None
+    pool = getattr(client, "connection_pool", None)
+    if channel is None or pool not in _started_known:
+        try:
+            STARTED.run(client, keys, [lease.token])
+        except RedisError as exc:
+            on_error(exc)
+        else:
+            if channel is not None:
+                _started_known.add(pool)
+        return
+
+    def answered(replies: List[Any]) -> None:
+        if isinstance(replies[0], RedisError):
+            _started_known.discard(pool)
+            try:
+                STARTED.run(client, keys, [lease.token])
+            except RedisError as exc:
+                on_error(exc)
+
+    try:
+        channel.send((*STARTED.evalsha(client), len(keys), *keys, lease.token), then=answered)
+    except RedisError as exc:  # not written: no answer comes
+        answered([exc])
+
+
+#: The connection pools whose server has ``started.lua`` (this process ran it once).
+_started_known: weakref.WeakSet[Any] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_started_known.clear)
 
 
 def leave(client: Any, park: ParkRef, run: str, *, moved: bool = True,

@@ -137,6 +137,12 @@ def started(lease: Any) -> None:
     store.started(lease)
 
 
+def started_soon(lease: Any, on_error: Callable[[RedisError], None]) -> None:
+    """:func:`started`, written now, its answer read later (see
+    :func:`~..engine.parking.started_soon`): the body starts a round trip sooner."""
+    store.started_soon(lease, on_error)
+
+
 # --- the mover of this process -----------------------------------------------------------
 
 _movers: Dict[int, Mover] = {}
