@@ -13,7 +13,7 @@ Its environment, task names and counters are :mod:`benchmarks.app_common`'s (sha
 * ``parked``: ``async`` on the parking line (``redislock_line = "broker"``:
   ``admit_parked.lua``, the slots-only script);
 * ``parked_no_hand_on``: ``parked`` with ``redislock_hand_on = False`` (every slot
-  back through the lock store, see :mod:`celery_redislock.integration.hand_on`);
+  back through the lock store, see :mod:`celery_redislock.gate.hand_on`);
 * ``once``: celery-once's ``QueueOnce``; ``singleton``: celery-singleton's ``Singleton``
   (both lock in ``apply_async``, on the sender, and unlock at the run's end).
 

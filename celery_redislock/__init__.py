@@ -21,7 +21,11 @@ below it (``tests/test_layers.py`` checks this):
 ``engine``         semaphores, rate limits and waiting lines in Redis; no Celery
 ``config``         options, settings and limit definitions, checked; runs nothing
 ``parking``        the broker's side of the parking line: parking queues, moves; no Celery
-``integration``    Celery: task classes, the run of a limited task, waiting, recovery
+``run``            one limited run's state: its wait, the pure decision, its signals
+``line``           the waiting line on Celery's side: park, move, hand off, send back
+``pool``           a run in the process that runs it, and its admission
+``gate``           the worker's main process: admission before the pool, recovery
+``integration``    Celery's entry points: task classes, ``install``, unique sends
 ``admin``          operators' tools: state reads, the control API, the CLI
 ``metrics``        metrics fed by the signals, and the Prometheus exporter
 ``testing``        throw-away Redis servers and the pytest plugin

@@ -49,7 +49,7 @@ from worker_app import BROKER_URL_ENV, FAST_RETRY, AppUrls, Recorder
 
 # Every deferral of a run, not only its first (INFO), is logged: the tests read every
 # countdown from the workers' logs (assert_countdowns_short).
-logging.getLogger("celery_redislock.integration.waiting").setLevel(logging.DEBUG)
+logging.getLogger("celery_redislock.line.waiting").setLevel(logging.DEBUG)
 
 #: Names of the tasks, as both the workers and the test process register them.
 HOLD = "fault_app.hold"

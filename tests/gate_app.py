@@ -37,7 +37,7 @@ THREE_KEY = "gate-three"
 RATED_KEY = "gate-rated"
 #: A task of FOUR slots whose body records the holder token it runs under (``tokens``:
 #: task id -> token): a slot handed on in the worker (see
-#: :mod:`celery_redislock.integration.hand_on`) names the run it was first taken for.
+#: :mod:`celery_redislock.gate.hand_on`) names the run it was first taken for.
 HANDED = "gate_app.handed"
 HANDED_KEY = "gate-handed"
 #: The lease of HANDED (seconds): a slot is handed on within a sixth of it (and 0.5 s).

@@ -36,7 +36,7 @@ from celery import Celery
 
 from celery_redislock import LimitedTask
 from celery_redislock.admin.control import pause_key_of
-from celery_redislock.integration import gate, main_process
+from celery_redislock.gate import gate, main_process
 from celery_redislock.integration.signals import lock_contended, lock_released
 
 from fault_app import fault_recorder

@@ -1,6 +1,6 @@
 """End to end: ``redislock_gate = "async"`` (the default), admissions sent from the
 worker's main process on a connection its event loop drives (see
-:mod:`celery_redislock.integration.hub_store`), with real prefork workers of
+:mod:`celery_redislock.gate.hub_store`), with real prefork workers of
 :mod:`gate_app`.
 
 The limits hold across two workers, a refused run waits and then runs exactly once, a

@@ -13,7 +13,7 @@ from celery import Celery
 from redis.exceptions import ConnectionError, NoPermissionError
 
 from celery_redislock.engine import parking as store
-from celery_redislock.integration import broker_line
+from celery_redislock.line import broker_line
 from celery_redislock.parking import Done, Outcome
 
 KEY = "redislock:{x}:s:moved"

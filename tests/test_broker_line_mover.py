@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from celery_redislock.integration import broker_line
+from celery_redislock.line import broker_line
 
 from support import wait_until
 

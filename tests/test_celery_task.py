@@ -392,7 +392,7 @@ def test_a_run_waits_for_its_rate_start_in_the_worker_within_a_quarter_of_its_ti
     at most a quarter of any time limit of the run (its clock runs while it waits)."""
     from types import SimpleNamespace
 
-    from celery_redislock.integration.attempt import short_wait_of
+    from celery_redislock.pool.attempt import short_wait_of
 
     plain = SimpleNamespace(time_limit=None, soft_time_limit=None)
     assert short_wait_of(plain, SimpleNamespace(timelimit=(None, None))) == 0.5

@@ -16,7 +16,7 @@ from celery_redislock.engine.admission import Lease, ParkedMove, SlotLimit, admi
 from celery_redislock.engine.channel import channel_for, settle_all, unsettled
 from celery_redislock.engine.keeper import lease_keeper
 from celery_redislock.engine.parking import park_admit, run_id
-from celery_redislock.integration import handoff
+from celery_redislock.line import handoff
 
 from support import wait_until
 

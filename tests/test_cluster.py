@@ -8,7 +8,7 @@ from celery_redislock import LimitedTask, RateLimiter, Semaphore
 from celery_redislock.engine.admission import Busy, Lease, RateLimit, SlotLimit, admit
 from celery_redislock.engine.rate import Rate
 from celery_redislock.engine.scripts import by_hash_slot
-from celery_redislock.integration.recovery import free_worker_slots
+from celery_redislock.gate.recovery import free_worker_slots
 
 from redis_process import RedisClusterServers
 

@@ -24,8 +24,8 @@ from celery_redislock.engine.admission import Lease, RateLimit, SlotLimit, admit
 from celery_redislock.engine.keys import semaphore_key
 from celery_redislock.engine.rate import Rate
 from celery_redislock.engine.scripts import RELEASE_OWNER
-from celery_redislock.integration import handoff
-from celery_redislock.integration.waiting import describe
+from celery_redislock.line import handoff
+from celery_redislock.line.waiting import describe
 
 import features_app
 from cluster_checks import (

@@ -1,5 +1,5 @@
 """End to end: a limited run that waits is invisible to Celery's run semantics, however
-the worker meets the wait (see :mod:`celery_redislock.integration.gate`).
+the worker meets the wait (see :mod:`celery_redislock.gate.gate`).
 
 Under a rate limit with a backlog, and with every pool process busy when the runs arrive
 (prefork and threads pools), each task is seen by Celery once: ``task_prerun`` and
@@ -272,7 +272,7 @@ def test_a_booked_start_goes_to_the_pool_only_on_time(redis_client, late: float,
     the start back, and the run asks anew."""
     from celery_redislock.engine.admission import Booked, RateLimit, admit
     from celery_redislock.engine.rate import Rate
-    from celery_redislock.integration import gate
+    from celery_redislock.gate import gate
 
     limit = RateLimit("gate-unit", Rate.parse("10/s", burst=0), "redislock:")
     admit(redis_client, [limit], lease=5)

@@ -10,7 +10,7 @@ from typing import Any, Iterator, List
 import pytest
 from celery.worker import state as worker_state
 
-from celery_redislock.integration import gate
+from celery_redislock.gate import gate
 
 
 class _Prefork:

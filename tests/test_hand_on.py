@@ -1,5 +1,5 @@
 """End to end: a slot handed on in the worker's main process, from a run that ended to
-the next run of its key waiting there (see :mod:`celery_redislock.integration.hand_on`),
+the next run of its key waiting there (see :mod:`celery_redislock.gate.hand_on`),
 with real prefork workers of :mod:`gate_app`.
 
 The limit holds, each run runs once, a slot goes back through the lock store after at
@@ -17,7 +17,7 @@ import pytest
 
 from celery_redislock import Semaphore
 from celery_redislock.engine.keys import semaphore_key
-from celery_redislock.integration.hand_on import HAND_ON_RUNS
+from celery_redislock.gate.hand_on import HAND_ON_RUNS
 
 from cluster_checks import assert_slots_all_given_back, lock_store, peaks, record_store, wait_until
 from gate_app import GATE_ENV, HANDED, HANDED_KEY, HANDED_LEASE, create_app

@@ -344,7 +344,7 @@ def test_the_served_line_is_read_where_the_package_writes_it(caplog: Any) -> Non
     and its arguments are those the workers' filter reads."""
     from celery.app.task import Context
 
-    from celery_redislock.integration.waiting import served
+    from celery_redislock.line.waiting import served
 
     from history.app import ENDS_UNRUN_LOGGER, served_fields
 

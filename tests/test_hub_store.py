@@ -15,7 +15,7 @@ from kombu.asynchronous import Hub
 from celery_redislock.engine.hub_store import HubStore
 from celery_redislock.engine.resp import pack
 from celery_redislock.engine.scripts import LuaScript
-from celery_redislock.integration.hub_store import unsupported
+from celery_redislock.gate.hub_store import unsupported
 
 ECHO = LuaScript("echo_test.lua", "return {KEYS[1], ARGV[1]}")
 

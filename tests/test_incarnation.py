@@ -26,7 +26,7 @@ from celery_redislock.engine.admission import (
 )
 from celery_redislock.engine.scripts import RELEASE_OWNER
 from celery_redislock.engine.workers import WorkerRegistration, registry_prefix
-from celery_redislock.integration.recovery import longest_lease
+from celery_redislock.run.limited import longest_lease
 
 from support import INCARNATION, wait_until
 

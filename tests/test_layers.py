@@ -26,10 +26,17 @@ ALLOWED: Dict[str, Set[str]] = {
     "testing": {"errors"},
     "config": {"errors", "engine"},
     "parking": {"errors"},
-    "integration": {"errors", "engine", "config", "parking"},
-    "admin": {"errors", "engine", "config", "parking", "integration"},
-    "metrics": {"errors", "engine", "config", "parking", "integration"},
-    "web": {"errors", "engine", "config", "parking", "integration", "admin", "metrics"},
+    "run": {"errors", "engine", "config", "parking"},
+    "line": {"errors", "engine", "config", "parking", "run"},
+    "pool": {"errors", "engine", "config", "parking", "run", "line"},
+    "gate": {"errors", "engine", "config", "parking", "run", "line", "pool"},
+    "integration": {"errors", "engine", "config", "parking", "run", "line", "pool", "gate"},
+    "admin": {"errors", "engine", "config", "parking", "run", "line", "pool", "gate",
+              "integration"},
+    "metrics": {"errors", "engine", "config", "parking", "run", "line", "pool", "gate",
+                "integration"},
+    "web": {"errors", "engine", "config", "parking", "run", "line", "pool", "gate",
+            "integration", "admin", "metrics"},
 }
 
 #: Third-party packages a layer must never import.
@@ -37,6 +44,7 @@ FORBIDDEN_OUTSIDE: Dict[str, Set[str]] = {
     "engine": {"celery", "kombu", "billiard"},
     "testing": {"celery", "kombu", "billiard"},
     "parking": {"celery", "billiard"},
+    "run": {"kombu", "billiard"},
 }
 
 #: The most lines, and the highest cyclomatic complexity, of one function.
@@ -122,7 +130,9 @@ def test_the_parking_line_does_not_import_celery() -> None:
     Celery; that it never imports the engine is checked from its imports above."""
     code = (
         "import sys, celery_redislock.parking\n"
-        "print(sorted(m for m in ('celery', 'celery_redislock.integration') "
+        "print(sorted(m for m in ('celery', 'celery_redislock.integration', "
+        "'celery_redislock.run', 'celery_redislock.line', 'celery_redislock.pool', "
+        "'celery_redislock.gate') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -133,8 +143,7 @@ def test_the_parking_line_does_not_import_celery() -> None:
 #: The modules that end a run with Celery's ``Ignore``: the interpreters of a waiting run
 #: in the worker's main process and in the process that runs it, and ``period`` (a run
 #: its ``lock_period`` drops or defers, ``Deferred``).
-ENDS_RUNS = {"integration/main_process.py", "integration/pool_process.py",
-             "integration/period.py"}
+ENDS_RUNS = {"gate/main_process.py", "pool/pool_process.py", "integration/period.py"}
 
 
 def test_only_the_interpreters_end_a_run() -> None:

@@ -18,7 +18,7 @@ from celery_redislock import LimitedTask, LockWaitTimeout
 from celery_redislock.engine.admission import Lease, ParkedMove, SlotLimit
 from celery_redislock.engine.keys import rate_key, semaphore_key
 from celery_redislock.engine.parking import due, park_admit, run_id
-from celery_redislock.integration import broker_line
+from celery_redislock.line import broker_line
 
 PREFIX = "redislock:"
 

@@ -428,7 +428,7 @@ def test_every_run_parks_from_a_process_that_can(
     the one run that keeps today's line: limits in several slots of a Redis Cluster)."""
     from celery_redislock.engine.admission import RateLimit, SlotLimit
     from celery_redislock.engine.rate import Rate
-    from celery_redislock.integration import broker_line
+    from celery_redislock.line import broker_line
 
     settings = read_settings(create_app_conf(redislock_line="broker"))
     client = redis.Redis()  # never connected: the choice asks nothing
@@ -476,10 +476,11 @@ def test_the_original_is_acknowledged_only_once_its_copy_is_parked(
     from kombu.asynchronous import Hub
 
     from celery_redislock.engine.admission import ParkRef
-    from celery_redislock.integration import broker_line, main_process
-    from celery_redislock.integration.waiting import Parked
-    from celery_redislock.integration.waiting_run import WaitingRun
+    from celery_redislock.gate import main_process
+    from celery_redislock.line import broker_line
+    from celery_redislock.line.waiting import Parked
     from celery_redislock.parking import Done, Outcome
+    from celery_redislock.run.waiting_run import WaitingRun
 
     jobs: List[Any] = []
     monkeypatch.setattr(broker_line, "park", lambda app, message, ref, wait, on_done:
@@ -516,7 +517,7 @@ def test_the_poll_hands_over_a_slot_freed_without_a_release(
     parked run's move; a move that finds the parking queue empty gives the slot back."""
     from celery_redislock.engine import parking as store
     from celery_redislock.engine.admission import Busy, SlotLimit
-    from celery_redislock.integration import broker_line
+    from celery_redislock.line import broker_line
     from celery_redislock.parking import Done, Outcome
 
     app = create_app_conf(redislock_line="broker")

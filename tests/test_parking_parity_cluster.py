@@ -140,7 +140,7 @@ def test_only_limits_in_several_slots_keep_todays_line_said_once(client, caplog)
     from celery import Celery
 
     from celery_redislock.config.settings import read_settings
-    from celery_redislock.integration import broker_line
+    from celery_redislock.line import broker_line
 
     app = Celery("cluster-line", set_as_current=False)
     app.conf.update(redislock_url="redis://127.0.0.1:1/0", redislock_line="broker")
@@ -168,7 +168,7 @@ def test_rate_limited_runs_park_with_a_cluster_lock_store(celery_app, celery_wor
     """A worker on the parking line whose lock store is a Redis Cluster: runs of a rate
     limit park (one message each) and start at the rate, each once."""
     from celery_redislock import LimitedTask
-    from celery_redislock.integration.broker_line import Poll
+    from celery_redislock.line.broker_line import Poll
 
     celery_app.conf.redislock_client = client
     celery_app.conf.redislock_line = "broker"

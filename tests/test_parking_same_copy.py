@@ -17,9 +17,9 @@ from celery_redislock.engine.admission import Busy, Lease, ParkRef, RateLimit, S
 from celery_redislock.engine.parking import ParkAsk, park_admit, run_id
 from celery_redislock.engine.parking_rate import rate_park_admit
 from celery_redislock.engine.rate import Rate
-from celery_redislock.integration import broker_line
-from celery_redislock.integration.attempt import Attempt
-from celery_redislock.integration.waiting_run import WaitingRun
+from celery_redislock.line import broker_line
+from celery_redislock.pool.attempt import Attempt
+from celery_redislock.run.waiting_run import WaitingRun
 
 PREFIX = "redislock:"
 

@@ -15,7 +15,7 @@ from celery.app.task import Context
 from celery_redislock import LimitedTask
 from celery_redislock.engine.admission import Busy
 from celery_redislock.integration.period import Deferred, check_period
-from celery_redislock.integration.waiting import describe
+from celery_redislock.line.waiting import describe
 
 import features_app
 from cluster_checks import record_store, wait_for_results, wait_until

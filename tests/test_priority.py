@@ -1,4 +1,4 @@
-"""A message's priority read in its broker's order (:mod:`celery_redislock.integration.priority`):
+"""A message's priority read in its broker's order (:mod:`celery_redislock.line.priority`):
 RabbitMQ serves higher first, kombu's Redis transport 0 first; ``lock_priority`` is
 higher first on every broker. The real-worker ordering check is in ``test_fair_line.py``."""
 
@@ -9,7 +9,7 @@ from typing import Any, Optional
 import pytest
 from celery import Celery
 
-from celery_redislock.integration.priority import priority_of, serves_low_first
+from celery_redislock.line.priority import priority_of, serves_low_first
 
 
 class Request:

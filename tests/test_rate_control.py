@@ -19,7 +19,7 @@ from celery_redislock.admin import control
 from celery_redislock.admin.cli import redislock
 from celery_redislock.config.settings import read_settings
 from celery_redislock.engine.keys import rate_key
-from celery_redislock.integration.waiting import SHORT_WAIT
+from celery_redislock.line.waiting import SHORT_WAIT
 
 import features_app
 from cli_app import CRAWL, create_app

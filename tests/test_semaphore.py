@@ -238,8 +238,8 @@ def test_a_redelivered_run_finds_the_earlier_run_that_still_holds(redis_client):
         admit,
         holder_lease_end,
     )
-    from celery_redislock.integration.earlier_run import find_earlier
-    from celery_redislock.integration.recovery import free_owner_slots
+    from celery_redislock.gate.recovery import free_owner_slots
+    from celery_redislock.pool.earlier_run import find_earlier
 
     limit = SlotLimit("redelivered", 1, "redislock:")
     earlier = admit(redis_client, [limit], lease=10, owner="w1@host|task-7|")

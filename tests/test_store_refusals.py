@@ -28,7 +28,7 @@ from celery_redislock import LimitedTask, LockStoreUnavailable, Semaphore
 from celery_redislock.admin.cli import redislock
 from celery_redislock.config.settings import redis_client
 from celery_redislock.engine.refusal import REQUIRED_COMMANDS, acl_setuser
-from celery_redislock.integration.startup import check_lock_store
+from celery_redislock.gate.startup import check_lock_store
 from celery_redislock.metrics import MemorySink, disable_metrics, enable_metrics
 
 from redis_process import RedisServer

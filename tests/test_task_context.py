@@ -10,8 +10,8 @@ from celery import Celery
 from celery.contrib.testing.mocks import TaskMessage
 from celery.worker.request import Request
 
-from celery_redislock.integration import task_context
-from celery_redislock.integration.task_context import context_of
+from celery_redislock.gate import task_context
+from celery_redislock.gate.task_context import context_of
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ from celery_redislock.engine.admission import (
     Served,
     WouldAdmit,
 )
-from celery_redislock.integration.decide import (
+from celery_redislock.line.waiting import GiveUp, SendBackPlan, plan_wait
+from celery_redislock.run.decide import (
     ROOM_POLL,
     End,
     Hold,
@@ -32,8 +33,7 @@ from celery_redislock.integration.decide import (
     WaitHere,
     decide,
 )
-from celery_redislock.integration.waiting import GiveUp, SendBackPlan, plan_wait
-from celery_redislock.integration.waiting_run import (
+from celery_redislock.run.waiting_run import (
     NOT_WAITING,
     WAIT_HEADER,
     WaitingRun,

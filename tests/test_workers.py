@@ -107,7 +107,7 @@ def test_the_main_process_takes_and_gives_back_each_slot_in_one_script_call(
 
     With ``redislock_hand_on`` off, every run is admitted by the lock store: one script
     call per run, at least 40. With it on (the default), a slot handed on to the next run
-    waiting in the worker (see :mod:`celery_redislock.integration.hand_on` and
+    waiting in the worker (see :mod:`celery_redislock.gate.hand_on` and
     ``test_hand_on``) costs neither an admission nor a release: at most one per run."""
     if not hand_on:
         monkeypatch.setenv(HAND_ON_ENV, "0")

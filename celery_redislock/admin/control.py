@@ -56,8 +56,9 @@ from ..engine.scan import split_key
 from ..engine.scripts import RELEASE_OWNER, LuaScript
 from ..engine.semaphore import MAX_SLOTS, MIN_SLOTS
 from ..errors import LockConfigurationError, RedisLockError
-from ..integration.handoff import wake_waiters
-from ..integration.recovery import free_owner_slots, limits_of
+from ..gate.recovery import free_owner_slots
+from ..line.handoff import wake_waiters
+from ..run.limited import limits_of
 from .state import FOREVER, LimitState, read_states
 
 When = Union[datetime.datetime, float, int]

@@ -27,7 +27,7 @@ from typing import Any, Collection, Iterable, List, Optional, Tuple
 
 from ..config.limits_setting import config_limits, task_function
 from ..engine.rate import Rate
-from ..integration.recovery import limits_of
+from ..run.limited import limits_of
 from .state import LimitState
 
 #: The unit a period of that many seconds is written with.

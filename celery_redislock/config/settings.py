@@ -84,7 +84,7 @@ LINES = ("broker",)
 
 #: The retired value of ``redislock_line`` (the old line: a copy sent back with a
 #: countdown, and its message parked in the lock store): read as :data:`DEFAULT_LINE`,
-#: with a warning as the worker starts (:func:`..integration.startup.line_deprecation`).
+#: with a warning as the worker starts (:func:`..gate.startup.line_deprecation`).
 RETIRED_LINE = "store"
 
 #: ``redislock_line`` when not set.
@@ -113,7 +113,7 @@ class Settings:
     #: ``redislock_line``: ``"broker"`` (see :data:`LINES`).
     line: str = DEFAULT_LINE
     #: ``redislock_hand_on``: an ended run's slot handed on in the worker (see
-    #: :mod:`~..integration.hand_on`).
+    #: :mod:`~..gate.hand_on`).
     hand_on: bool = True
     #: ``redislock_max_lease``: the longest lease (s) of any holder, at least; None: the
     #: longest lease of the app's limited tasks.

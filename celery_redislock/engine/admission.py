@@ -1094,7 +1094,7 @@ def owner_prefix(worker: str, task_id: str = "", start: str = "") -> str:
     id naming one start of the worker (see :mod:`celery_redislock.engine.workers`), so the
     worker's main process can free what a pool child that died held, and a restarted
     worker what its previous life held, never what a live worker of the same node name
-    holds (see :mod:`celery_redislock.integration.recovery`). Without a start id the
+    holds (see :mod:`celery_redislock.gate.recovery`). Without a start id the
     token is ``"<worker node>|<task id>|<random>"``::
 
         >>> owner_prefix("w1@host", "task-1", "5eed")

@@ -4,7 +4,7 @@ The token of a task run is ``"<worker node>|<task id>|<start id>:<random>"`` (th
 id names one start of the worker; tokens of older versions have none); the description is
 JSON with the task, its id, the worker, the process id and the run's arguments as
 Celery shows them (its ``argsrepr``, cut; see
-:mod:`celery_redislock.integration.attempt`). ``admit.lua`` writes the entry; this module
+:mod:`celery_redislock.pool.attempt`). ``admit.lua`` writes the entry; this module
 is the one
 place that reads it back.
 

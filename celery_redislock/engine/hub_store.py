@@ -4,7 +4,7 @@
 A :class:`HubStore` is one connection to the lock store, driven by an event loop with
 the interface of kombu's ``Hub`` (``add_reader``, ``add_writer``, ``remove``,
 ``remove_writer``, ``call_soon``, ``call_later``, ``call_repeatedly``; the worker's main
-process passes its own, see :mod:`celery_redislock.integration.hub_store`): the socket
+process passes its own, see :mod:`celery_redislock.gate.hub_store`): the socket
 does not block, the hub calls back when it is readable (replies) or, once, writable
 (the connection made). A script call is written at the loop's next turn (with every
 call queued in the same turn) when no earlier call waits for its reply; else it waits

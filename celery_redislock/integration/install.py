@@ -23,8 +23,8 @@ from ..config.limits_setting import (
     matching_entry,
     task_function,
 )
-from .recovery import DEFAULT_REQUEST, DEFAULT_STRATEGY, LIMITED_REQUEST, LIMITED_STRATEGY
-from .startup import CheckAtStart
+from ..gate.recovery import DEFAULT_REQUEST, DEFAULT_STRATEGY, LIMITED_REQUEST, LIMITED_STRATEGY
+from ..gate.startup import CheckAtStart
 from .unique import run_task, send_unique
 
 logger = logging.getLogger(__name__)

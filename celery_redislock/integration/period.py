@@ -25,8 +25,8 @@ from ..config.unique import PeriodRule
 from ..engine.keys import period_key
 from ..engine.owned import OwnedLease
 from ..errors import LockStoreUnavailable
-from .attempt import task_settings
-from .waiting import visibility_ceiling
+from ..line.waiting import visibility_ceiling
+from ..pool.attempt import task_settings
 
 logger = logging.getLogger(__name__)
 

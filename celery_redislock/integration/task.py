@@ -11,7 +11,7 @@ from ..config.limit import OPTION_DEFAULTS, RETRY_FIELDS, TaskLimits
 from ..config.limits_setting import config_limits, task_function
 from ..engine.keys import KeySource
 from ..errors import LockConfigurationError
-from .recovery import LIMITED_REQUEST, LIMITED_STRATEGY
+from ..gate.recovery import LIMITED_REQUEST, LIMITED_STRATEGY
 from .unique import run_task, send_unique
 
 
@@ -87,10 +87,10 @@ class LimitedTask(Task):
     """
 
     #: Frees the slots of a run whose pool child was lost, even when Celery requeues
-    #: its message (see :class:`celery_redislock.integration.recovery.LimitedRequest`).
+    #: its message (see :class:`celery_redislock.gate.recovery.LimitedRequest`).
     Request = LIMITED_REQUEST
     #: Asks the limits in the worker's main process, before the pool: a run that waits
-    #: never reaches a pool process (see :mod:`celery_redislock.integration.gate`).
+    #: never reaches a pool process (see :mod:`celery_redislock.gate.gate`).
     Strategy = LIMITED_STRATEGY
     _redislock_limited = True
 

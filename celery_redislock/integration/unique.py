@@ -40,10 +40,10 @@ from ..engine.keeper import lease_keeper
 from ..engine.keys import unique_key
 from ..engine.owned import OwnedLease
 from ..errors import AlreadyQueued, LockStoreUnavailable
-from .attempt import task_settings
+from ..pool.attempt import task_settings
+from ..pool.pool_process import run_limited
+from ..run.waiting_run import carries_wait
 from .period import Deferred, check_period
-from .pool_process import run_limited
-from .waiting_run import carries_wait
 
 logger = logging.getLogger(__name__)
 

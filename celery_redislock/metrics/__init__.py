@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import LockConfigurationError
-from ..integration import signals
-from ..integration.recovery import limits_of
+from ..run import signals
+from ..run.limited import limits_of
 from .fair import QUANTILES, TenantWaits, quantile_label
 
 logger = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ from celery import bootsteps
 from celery.signals import worker_process_init
 
 from ..errors import LockConfigurationError
-from ..integration.recovery import process_alive
+from ..gate.recovery import process_alive
 from . import (
     METRICS,
     MetricSpec,

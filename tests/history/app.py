@@ -24,8 +24,8 @@ from celery import Celery
 from celery import signals as celery_signals
 
 from celery_redislock import LimitedTask
+from celery_redislock.gate.recovery import LimitedRequest
 from celery_redislock.integration import signals
-from celery_redislock.integration.recovery import LimitedRequest
 
 from .events import recorder
 from .workload import KINDS, Kind
@@ -55,7 +55,7 @@ GATE_ENV = "REDISLOCK_HISTORY_GATE"
 
 #: Loggers whose debug lines the workers' logs keep: the parked line's poll says there
 #: why one of its rounds failed.
-DEBUG_LOGGERS = ("celery_redislock.integration.broker_line",)
+DEBUG_LOGGERS = ("celery_redislock.line.broker_line",)
 
 SIGNALS = ("lock_acquired", "lock_released", "lease_lost", "lock_contended", "rate_limited")
 
@@ -227,7 +227,7 @@ def _record_ends_unrun(urls: AppUrls) -> None:
 
 
 #: The package's logger that says when a run ends as served by another copy.
-ENDS_UNRUN_LOGGER = "celery_redislock.integration.waiting"
+ENDS_UNRUN_LOGGER = "celery_redislock.line.waiting"
 
 
 if BROKER_URL_ENV in os.environ:

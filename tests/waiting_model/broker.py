@@ -9,7 +9,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from celery_redislock.integration.waiting_run import WaitingRun
+from celery_redislock.run.waiting_run import WaitingRun
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ end. A :class:`Job` is one delivery in a worker; its ``phase`` names the next st
 phase      step                     the real implementation
 ========== ======================== ==============================================
 received   :func:`ask`              the gate's admission (``admit``/``claim``), then
-                                    :func:`~celery_redislock.integration.decide.decide`
+                                    :func:`~celery_redislock.run.decide.decide`
 park_ref   :func:`write_reference`  ``park.lua`` (as first written: after the refusal)
 publish    :func:`publish_parked`   the mover publishes the parked copy
 ack        :func:`ack_original`     the loop acknowledges the original (the move ends)
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from celery_redislock.engine.admission import Busy
-from celery_redislock.integration.decide import End, Run, SendBack, decide
+from celery_redislock.run.decide import End, Run, SendBack, decide
 
 from . import store as scripts
 from .broker import Broker, Delivery, Message, main_queue, parking_queue

@@ -31,13 +31,14 @@ from ..engine.channel import limit_waits
 from ..engine.parking import GaveUp, ParkAdmitCall
 from ..engine.refusal import error_kind, is_transient
 from ..errors import LockWaitTimeout
-from . import broker_line, parked_deadline, pool_park
-from .attempt import Attempt, Setup, limit_names, outcome_time, short_wait_of
-from .decide import Action, End, Hold, Park, Run, SendBack, Situation, decide
-from .earlier_run import follows_on, look_at_earlier
+from ..line import broker_line, parked_deadline
+from ..line.waiting import Parked, parked, requeue, served
+from ..pool import pool_park
+from ..pool.attempt import Attempt, Setup, limit_names, outcome_time, short_wait_of
+from ..pool.earlier_run import follows_on, look_at_earlier
+from ..pool.store_errors import report_store_error
+from ..run.decide import Action, End, Hold, Park, Run, SendBack, Situation, decide
 from .recovery import forget_copy
-from .store_errors import report_store_error
-from .waiting import Parked, parked, requeue, served
 
 logger = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from ..parking import (
     parking_queue,
     recount,
 )
-from .waiting_run import WaitingRun
+from ..run.waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
 

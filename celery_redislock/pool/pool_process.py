@@ -26,7 +26,12 @@ from ..engine.keeper import lease_keeper
 from ..engine.parking import GaveUp
 from ..engine.refusal import describe_error, is_transient
 from ..errors import LockWaitTimeout
-from . import broker_line, parked_deadline, pool_park, signals
+from ..line import broker_line, parked_deadline
+from ..line.waiting import describe, parked, requeue, served
+from ..run import signals
+from ..run.decide import Action, End, Hold, Park, Run, SendBack, Situation, WaitHere, decide
+from ..run.waiting_run import WaitingRun, without_wait
+from . import pool_park
 from .attempt import (
     ADMITTED,
     MAIN_RELEASES,
@@ -36,12 +41,9 @@ from .attempt import (
     outcome_time,
     short_wait_of,
 )
-from .decide import Action, End, Hold, Park, Run, SendBack, Situation, WaitHere, decide
 from .earlier_run import follows_on, look_at_earlier
 from .give_back import give_back, give_back_exiting
 from .store_errors import eager_store_error, report_store_error
-from .waiting import describe, parked, requeue, served
-from .waiting_run import WaitingRun, without_wait
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..engine.refusal import TRANSIENT, describe_error, error_kind, server_message
 from ..errors import LockStoreFull, LockStoreRefused, LockStoreUnavailable
-from . import signals
+from ..run import signals
 
 logger = logging.getLogger(__name__)
 

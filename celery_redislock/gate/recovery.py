@@ -37,7 +37,6 @@ from celery.signals import task_failure, task_revoked, worker_init, worker_shutd
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
 from ..engine.admission import declare_longest_lease, owner_prefix
 from ..engine.holder import parse_holder
@@ -53,57 +52,12 @@ from ..engine.workers import (
     pid_runs,
     registry_prefix,
 )
-from ..errors import LockConfigurationError
-from . import broker_line, hand_on, handoff
+from ..line import broker_line, handoff
+from ..run.limited import limits_of, longest_lease, this_start, this_worker, uses_limits
+from . import hand_on
 from .startup import CheckAtStart, start_problems
 
 logger = logging.getLogger(__name__)
-
-#: The node name (``name``) and start id (``start``) of the worker whose main process
-#: this is (or whose pool child: they are inherited through ``fork``), once it started.
-_this_worker: dict = {}
-
-
-def this_start(worker: Optional[str]) -> str:
-    """The start id of this process's worker if it is node ``worker``, else ``""``."""
-    if worker and worker == _this_worker.get("name"):
-        return str(_this_worker.get("start") or "")
-    return ""
-
-
-def is_limited(task: Any) -> bool:
-    """Whether the package limits ``task``: a ``LimitedTask``, or a plain task that
-    ``redislock_limits`` names (both mark their class ``_redislock_limited``)."""
-    return bool(getattr(type(task), "_redislock_limited", False))
-
-
-def limits_of(task: Any) -> Optional[TaskLimits]:
-    """The limits a task runs under, or None if the package does not limit it."""
-    return task.task_limits() if is_limited(task) else None
-
-
-def longest_lease(app: Any, default: float = 30.0) -> float:
-    """The longest lease (s) of the limited tasks of ``app`` (``default`` if it has
-    none), or ``redislock_max_lease`` if longer: what its processes declare as the
-    grace after a loss of the lock store's data."""
-    leases = [lease for lease in map(_lease_of, list(app.tasks.values())) if lease]
-    return max(max(leases, default=default), read_settings(app).max_lease or 0.0)
-
-
-def _lease_of(task: Any) -> Optional[float]:
-    """The lease of ``task``'s limits; None if it has none, or they are wrong (that is
-    reported where it runs, not to every other task)."""
-    try:
-        limits = limits_of(task)
-    except LockConfigurationError:
-        return None
-    return limits.lease if limits else None
-
-
-def uses_limits(app: Any) -> bool:
-    """True if any task of ``app`` is a ``LimitedTask`` or limited by ``redislock_limits``."""
-    return any(is_limited(task) for task in app.tasks.values())
-
 
 def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                    worker: str, token: Optional[str] = None) -> int:
@@ -237,7 +191,7 @@ def _forget_previous_life(sender: Any = None, **_: Any) -> None:
     if app is None or not worker:
         return
     start = new_start_id()
-    _this_worker.update(name=worker, start=start)
+    this_worker.update(name=worker, start=start)
     try:
         if not uses_limits(app):
             return
@@ -293,13 +247,13 @@ def _register(app: Any, worker: str, start: str) -> Optional[WorkerRegistration]
         logger.warning("celery-redislock: could not register %s (start %s): %r",
                        worker, start, exc)
     lease_keeper().keep(registration)
-    _this_worker["registration"] = registration
+    this_worker["registration"] = registration
     return registration
 
 
 @worker_shutdown.connect
 def _stop_renewing_registration(sender: Any = None, **_: Any) -> None:
-    registration = _this_worker.get("registration")
+    registration = this_worker.get("registration")
     if registration is not None and getattr(sender, "hostname", None) == registration.node:
         lease_keeper().forget(registration)
 
@@ -315,7 +269,7 @@ def log_unreachable_lock_store(app: Any, exc: BaseException) -> None:
 
 
 def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str) -> None:
-    worker = _this_worker.get("name") or getattr(getattr(task, "request", None), "hostname", None)
+    worker = this_worker.get("name") or getattr(getattr(task, "request", None), "hostname", None)
     if not worker or task is None:
         return
     try:
@@ -332,10 +286,10 @@ def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str
 
 
 #: Where :class:`LimitedRequest` is, as Celery's ``Task.Request`` names a request class.
-LIMITED_REQUEST = "celery_redislock.integration.recovery:LimitedRequest"
+LIMITED_REQUEST = "celery_redislock.gate.recovery:LimitedRequest"
 
 #: Where the strategy of limited tasks is (see :mod:`.gate`), and Celery's default one.
-LIMITED_STRATEGY = "celery_redislock.integration.gate:limited_strategy"
+LIMITED_STRATEGY = "celery_redislock.gate.gate:limited_strategy"
 DEFAULT_STRATEGY = Task.Strategy
 
 #: Celery's own request class, as ``Task.Request`` names it by default.

@@ -23,11 +23,11 @@ from ..config.limit import TaskLimits
 from ..config.settings import Settings, read_settings, redis_client
 from ..engine.admission import Lease, Outcome, admit, declare_longest_lease, owner_prefix
 from ..engine.parking import ParkAsk, run_id
-from . import broker_line, handoff
-from .priority import priority_of, serves_low_first
-from .recovery import longest_lease, this_start
-from .waiting import SHORT_WAIT
-from .waiting_run import WaitingRun
+from ..line import broker_line, handoff
+from ..line.priority import priority_of, serves_low_first
+from ..line.waiting import SHORT_WAIT
+from ..run.limited import longest_lease, this_start
+from ..run.waiting_run import WaitingRun
 
 _described: Dict[Any, str] = {}
 os.register_at_fork(after_in_child=_described.clear)
@@ -239,7 +239,7 @@ class Attempt:
 
 def short_wait_of(task: Any, request: Any) -> float:
     """How long (seconds) a run of ``task`` may wait for its start in the worker process:
-    :data:`~celery_redislock.integration.waiting.SHORT_WAIT`, and at most a quarter of
+    :data:`~celery_redislock.line.waiting.SHORT_WAIT`, and at most a quarter of
     any time limit of the run, whose clock runs while it waits."""
     limits = [*(getattr(request, "timelimit", None) or ()),
               getattr(task, "time_limit", None), getattr(task, "soft_time_limit", None)]

@@ -16,7 +16,7 @@ from ..engine.admission import Lease
 from ..engine.channel import settle_all
 from ..engine.keeper import lease_keeper
 from ..engine.refusal import describe_error, error_kind, is_transient, server_message
-from . import signals
+from ..run import signals
 from .attempt import Setup
 
 logger = logging.getLogger(__name__)

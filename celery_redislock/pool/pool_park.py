@@ -28,9 +28,9 @@ from kombu.serialization import dumps
 from ..config.settings import Settings
 from ..engine import parking as store
 from ..engine.admission import ParkRef
+from ..line.broker_line import line_name, mover
 from ..parking import ParkedCopy, Route, parking_queue
-from .broker_line import line_name, mover
-from .waiting_run import WaitingRun
+from ..run.waiting_run import WaitingRun
 
 __all__ = ["PUBLISH_TIMEOUT", "copy_of_request", "park_here", "parks_here"]
 

@@ -19,9 +19,9 @@ from redis.exceptions import RedisError
 
 from ..engine.admission import FREED_AS_LOST, Lease, SlotLimit, holder_lease_end
 from ..engine.holder import parse_holder, unit_of
+from ..line.waiting import publish, visibility_ceiling
+from ..run.waiting_run import WaitingRun
 from .attempt import Attempt, outcome_time
-from .waiting import publish, visibility_ceiling
-from .waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ send no ``task-received`` event: the run was received once, when it was first se
 
     >>> from celery_redislock import LimitedTask
     >>> LimitedTask.Strategy
-    'celery_redislock.integration.gate:limited_strategy'
+    'celery_redislock.gate.gate:limited_strategy'
 """
 
 from __future__ import annotations
@@ -78,10 +78,14 @@ from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
 from ..engine.admission import Booked, Lease
 from ..engine.refusal import describe_error
-from . import hand_on, handoff, parked_deadline
-from .attempt import ADMITTED, MAIN_RELEASES, PROMISED, task_settings
-from .decide import ROOM_POLL
-from .give_back import give_back_unstarted, release_for_pool
+from ..line import handoff, parked_deadline
+from ..line.waiting import Parked
+from ..pool.attempt import ADMITTED, MAIN_RELEASES, PROMISED, task_settings
+from ..pool.give_back import give_back_unstarted, release_for_pool
+from ..run.decide import ROOM_POLL
+from ..run.limited import limits_of
+from ..run.waiting_run import carries_wait
+from . import hand_on
 from .hub_store import HubStore, hub_store
 from .main_process import (
     MAIN_PROCESS_TIMEOUT,
@@ -92,10 +96,7 @@ from .main_process import (
     end_unrun,
     park,
 )
-from .recovery import limits_of
 from .task_context import context_of
-from .waiting import Parked
-from .waiting_run import carries_wait
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A waiting run: what its wait has been so far, read from and written to its message.
 
 A run that was not admitted goes back to the broker (see
-:mod:`celery_redislock.integration.waiting`), and its wait so far travels with the copy
+:mod:`celery_redislock.line.waiting`), and its wait so far travels with the copy
 sent back, in the ``redislock_wait`` message header. This module alone reads that
 header (:meth:`WaitingRun.of`) and writes it (:meth:`WaitingRun.header`); everyone else
 sees a :class:`WaitingRun`.

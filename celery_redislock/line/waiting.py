@@ -8,7 +8,7 @@ not show in ``self.request.retries``. The interpreter of the process that asked
 re-published copy, which has the same task id, carries on.
 
 What the wait has been so far travels with the message in the ``redislock_wait`` header
-(a :class:`~celery_redislock.integration.waiting_run.WaitingRun`): when it started (on
+(a :class:`~celery_redislock.run.waiting_run.WaitingRun`): when it started (on
 the Redis server's clock), how many times the run was refused, and the start times rate
 limiters promised it. On the parking line a refused run parks instead (see
 :mod:`.broker_line`): a run is sent back only when it cannot park (its limits lie in
@@ -29,11 +29,13 @@ from ..config.settings import Settings, read_settings
 from ..engine.admission import Busy, Paused, RateLimited
 from ..engine.parking_rate import is_rate_key
 from ..errors import LockWaitTimeout
-from . import broker_line, signals
-from .waiting_run import WaitingRun
+from ..run import signals
+from ..run.decide import SHORT_WAIT
+from ..run.waiting_run import WaitingRun
+from . import broker_line
 
 if TYPE_CHECKING:
-    from .decide import Park  # which imports this module
+    from ..run.decide import Park
 
 logger = logging.getLogger(__name__)
 
@@ -46,16 +48,6 @@ VISIBILITY_SHARE = 0.5
 DEFAULT_VISIBILITY_TIMEOUT = 3600
 
 PUBLISH_ATTEMPTS = 3
-
-#: A run promised a start this close (seconds) waits for it in the worker process, and a
-#: run sent back for a later start is sent back to arrive half of this early: the trip
-#: through the broker and the worker (its delivery, the countdown held by the worker,
-#: waiting for a free pool process) would otherwise make promised starts late, and a
-#: start nobody is ready for is lost. Measured under a backlog (3 workers x 2 processes,
-#: busy machine): with 0.1 s, 20/s and 50/s reached 0.83-0.86 and 0.64-0.69 of the ideal
-#: rate, runs going round the broker arriving a median 0.6 s late; with 0.5 s, every rate
-#: from 10/s to 100/s reached 0.98-1.0, every run waiting for its start here.
-SHORT_WAIT = 0.5
 
 #: A run promised a start further away than ``redislock_rate_recheck`` (1 s by default)
 #: asks again before it, after the longest of that, :data:`RECHECK_SHARE` of its wait and
