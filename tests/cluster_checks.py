@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from contextlib import contextmanager
+from importlib import resources
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List
 
 import redis
 from celery.result import AsyncResult, ResultSet
 
 from celery_redislock import Semaphore
+from celery_redislock.engine.parking_rate import DUE_RATE
+from celery_redislock.engine.scripts import DUE
+from celery_redislock.integration.broker_line import POLL
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster
 
 #: Longest wait for a batch of tasks to finish (seconds).
 RESULTS_TIMEOUT = 60.0
+
+#: How long (s) a deadline move is in flight before the poll moves the next head of the
+#: parking queue for a run still due (``LATE_HOLD_MS`` in ``deadline.lua``).
+LATE_HOLD = int(re.search(r"LATE_HOLD_MS = (\d+)", (resources.files(
+    "celery_redislock.engine") / "lua" / "deadline.lua").read_text()).group(1)) / 1000
 
 
 def record_store(cluster: WorkerCluster) -> redis.Redis:
@@ -65,6 +75,54 @@ def assert_each_ran_once(record: redis.Redis, results: List[AsyncResult]) -> Non
     """Every task's body ran exactly once, however often it went back to the queue."""
     runs = {result.id: record.get(f"runs:{result.id}") for result in results}
     assert runs == {result.id: "1" for result in results}
+
+
+def assert_failed_on_time(waiters: List[AsyncResult], sent: List[float], max_wait: float,
+                          polls: List[float]) -> None:
+    """Each of ``waiters``, sent at ``sent`` (the host's clock, as the worker's result
+    date), failed with ``LockWaitTimeout`` on time, judged by design, whatever the load;
+    ``polls``: when the workers' polls asked the lock store (:func:`poll_times`).
+
+    * Never early: from its send to its failure as the worker stored it, and on the
+      lock store's clock from its first refusal to its give-up (its message: "waited
+      1.1 s parked behind ...", to 0.1 s), each waited at least ``max_wait`` (its
+      deadline counts from its first refusal, after its send).
+    * Late by no more than the mechanism makes it: the next poll after its deadline
+      (every :data:`POLL` s, later on a loaded machine: the longest gap between two
+      polls in the run is the figure) moves the head of its parking queue back to a
+      worker, which asks and is told it gave up. That hop back (moved, delivered,
+      asked) is a dispatch as a send is: the dispatch lag measured in the same run is
+      the longest, over the waiters, of the time from a send to its stored failure that
+      the store did not count (in: delivered, asked; out: to a pool process, its
+      failure stored), with 0.1 s for the message's rounding. Two workers park the runs
+      concurrently, so a copy may be queued just behind one whose deadline comes a
+      little later: the poll moves that one first (it parks again), and the due run
+      waits out the move's hold (:data:`LATE_HOLD`, ``deadline.lua``) once more.
+
+    Sending many runs on a loaded machine takes a while, so the first ones may be due
+    before the last ones are sent: each is judged from its own send."""
+    assert [type(r.result).__name__ for r in waiters] == ["LockWaitTimeout"] * len(waiters)
+    waited = [r.date_done.timestamp() - at for r, at in zip(waiters, sent)]
+    told = [_waited_parked(r) for r in waiters]
+    lag = max(total - store for total, store in zip(waited, told))
+    end = max(r.date_done.timestamp() for r in waiters)
+    during = sorted(at for at in polls if min(sent) <= at <= end)
+    gap = max([POLL, *(b - a for a, b in zip(during, during[1:]))])
+    print(f"\n{len(waiters)} parked runs failed {min(waited):.2f}-{max(waited):.2f} s after "
+          f"each was sent; the store gave them up after {min(told):.1f}-{max(told):.1f} s "
+          f"(max wait {max_wait} s; polls up to {gap:.2f} s apart, dispatch lag up to "
+          f"{lag:.2f} s; the sends took {sent[-1] - sent[0]:.2f} s)")
+    assert min(waited) >= max_wait, waited  # none gave up before its deadline
+    assert min(told) >= max_wait, told
+    assert len(during) >= 2, polls
+    assert max(told) <= max_wait + gap + lag + 0.1 + LATE_HOLD, (told, gap, lag)
+
+
+def _waited_parked(result: AsyncResult) -> float:
+    """How long the lock store said a run had waited when it gave it up (s, 0.1 s)."""
+    found = re.search(r"waited (\d+\.\d) s parked", str(result.result))
+    assert found, result.result
+    return float(found.group(1))
 
 
 def holders(cluster: WorkerCluster, name: str) -> int:
@@ -121,11 +179,28 @@ def store_commands(cluster: WorkerCluster) -> Iterator[List[List[str]]]:
 
 
 @contextmanager
-def _monitored(cluster: WorkerCluster,
-               keep: Callable[[Dict[str, Any]], bool]) -> Iterator[List[List[str]]]:
+def poll_times(cluster: WorkerCluster) -> Iterator[List[float]]:
+    """When (the server's clock, s) the workers' polls asked the lock store for the moves
+    owed to the parked lines (``due.lua``, ``due_rate.lua``) during the block, in order
+    (read with MONITOR). Filled when the block ends."""
+    shas = {sha for script in (DUE, DUE_RATE) for sha in (script.sha, script.plain_sha)}
+
+    def poll(event: Dict[str, Any]) -> bool:
+        words = event["command"].split(maxsplit=2)
+        return words[0].upper() == "EVALSHA" and words[1] in shas
+
+    with _monitored(cluster, poll, lambda event: event["time"]) as times:
+        yield times
+
+
+@contextmanager
+def _monitored(cluster: WorkerCluster, keep: Callable[[Dict[str, Any]], bool],
+               entry: Callable[[Dict[str, Any]], Any] = lambda event: event["command"].split()
+               ) -> Iterator[List[Any]]:
     """The commands the lock store's server ran during the block that ``keep`` keeps
-    (given MONITOR's event), each as its words, in order. Filled when the block ends."""
-    commands: List[List[str]] = []
+    (given MONITOR's event), each as its ``entry`` (its words), in order. Filled when
+    the block ends."""
+    commands: List[Any] = []
     ready, end = threading.Event(), f"monitored-end-{id(commands)}"
 
     def watch() -> None:
@@ -136,7 +211,7 @@ def _monitored(cluster: WorkerCluster,
                 if words[:2] == ["ECHO", end]:
                     return
                 if keep(event):
-                    commands.append(words)
+                    commands.append(entry(event))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
