@@ -1,4 +1,5 @@
-"""The broker side of the parking line (``redislock_line = "broker"``, experimental).
+"""The broker side of the parking line (``redislock_line = "broker"``, the default and
+only line).
 
 A run refused by a semaphore waits as ONE message in its key's *parking queue*, a
 queue of the broker that no worker consumes; the lock store keeps only references
