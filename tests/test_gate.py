@@ -272,14 +272,14 @@ def test_a_booked_start_goes_to_the_pool_only_on_time(redis_client, late: float,
     the start back, and the run asks anew."""
     from celery_redislock.engine.admission import Booked, RateLimit, admit
     from celery_redislock.engine.rate import Rate
-    from celery_redislock.gate import gate
+    from celery_redislock.gate import gate, room
 
     limit = RateLimit("gate-unit", Rate.parse("10/s", burst=0), "redislock:")
     admit(redis_client, [limit], lease=5)
     booked = admit(redis_client, [limit], lease=5, book_ms=500)
     assert isinstance(booked, Booked)
     counted = int(redis_client.hget(limit.key, "tat"))
-    hold = gate._Hold()
+    hold = room.Hold()
     hold.booked, hold.due = booked, time.monotonic() - late
     handed = gate._due_booking(_Consumer(), _Request(), hold)
     assert hold.booked is None

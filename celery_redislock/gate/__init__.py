@@ -6,6 +6,8 @@ the slots of runs that could not give them back.
                    process, parked or ended before the pool; the run's end there
 ``main_process``   the interpreter of :func:`~..run.decide.decide` in the main process
                    (hand to the pool, hold, park, or end the copy: ``Ignore``)
+``room``           the requests held for a free pool process: one queue per worker, its
+                   timer, the look-ahead
 ``hand_on``        a slot handed to the next run of its key waiting in this worker
 ``hub_store``      the worker's connection to the lock store on its event loop
 ``recovery``       a lost run's slots freed; ``LimitedRequest``; a worker's registration

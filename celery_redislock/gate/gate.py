@@ -17,13 +17,9 @@ their limits in the worker's main process, just before a request goes to the poo
   lost before or after that has its slots freed by the main process, as before (see
   :mod:`.recovery`);
 * no pool process is free: the request is held here, in one first-come first-served
-  queue per worker, and asked about once a pool process is free (one timer looks at the
-  worker's own state every :data:`~.decide.ROOM_POLL` seconds while the queue has
-  requests, and takes as many from its head as there are free processes; and the end
-  of every limited run the main process hands to the pool serves the queue at once, so
-  that a process freed by such a run is not left idle until the timer), so that a
-  slot is never held by a run that waits for a process. A run that has waited
-  :data:`PROBE_AFTER` has its limits *probed* (the same script, which takes nothing
+  queue per worker (:mod:`.room`), and asked about once a pool process is free, so
+  that a slot is never held by a run that waits for a process. A run that has waited
+  :data:`~.room.PROBE_AFTER` has its limits *probed* (the same script, which takes nothing
   when it would admit the run): refused, it is refused as below, at once; else it waits
   on for a process. Short waits for a process (a pool running short tasks back to back)
   so cost no call to the lock store;
@@ -63,11 +59,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
-import weakref
-from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 from celery.exceptions import Ignore
 from celery.worker import state as worker_state
@@ -76,16 +69,15 @@ from redis.exceptions import RedisError
 
 from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
-from ..engine.admission import Booked, Lease
+from ..engine.admission import Lease
 from ..engine.refusal import describe_error
 from ..line import handoff, parked_deadline
 from ..line.waiting import Parked
 from ..pool.attempt import ADMITTED, MAIN_RELEASES, PROMISED, task_settings
 from ..pool.give_back import give_back_unstarted, release_for_pool
-from ..run.decide import ROOM_POLL
 from ..run.limited import limits_of
 from ..run.waiting_run import carries_wait
-from . import hand_on
+from . import hand_on, room
 from .hub_store import HubStore, hub_store
 from .main_process import (
     MAIN_PROCESS_TIMEOUT,
@@ -164,145 +156,44 @@ class _Events:
         return getattr(self._dispatcher, name)
 
 
-#: How long (s) a run may wait in the main process for a free pool process before its
-#: limits are probed (a run that would be refused is then sent back at once, instead of
-#: waiting here for a process only to be refused): short waits, as when a pool runs
-#: short tasks back to back, cost no call to the lock store.
-PROBE_AFTER = 0.25
-
-
 #: How late (s) a run held for a start booked for it may still go to the pool under it;
 #: later (the worker's event loop was held up), it gives the start back and asks anew, so
 #: that its start is never counted much earlier than it begins.
 BOOKED_SLACK = 0.02
 
 
-class _Hold:
-    """What the main process knows of a request it holds back."""
-
-    __slots__ = ("booked", "due", "probed", "promises", "since", "waits")
-
-    def __init__(self) -> None:
-        self.promises: dict = {}
-        self.waits = 0
-        self.probed = False
-        self.since = time.monotonic()
-        #: The start booked for the run, and when (monotonic) it is due.
-        self.booked: Optional[Booked] = None
-        self.due = 0.0
-
-    def may_wait_unprobed(self) -> bool:
-        """Whether, with no pool process free, the run waits for one without a probe."""
-        return self.probed or time.monotonic() - self.since < PROBE_AFTER
-
-
-#: Requests held back in the worker's main process (on its timer), which take no pool
-#: process: they do not count when the gate looks for room. (The timer may be a thread of
-#: its own, beside the consumer's: hence the lock.)
-_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_held_lock = threading.Lock()
-
-
-
-class _Room:
-    """A worker's requests held until a pool process is free for them (unasked, or
-    probed and admissible), in the order they came; and whether the one timer that
-    serves them is set."""
-
-    __slots__ = ("queue", "thread", "timer_set")
-
-    def __init__(self) -> None:
-        self.queue: Deque[Tuple[Any, Callable[[Any], Any], _Hold]] = deque()
-        self.timer_set = False
-        #: The thread that made the queue (the worker's consumer), which serves it.
-        self.thread = threading.get_ident()
-
-
-#: Each worker's (consumer's) queue of requests waiting for a free pool process.
-_rooms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     """Hand ``request`` to the pool (``handle``) once its limits admit it, or end it here
     (acknowledged, never run) when they do not, or hold it here for a while."""
-    with _held_lock:
-        hold = _held.pop(request, None)
+    hold = room.unhold(request) or room.Hold()
     task = request.task
     limits = limits_of(task)
-    hold = hold or _Hold()
     if hold.booked is not None and limits is not None:
         booked = _due_booking(consumer, request, hold)
         if booked is not None:
             return _act_on_answer(consumer, request, handle, hold, limits, booked)
     if limits is None or request.revoked():
         return handle(request)
-    with _held_lock:
-        free = _free_processes(consumer)
-    room = free >= 0
-    ahead = not room and _may_go_ahead(request) and free >= -_lookahead(consumer)
+    free = room.free_processes_now(consumer)
+    now = free >= 0
+    ahead = not now and room.may_go_ahead(request) and free >= -room.lookahead(consumer)
     loop = getattr(consumer, "hub", None) is not None
-    if not room and not ahead and (hold.may_wait_unprobed() or _parks(task, limits, loop)):
-        return _wait_for_room(consumer, request, handle, hold)
+    # Not probed on the parking line (``loop``): its admission parks the run it refuses.
+    if not now and not ahead and (hold.may_wait_unprobed() or loop):
+        return room.wait_for_room(consumer, request, handle, hold, _gate_again)
     return _settle(consumer, request, handle, hold, limits, lambda: ask_before_pool(
-        task, limits, context_of(request), room=room or ahead, promises=hold.promises,
+        task, limits, context_of(request), room=now or ahead, promises=hold.promises,
         may_wait=hold.waits < SHORT_WAITS, loop=loop), ahead=ahead)
 
 
-#: Per task name: whether this worker's last admission of one of its runs found slots
-#: to spare and no line (nor took the last free slot), on a worker that looks ahead
-#: (see :func:`_lookahead`): its next runs may then be asked for before a pool process
-#: is free for them.
-_spare: Dict[str, bool] = {}
-
-
-def _lookahead(consumer: Any) -> int:
-    """How many runs beyond its free pool processes a worker asks for while their key
-    has slots to spare (``redislock_gate = "async"``, prefork pool: as many as it has
-    processes), so that a process that ends a run finds the next one admitted, instead
-    of idling for the round trip of its admission. The run waits for the process in the
-    pool's own buffer, as a plain task's does; a run asked for so that finds a line, or
-    takes the last free slot, while no process is free gives its slot back at once and
-    waits here (a slot is never held idle while another run waits for it)."""
-    pool = getattr(consumer, "pool", None)
-    if getattr(consumer, "hub", None) is None or not type(pool).__module__.endswith("prefork"):
-        return 0
-    return int(getattr(pool, "num_processes", None) or 0)
-
-
-def _may_go_ahead(request: Any) -> bool:
-    """Whether ``request`` may be asked for ahead of a free pool process: its task's key
-    had slots to spare at its last admission here, and it is a newcomer (a copy of a
-    waiting or parked run, which may claim a reservation, never gives it back unused)."""
-    return _spare.get(request.task.name, False) and not carries_wait(
-        getattr(getattr(request, "message", None), "headers", None))
-
-
-def _note_spare(consumer: Any, task: Any, limits: TaskLimits, answer: BeforePool) -> bool:
-    """Record whether ``answer`` (an admission of a run of ``task``) leaves slots to
-    spare for its next runs to be asked for ahead (see :data:`_spare`); returns it."""
-    spare = (isinstance(answer, dict) and not answer.get("contended")
-             and not answer.get("last") and not answer.get("parts")
-             and all(rule.rate is None for rule in limits.rules)
-             and task_settings(task).gate == "async" and _lookahead(consumer) > 0)
-    _spare[task.name] = spare
-    return spare
-
-
-def _parks(task: Any, limits: TaskLimits, loop: bool) -> bool:
-    """Whether ``task``'s refused runs may wait on the parking line here: they are not
-    probed (a probe takes nothing; the parking line's admission parks the run it
-    refuses), they wait for a free pool process, then ask."""
-    return loop
-
-
-def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: room.Hold,
             limits: TaskLimits, step: Callable[[], Union[BeforePool, Asking]],
             ahead: bool = False) -> Any:
     """Act on the answer of ``step`` for ``request`` (see :func:`_act_on_answer`): an
     admission still to ask is asked blocking, or (``redislock_gate = "async"``) sent on
     the worker's event loop, whose reply comes back here, the same way, later. A run sent
     back or ended (``Ignore``) has its message acknowledged here. ``ahead``: the run is
-    asked for before a pool process is free for it (see :func:`_lookahead`)."""
+    asked for before a pool process is free for it (see :func:`.room.lookahead`)."""
     try:
         answer = step()
         if isinstance(answer, Asking):
@@ -317,7 +208,7 @@ def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Ho
                     lambda: asking.replied(admit_call, reply), ahead))
                 return None
     except Ignore:
-        _spare[request.task.name] = False
+        room.spare[request.task.name] = False
         end_unrun(request)
         return None
     except Exception as exc:  # never lose a request: the pool process decides instead
@@ -334,16 +225,16 @@ def _store_of(consumer: Any, asking: Asking) -> Optional[HubStore]:
     return hub_store(consumer, asking.client, MAIN_PROCESS_TIMEOUT)
 
 
-def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: room.Hold,
                    limits: TaskLimits, answer: BeforePool, ahead: bool = False) -> Any:
     """Hold ``request`` here for a while, or hand it to the pool with what its limits
     (``limits``) gave it (``answer``). Admitted ahead of a free pool process
     (``ahead``) where a line formed, or taking the last free slot, with still no
     process free: the slot is given back and the run waits here for a process."""
-    spare = _note_spare(consumer, request.task, limits, answer)
-    if (ahead and isinstance(answer, dict) and not spare and not _pool_has_room(consumer)
+    spare = room.note_spare(consumer, request.task, limits, answer)
+    if (ahead and isinstance(answer, dict) and not spare and not room.pool_has_room(consumer)
             and not request.revoked() and _give_back_ahead(consumer, request, answer)):
-        return _wait_for_room(consumer, request, handle, hold)
+        return room.wait_for_room(consumer, request, handle, hold, _gate_again)
     if isinstance(answer, Parked):
         return park(consumer, request, answer)
     if isinstance(answer, parked_deadline.GaveUpHere):  # it fails in the pool process
@@ -354,19 +245,19 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
     return _to_pool(consumer, request, handle, hold, limits, answer)
 
 
-def _hold_for(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+def _hold_for(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: room.Hold,
               later: Later) -> Any:
     """Hold ``request`` here as ``later`` says: until a pool process is free (probed),
     or for a start promised or booked soon."""
     hold.promises, hold.probed = dict(later.promises), later.probed
     if later.probed:
-        return _wait_for_room(consumer, request, handle, hold)
+        return room.wait_for_room(consumer, request, handle, hold, _gate_again)
     hold.waits += 1
     hold.booked, hold.due = later.booked, time.monotonic() + later.seconds
-    return _hold_back(consumer, request, handle, hold, later.seconds)
+    return room.hold_back(consumer, request, handle, hold, later.seconds, _gate_again)
 
 
-def _to_pool(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
+def _to_pool(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: room.Hold,
              limits: TaskLimits, answer: Optional[Dict[str, Any]]) -> Any:
     """Hand ``request`` to the pool with the lease its limits gave it (``answer``; None:
     the pool process decides), to be given back here at its end where this process can;
@@ -387,7 +278,7 @@ def _to_pool(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _H
 
 def _give_back_ahead(consumer: Any, request: Any, handed: Dict[str, Any]) -> bool:
     """Give back, without waiting, the slot a run asked for ahead of a free pool
-    process took (see :func:`_lookahead`); False when it cannot be so (the run then goes
+    process took (see :func:`.room.lookahead`); False when it cannot be so (the run then goes
     to the pool under it)."""
     settings = task_settings(request.task)
     store = hub_store(consumer, redis_client(request.task._get_app(), settings),
@@ -396,7 +287,7 @@ def _give_back_ahead(consumer: Any, request: Any, handed: Dict[str, Any]) -> boo
         handed, functools.partial(handoff.publish, request.task.app))
 
 
-def _due_booking(consumer: Any, request: Any, hold: _Hold) -> Optional[Dict[str, Any]]:
+def _due_booking(consumer: Any, request: Any, hold: room.Hold) -> Optional[Dict[str, Any]]:
     """The lease of the start booked for ``request`` (see :class:`Booked`), now due, to
     hand to the pool with it: a pool process is free, and the start has not passed by
     more than :data:`BOOKED_SLACK`. Else (and for a revoked run) the start is given
@@ -404,7 +295,7 @@ def _due_booking(consumer: Any, request: Any, hold: _Hold) -> Optional[Dict[str,
     booked, hold.booked = hold.booked, None
     assert booked is not None
     if (time.monotonic() <= hold.due + BOOKED_SLACK and not request.revoked()
-            and _pool_has_room(consumer)):
+            and room.pool_has_room(consumer)):
         return booked.lease.handover()
     try:
         booked.give_back()
@@ -510,7 +401,7 @@ class _RunEnd:
         finally:
             self.give_back()
             self.unwrap()
-            _serve_waiting_now(self.consumer)
+            room.serve_now(self.consumer, _gate_again)
 
     def failed(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -519,7 +410,7 @@ class _RunEnd:
             if kwargs.get("return_ok"):
                 self.give_back()
             self.unwrap()
-            _serve_waiting_now(self.consumer)
+            room.serve_now(self.consumer, _gate_again)
 
 
 def _hand_on(consumer: Any, ended: Any, release: Callable[[], None]) -> bool:
@@ -531,22 +422,12 @@ def _hand_on(consumer: Any, ended: Any, release: Callable[[], None]) -> bool:
     if not isinstance(release, hand_on.MainRelease) or not hand_on.may_hand_on(
             release.handed, release.limits):
         return False
-    room = _rooms.get(consumer)
-    if room is None or not room.queue or room.thread != threading.get_ident():
-        return False
     if carries_wait(getattr(getattr(ended, "message", None), "headers", None)):
         return False  # a copy of a waiting run: its slot goes back through the store
-    with _held_lock:
-        request, handle, hold = room.queue[0]
-        if (limits_of(request.task) is not release.limits or hold.booked is not None
-                or hold.promises or carries_wait(
-                    getattr(getattr(request, "message", None), "headers", None))):
-            return False
-        free = _free_processes(consumer)
-        if free <= 0 and (free <= -_lookahead(consumer) or not _may_go_ahead(request)):
-            return False
-        room.queue.popleft()
-        _held.pop(request, None)
+    head = room.head_for_hand_on(consumer, release.limits)
+    if head is None:
+        return False
+    request, handle, hold = head
     if request.revoked():
         release()
         handle(request)
@@ -557,92 +438,6 @@ def _hand_on(consumer: Any, ended: Any, release: Callable[[], None]) -> bool:
     return True
 
 
-def _serve_waiting_now(consumer: Any) -> None:
-    """Gate the requests at the head of ``consumer``'s queue that the free pool
-    processes can take now, when called in the thread that serves the queue (a pool
-    may report a run's end from a thread of its own: the queue's timer serves then)."""
-    room = _rooms.get(consumer)
-    if room is None or not room.queue or room.thread != threading.get_ident():
-        return
-    with _held_lock:
-        taken = _take_from(consumer, room)
-    for request, handle, _ in taken:
-        _gate_again(consumer, request, handle)
-
-
-def _hold_back(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: _Hold,
-               seconds: float) -> None:
-    """Ask about ``request`` again in ``seconds``; meanwhile it stays reserved by this
-    worker (its message unacknowledged, as Celery's ``rate_limit`` holds a request)."""
-    with _held_lock:
-        _held[request] = hold
-    consumer.timer.call_after(max(seconds, 0.001), _gate_again, (consumer, request, handle),
-                              priority=6)
-
-
-def _wait_for_room(consumer: Any, request: Any, handle: Callable[[Any], Any],
-                   hold: _Hold) -> None:
-    """Hold ``request`` at the end of its worker's queue of requests waiting for a free
-    pool process, and set the timer that serves that queue."""
-    with _held_lock:
-        _held[request] = hold
-        room = _rooms.get(consumer)
-        if room is None:
-            room = _rooms[consumer] = _Room()
-        room.queue.append((request, handle, hold))
-        if room.timer_set:
-            return
-        room.timer_set = True
-    consumer.timer.call_after(ROOM_POLL, _serve_waiting_for_room, (consumer, room), priority=6)
-
-
-def _serve_waiting_for_room(consumer: Any, room: _Room) -> None:
-    """Gate again, from the head of the queue, as many held requests as there are free
-    pool processes; come back in :data:`~.decide.ROOM_POLL` while any are left."""
-    with _held_lock:
-        taken = _take_from(consumer, room)
-        taken += _due_for_a_probe(room)
-    for request, handle, _ in taken:
-        _gate_again(consumer, request, handle)
-    with _held_lock:
-        if not room.queue:
-            room.timer_set = False
-            return
-    consumer.timer.call_after(ROOM_POLL, _serve_waiting_for_room, (consumer, room), priority=6)
-
-
-def _take_from(consumer: Any, room: _Room) -> List[Tuple[Any, Callable[[Any], Any], _Hold]]:
-    """Take from the head of ``room`` the requests that the free pool processes can
-    take now, and, while their task's key has slots to spare, as many more as the
-    worker looks ahead (see :func:`_lookahead`). Called with the held requests' lock."""
-    free, ahead = _free_processes(consumer), None
-    taken = []
-    while room.queue:
-        if free <= 0:
-            if ahead is None:
-                ahead = _lookahead(consumer)
-            if free <= -ahead or not _may_go_ahead(room.queue[0][0]):
-                break
-        taken.append(room.queue.popleft())
-        free -= 1
-    return taken
-
-
-def _due_for_a_probe(room: _Room) -> List[Tuple[Any, Callable[[Any], Any], _Hold]]:
-    """Take out of ``room`` the requests that have waited :data:`PROBE_AFTER` unprobed
-    (they are near its head: it is in order of arrival, the probed ones aside)."""
-    due = []
-    for waiting in room.queue:
-        hold = waiting[2]
-        if not hold.probed:
-            if hold.may_wait_unprobed():
-                break
-            due.append(waiting)
-    for waiting in due:
-        room.queue.remove(waiting)
-    return due
-
-
 def _gate_again(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     """:func:`gate`, from the timer: a request held back is never dropped by an error
     (the pool process decides then)."""
@@ -651,36 +446,7 @@ def _gate_again(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> An
     except Exception as exc:
         logger.warning("celery-redislock: task %s[%s]: could not ask its limits before the "
                        "pool (%r); the pool process asks", request.task.name, request.id, exc)
-        with _held_lock:
-            _held.pop(request, None)
+        room.unhold(request)
         return handle(request)
 
 
-def _pool_has_room(consumer: Any) -> bool:
-    """Whether a pool process is free to start the request being gated at once: a slot
-    taken here is held until a pool process starts the run, so it is taken only then.
-    The requests reserved by this worker, the gated one among them, are those in (or on
-    their way to) the pool and those held back here. A pool that does not say how many
-    processes it has is taken to have room (nothing would tell when it has)."""
-    with _held_lock:
-        return _free_processes(consumer) >= 0
-
-
-def _free_processes(consumer: Any) -> int:
-    """How many pool processes are free beyond the requests reserved by this worker and
-    not held here (the one being gated among them, once taken out of the held ones);
-    a large number for a pool that does not say how many processes it has. Called with
-    the held requests' lock taken.
-
-    Every request held here is reserved: Celery reserves a request before its strategy
-    hands it on, and only the request's end takes it out, which a held request has not
-    reached (one that :func:`gate` ends leaves the held ones first). So the held ones
-    are counted, not looked up one by one in the reserved ones (a look-up per held
-    request, on every run's end and every tick of the queue's timer, cost the worker's
-    main process more than the admission's own Python code); should Celery forget its
-    reserved requests (a lost broker connection), no more are counted than it has."""
-    processes = getattr(consumer.pool, "num_processes", None) or 0
-    if processes <= 0:
-        return 1 << 30
-    reserved = len(worker_state.reserved_requests)
-    return processes - (reserved - min(len(_held), reserved))

@@ -1,0 +1,279 @@
+"""The worker's main process's room: the requests it holds for a free pool process.
+
+One first-come first-served queue per worker (its consumer), served by one timer every
+:data:`~..run.decide.ROOM_POLL` seconds while it holds requests, and at once by the end
+of every run the main process handed to the pool (:func:`serve_now`); the requests held
+on the timer for a promised start (:func:`hold_back`); and the *look-ahead*: while a
+task's key has slots to spare, as many runs as the pool has processes are asked for
+before a process is free for them (:func:`lookahead`).
+
+A held request takes no pool process: it does not count when the gate looks for room
+(:func:`free_processes`). What gates a request again (``again``) is the gate's own entry,
+passed in by :mod:`.gate`, so that this module knows nothing of the admission.
+
+    >>> Hold().may_wait_unprobed()
+    True
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+from celery.worker import state as worker_state
+
+from ..config.limit import TaskLimits
+from ..engine.admission import Booked
+from ..pool.attempt import task_settings
+from ..run.decide import ROOM_POLL
+from ..run.limited import limits_of
+from ..run.waiting_run import carries_wait
+
+#: How a request goes to the pool: the handler Celery's strategy gave it.
+Handle = Callable[[Any], Any]
+#: A request held here: the request, its handler, what is known of its hold.
+Entry = Tuple[Any, Handle, "Hold"]
+#: Gates a request again: ``again(consumer, request, handle)``.
+Again = Callable[[Any, Any, Handle], Any]
+
+
+#: How long (s) a run may wait in the main process for a free pool process before its
+#: limits are probed (a run that would be refused is then sent back at once, instead of
+#: waiting here for a process only to be refused): short waits, as when a pool runs
+#: short tasks back to back, cost no call to the lock store.
+PROBE_AFTER = 0.25
+
+
+class Hold:
+    """What the main process knows of a request it holds back."""
+
+    __slots__ = ("booked", "due", "probed", "promises", "since", "waits")
+
+    def __init__(self) -> None:
+        self.promises: dict = {}
+        self.waits = 0
+        self.probed = False
+        self.since = time.monotonic()
+        #: The start booked for the run, and when (monotonic) it is due.
+        self.booked: Optional[Booked] = None
+        self.due = 0.0
+
+    def may_wait_unprobed(self) -> bool:
+        """Whether, with no pool process free, the run waits for one without a probe."""
+        return self.probed or time.monotonic() - self.since < PROBE_AFTER
+
+
+#: Requests held back in the worker's main process (on its timer), which take no pool
+#: process: they do not count when the gate looks for room. (The timer may be a thread of
+#: its own, beside the consumer's: hence the lock.)
+held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+held_lock = threading.Lock()
+
+
+def unhold(request: Any) -> Optional[Hold]:
+    """Take ``request`` out of the held ones: what was known of it, if it was held."""
+    with held_lock:
+        return held.pop(request, None)
+
+
+class Room:
+    """A worker's requests held until a pool process is free for them (unasked, or
+    probed and admissible), in the order they came; and whether the one timer that
+    serves them is set."""
+
+    __slots__ = ("queue", "thread", "timer_set")
+
+    def __init__(self) -> None:
+        self.queue: Deque[Entry] = deque()
+        self.timer_set = False
+        #: The thread that made the queue (the worker's consumer), which serves it.
+        self.thread = threading.get_ident()
+
+
+#: Each worker's (consumer's) queue of requests waiting for a free pool process.
+rooms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+#: Per task name: whether this worker's last admission of one of its runs found slots
+#: to spare and no line (nor took the last free slot), on a worker that looks ahead
+#: (see :func:`lookahead`): its next runs may then be asked for before a pool process
+#: is free for them.
+spare: Dict[str, bool] = {}
+
+
+def lookahead(consumer: Any) -> int:
+    """How many runs beyond its free pool processes a worker asks for while their key
+    has slots to spare (``redislock_gate = "async"``, prefork pool: as many as it has
+    processes), so that a process that ends a run finds the next one admitted, instead
+    of idling for the round trip of its admission. The run waits for the process in the
+    pool's own buffer, as a plain task's does; a run asked for so that finds a line, or
+    takes the last free slot, while no process is free gives its slot back at once and
+    waits here (a slot is never held idle while another run waits for it)."""
+    pool = getattr(consumer, "pool", None)
+    if getattr(consumer, "hub", None) is None or not type(pool).__module__.endswith("prefork"):
+        return 0
+    return int(getattr(pool, "num_processes", None) or 0)
+
+
+def may_go_ahead(request: Any) -> bool:
+    """Whether ``request`` may be asked for ahead of a free pool process: its task's key
+    had slots to spare at its last admission here, and it is a newcomer (a copy of a
+    waiting or parked run, which may claim a reservation, never gives it back unused)."""
+    return spare.get(request.task.name, False) and not carries_wait(
+        getattr(getattr(request, "message", None), "headers", None))
+
+
+def note_spare(consumer: Any, task: Any, limits: TaskLimits, answer: Any) -> bool:
+    """Record whether ``answer`` (an admission of a run of ``task``) leaves slots to
+    spare for its next runs to be asked for ahead (see :data:`spare`); returns it."""
+    found = (isinstance(answer, dict) and not answer.get("contended")
+             and not answer.get("last") and not answer.get("parts")
+             and all(rule.rate is None for rule in limits.rules)
+             and task_settings(task).gate == "async" and lookahead(consumer) > 0)
+    spare[task.name] = found
+    return found
+
+
+def serve_now(consumer: Any, again: Again) -> None:
+    """Gate the requests at the head of ``consumer``'s queue that the free pool
+    processes can take now, when called in the thread that serves the queue (a pool
+    may report a run's end from a thread of its own: the queue's timer serves then)."""
+    room = rooms.get(consumer)
+    if room is None or not room.queue or room.thread != threading.get_ident():
+        return
+    with held_lock:
+        taken = take_from(consumer, room)
+    for request, handle, _ in taken:
+        again(consumer, request, handle)
+
+
+def hold_back(consumer: Any, request: Any, handle: Handle, hold: Hold, seconds: float,
+              again: Again) -> None:
+    """Ask about ``request`` again in ``seconds``; meanwhile it stays reserved by this
+    worker (its message unacknowledged, as Celery's ``rate_limit`` holds a request)."""
+    with held_lock:
+        held[request] = hold
+    consumer.timer.call_after(max(seconds, 0.001), again, (consumer, request, handle),
+                              priority=6)
+
+
+def wait_for_room(consumer: Any, request: Any, handle: Handle, hold: Hold,
+                  again: Again) -> None:
+    """Hold ``request`` at the end of its worker's queue of requests waiting for a free
+    pool process, and set the timer that serves that queue."""
+    with held_lock:
+        held[request] = hold
+        room = rooms.get(consumer)
+        if room is None:
+            room = rooms[consumer] = Room()
+        room.queue.append((request, handle, hold))
+        if room.timer_set:
+            return
+        room.timer_set = True
+    consumer.timer.call_after(ROOM_POLL, _serve, (consumer, room, again), priority=6)
+
+
+def _serve(consumer: Any, room: Room, again: Again) -> None:
+    """Gate again, from the head of the queue, as many held requests as there are free
+    pool processes; come back in :data:`~.decide.ROOM_POLL` while any are left."""
+    with held_lock:
+        taken = take_from(consumer, room)
+        taken += _due_for_a_probe(room)
+    for request, handle, _ in taken:
+        again(consumer, request, handle)
+    with held_lock:
+        if not room.queue:
+            room.timer_set = False
+            return
+    consumer.timer.call_after(ROOM_POLL, _serve, (consumer, room, again), priority=6)
+
+
+def take_from(consumer: Any, room: Room) -> List[Entry]:
+    """Take from the head of ``room`` the requests that the free pool processes can
+    take now, and, while their task's key has slots to spare, as many more as the
+    worker looks ahead (see :func:`lookahead`). Called with the held requests' lock."""
+    free, ahead = free_processes(consumer), None
+    taken = []
+    while room.queue:
+        if free <= 0:
+            if ahead is None:
+                ahead = lookahead(consumer)
+            if free <= -ahead or not may_go_ahead(room.queue[0][0]):
+                break
+        taken.append(room.queue.popleft())
+        free -= 1
+    return taken
+
+
+def _due_for_a_probe(room: Room) -> List[Entry]:
+    """Take out of ``room`` the requests that have waited :data:`PROBE_AFTER` unprobed
+    (they are near its head: it is in order of arrival, the probed ones aside)."""
+    due = []
+    for waiting in room.queue:
+        hold = waiting[2]
+        if not hold.probed:
+            if hold.may_wait_unprobed():
+                break
+            due.append(waiting)
+    for waiting in due:
+        room.queue.remove(waiting)
+    return due
+
+
+def head_for_hand_on(consumer: Any, limits: TaskLimits) -> Optional[Entry]:
+    """Take the request at the head of ``consumer``'s queue, to hand it a slot of
+    ``limits`` that a run ended with (see :mod:`.hand_on`): called in the thread that
+    serves the queue, for a newcomer of the same limits, with no start booked or
+    promised, that a free pool process (or the look-ahead) can take now; else None."""
+    room = rooms.get(consumer)
+    if room is None or not room.queue or room.thread != threading.get_ident():
+        return None
+    with held_lock:
+        request, _, hold = room.queue[0]
+        if (limits_of(request.task) is not limits or hold.booked is not None
+                or hold.promises or carries_wait(
+                    getattr(getattr(request, "message", None), "headers", None))):
+            return None
+        free = free_processes(consumer)
+        if free <= 0 and (free <= -lookahead(consumer) or not may_go_ahead(request)):
+            return None
+        held.pop(request, None)
+        return room.queue.popleft()
+
+
+def pool_has_room(consumer: Any) -> bool:
+    """Whether a pool process is free to start the request being gated at once: a slot
+    taken here is held until a pool process starts the run, so it is taken only then.
+    The requests reserved by this worker, the gated one among them, are those in (or on
+    their way to) the pool and those held back here. A pool that does not say how many
+    processes it has is taken to have room (nothing would tell when it has)."""
+    return free_processes_now(consumer) >= 0
+
+
+def free_processes_now(consumer: Any) -> int:
+    """:func:`free_processes`, taking the held requests' lock."""
+    with held_lock:
+        return free_processes(consumer)
+
+
+def free_processes(consumer: Any) -> int:
+    """How many pool processes are free beyond the requests reserved by this worker and
+    not held here (the one being gated among them, once taken out of the held ones);
+    a large number for a pool that does not say how many processes it has. Called with
+    the held requests' lock taken.
+
+    Every request held here is reserved: Celery reserves a request before its strategy
+    hands it on, and only the request's end takes it out, which a held request has not
+    reached (one that :func:`gate` ends leaves the held ones first). So the held ones
+    are counted, not looked up one by one in the reserved ones (a look-up per held
+    request, on every run's end and every tick of the queue's timer, cost the worker's
+    main process more than the admission's own Python code); should Celery forget its
+    reserved requests (a lost broker connection), no more are counted than it has."""
+    processes = getattr(consumer.pool, "num_processes", None) or 0
+    if processes <= 0:
+        return 1 << 30
+    reserved = len(worker_state.reserved_requests)
+    return processes - (reserved - min(len(held), reserved))
