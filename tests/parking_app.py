@@ -20,6 +20,13 @@ Test-only hooks, read at import:
   its pool process, before Celery stores its result or acknowledges it: it says so
   (``held``: task id -> pid) and waits for an entry in the list ``go:<id>`` (or its
   worker's death);
+* ``REDISLOCK_TEST_KILL_BEFORE_PUBLISH=1``: a run whose id is in the record store's set
+  ``kill-before-publish`` (taken out of it, so once per id), refused and about to publish
+  its parked copy from the process that runs it (a gevent worker's greenlet, or a pool
+  process that asks: ``pool_park.park_here``), says so (``killed-before-publish``: task
+  id -> pid) and SIGKILLs its whole process group instead;
+* ``REDISLOCK_TEST_UNSENT_MS``: ``pool_park.UNSENT_MS``, how long the lock store waits
+  for the confirmation of such a publish;
 * ``REDISLOCK_TEST_VISIBILITY``: the broker's visibility timeout (s, default 60);
 * ``REDISLOCK_TEST_GATE``: ``redislock_gate`` (default ``"blocking"``);
 * ``REDISLOCK_TEST_PARKING_ON_RABBITMQ``: the broker is the shared RabbitMQ (see
@@ -38,6 +45,7 @@ from celery_redislock import LimitedTask
 from celery_redislock.admin.control import pause_key_of
 from celery_redislock.gate import gate, main_process
 from celery_redislock.integration.signals import lock_contended, lock_released
+from celery_redislock.pool import pool_park
 
 from fault_app import fault_recorder
 from rabbit_app import AMQP_URL, queue_name
@@ -45,6 +53,10 @@ from worker_app import BROKER_URL_ENV, LINE_ENV, AppUrls
 
 KILL_ENV = "REDISLOCK_TEST_KILL_AT_PARK"
 HOLD_ENV = "REDISLOCK_TEST_HOLD_AFTER_RELEASE"
+KILL_BEFORE_PUBLISH_ENV = "REDISLOCK_TEST_KILL_BEFORE_PUBLISH"
+#: The record store's set of the task ids killed before their publish.
+KILL_BEFORE_PUBLISH_SET = "kill-before-publish"
+UNSENT_ENV = "REDISLOCK_TEST_UNSENT_MS"
 #: The record store's set of the task ids that stop after their release (``HOLD_ENV``).
 HOLD_SET = "hold-after-release"
 VISIBILITY_ENV = "REDISLOCK_TEST_VISIBILITY"
@@ -137,6 +149,7 @@ def create_app(urls: AppUrls) -> Celery:
 
     lock_contended.connect(on_refused, weak=False)
     _kill_at_park(record)
+    _kill_before_publish(record)
     if os.environ.get(HOLD_ENV):
         _hold_after_release(app, record)
     return app
@@ -169,6 +182,25 @@ def _kill_at_park(record: Any) -> None:
 
     gate.end_unrun = end_unrun  # type: ignore[assignment]
     main_process.end_unrun = end_unrun  # type: ignore[assignment]  (after a park)
+
+
+def _kill_before_publish(record: Any) -> None:
+    """The hooks of ``REDISLOCK_TEST_KILL_BEFORE_PUBLISH`` and ``REDISLOCK_TEST_UNSENT_MS``
+    (see the module doc)."""
+    if os.environ.get(UNSENT_ENV):
+        pool_park.UNSENT_MS = int(os.environ[UNSENT_ENV])  # type: ignore[misc]
+    if not os.environ.get(KILL_BEFORE_PUBLISH_ENV):
+        return
+    publish = pool_park.park_here
+
+    def park_here(task: Any, request: Any, *rest: Any) -> bool:
+        client = record().client
+        if client.srem(KILL_BEFORE_PUBLISH_SET, request.id):
+            client.hset("killed-before-publish", request.id, os.getpid())
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        return publish(task, request, *rest)
+
+    pool_park.park_here = park_here  # type: ignore[assignment]
 
 
 #: The app of the worker processes (see :mod:`fault_app`).

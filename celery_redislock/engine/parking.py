@@ -102,6 +102,7 @@ from .scripts import (
     DUE,
     LEAVE_PARKED,
     MOVED_NOTHING,
+    PARKED_SENT,
     STARTED,
     LuaScript,
     by_hash_slot,
@@ -110,8 +111,9 @@ from .scripts import (
 
 __all__ = [
     "KEEP_SERVED_MS", "RESERVE_MS", "DeadlineMove", "GaveUp", "ParkAdmitCall", "ParkAsk",
-    "ParkRef", "ParkedMove", "due", "leave", "moved_nothing", "moves_of", "park_admit",
-    "parked_index", "parked_keys", "prepare_park_admit", "run_id", "started", "started_soon",
+    "ParkRef", "ParkedMove", "copy_sent", "due", "leave", "moved_nothing", "moves_of",
+    "park_admit", "parked_index", "parked_keys", "prepare_park_admit", "run_id", "started",
+    "started_soon",
 ]
 
 #: How long a served reference is kept (ms): as long as the broker may give back a copy
@@ -333,6 +335,11 @@ class ParkAsk:
       run has the lowest ``since - priority x priority_aging`` (s);
     * ``book_ms`` (one rate limit alone): how far ahead the caller holds a run for the
       start booked for it (0: it parks);
+    * ``unsent_ms``: the caller publishes a refused run's copy itself, after the refusal,
+      and confirms it (:func:`copy_sent`) within this many ms; unconfirmed by then, the
+      reference lapses (``lua/parked_unsent.lua``: not counted as waiting, then
+      forgotten), as when the caller died before its publish (0: no confirmation, the
+      caller's message stays unacknowledged until its copy is parked);
     * ``copy``: a moved copy's id (the ``move`` of its wait header), for a task that
       late or early: its claim, then its served reference, keeps it, so that this very
       copy asking again (its admission's reply lost, or given back by the broker
@@ -360,6 +367,7 @@ class ParkAsk:
     priority_aging: float = 10.0
     book_ms: int = 0
     copy: str = ""
+    unsent_ms: int = 0
 
 
 def prepare_park_admit(client: Any, limiters: Sequence[Any],
@@ -393,7 +401,8 @@ def prepare_park_admit(client: Any, limiters: Sequence[Any],
             park_id_arg(ask.parked, ask.copy) if home else "",
             ask.keep_served_ms, ask.reserve_ms, *(limiter.slots for limiter in limiters),
             _seen(client), grace_bound_ms(client, ask.lease),
-            "1" if ask.park_paused else "0", *_optional_args(limiters, rates, ask)]
+            ("1" if ask.park_paused else "0") + (f" {ask.unsent_ms}" if ask.unsent_ms else ""),
+            *_optional_args(limiters, rates, ask)]
     index = _index_of(client, prefix, keys[0] if keys else rates[0].key)
     return ParkAdmitCall(client, [*limiters, *rates], token, ask.lease, ask.description,
                          ask.reserve_ms, [*keys, index, *rate_keys], args)
@@ -469,6 +478,23 @@ def park_admit(client: Any, limiters: Sequence[Any], ask: Optional[ParkAsk] = No
     if call is None:
         raise ValueError("park_admit: semaphores only (on Redis Cluster, in one hash slot)")
     return call.run()
+
+
+def copy_sent(client: Any, park: ParkRef, run: str) -> bool:
+    """Confirm that the copy of ``run``, parked as ``park`` by a caller that asked with
+    ``unsent_ms`` (:class:`ParkAsk`), is in its parking queue: its reference no longer
+    lapses (``lua/parked_unsent.lua``). False: it was not awaiting this confirmation
+    (asked without ``unsent_ms``, or forgotten since).
+
+        >>> import redis
+        >>> client = redis.Redis.from_url(redis_url)
+        >>> limit = [SlotLimit("sent-doc", 1, "doc:")]
+        >>> first = park_admit(client, limit, lease=5, run=run_id("t1", 0))
+        >>> busy = park_admit(client, limit, lease=5, run=run_id("t2", 0), unsent_ms=30000)
+        >>> copy_sent(client, busy.park, run_id("t2", 0)), first.release()
+        (True, True)
+    """
+    return bool(PARKED_SENT.run(client, [park.key], [run, park.park_id]))
 
 
 def parked_keys(client: Any, prefix: str = "redislock:") -> List[str]:

@@ -100,11 +100,12 @@ _PLAIN = "_redislock_plain_scripts"
 #: Shared functions put in front of the scripts that hand out slots: the store's
 #: incarnation (store.lua), weighted holders (units.lua), the parked line (parking.lua,
 #: with its fair sub-lines: fair.lua, its weighted runs: parked_cost.lua, its companions'
-#: names: parked_names.lua, its references' claims: parked_claims.lua, a rate's line
-#: re-planned: rate_plan.lua, and its runs' deadlines: deadline.lua), then a semaphore's
-#: limit and its hand-over to its parked line (line.lua).
+#: names: parked_names.lua, its references' claims: parked_claims.lua, references whose
+#: copy may never come: parked_unsent.lua, a rate's line re-planned: rate_plan.lua, and
+#: its runs' deadlines: deadline.lua), then a semaphore's limit and its hand-over to its
+#: parked line (line.lua).
 LINE = ["store.lua", "units.lua", "fair.lua", "parked_cost.lua", "parked_names.lua", "parking.lua",
-        "parked_claims.lua", "rate_plan.lua", "deadline.lua", "line.lua"]
+        "parked_claims.lua", "parked_unsent.lua", "rate_plan.lua", "deadline.lua", "line.lua"]
 
 #: The admissions by mode, over the same preludes (admit_args.lua: the arguments and
 #: replies; admit_semaphore.lua, admit_rates.lua: each kind of limiter): semaphores only,
@@ -136,6 +137,7 @@ PARKED = ["units.lua", "fair.lua", "parked_cost.lua", "parked_names.lua", "parki
           "parked_claims.lua"]
 MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=PARKED)
 STARTED = LuaScript.load("started.lua", after=PARKED)
+PARKED_SENT = LuaScript.load("parked_sent.lua", after=[*PARKED, "parked_unsent.lua"])
 LEAVE_PARKED = LuaScript.load("leave_parked.lua", after=LINE)
 
 

@@ -181,6 +181,9 @@ class Attempt:
     reserve_ms: int
     #: It waits on the parking line (``redislock_line = "broker"``; see :mod:`.broker_line`).
     parking: bool = False
+    #: It parks from the process that runs it and confirms its copy's publish within this
+    #: many ms (:mod:`.pool_park`; 0: its message stays unacknowledged until parked).
+    unsent_ms: int = 0
 
     @classmethod
     def of(cls, task: Any, setup: Setup, args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -228,7 +231,7 @@ class Attempt:
                        keep_served_ms=self.setup.keep_served_ms, max_wait=retry.max_wait,
                        book_ms=book_ms, priority=priority,
                        priority_aging=retry.priority_aging,
-                       copy=self.waited.move)
+                       copy=self.waited.move, unsent_ms=self.unsent_ms)
 
     def published(self, outcome: Any) -> Any:
         """``outcome``, the hand-offs it brings published."""

@@ -9,33 +9,45 @@ wait header. The run then ends (``Ignore``).
 
 Windows (see docs/semantics.md): under default acks the original was acknowledged
 before the body began, so a process that dies between the reference and the publish
-loses the run (its reference waits for a copy that never comes; the poll stops
-counting it after a minute); under ``acks_late`` the original is acknowledged after
-the copy is parked, so the broker gives it back instead, and its reference tells the
-copies apart.
+loses the run, as Celery alone loses a run whose process dies (its body would have been
+running). Its reference then waits for a copy that never comes: the run asks with
+``unsent_ms`` (:data:`UNSENT_MS`), and :func:`sent` confirms the publish; unconfirmed by
+then, the reference lapses (no longer counted as waiting, then forgotten once no copy
+can come back: ``engine/lua/parked_unsent.lua``). Under ``acks_late`` the original is
+acknowledged after the copy is parked, so the broker gives it back instead, and its
+reference tells the copies apart.
 
-    >>> PUBLISH_TIMEOUT
-    10.0
+    >>> PUBLISH_TIMEOUT, UNSENT_MS
+    (10.0, 30000)
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, List, Mapping, Sequence
 
 from kombu.serialization import dumps
+from redis.exceptions import RedisError
 
 from ..config.settings import Settings
 from ..engine import parking as store
 from ..engine.admission import ParkRef
+from ..engine.parking_rate import is_rate_key
 from ..line.broker_line import line_name, mover
 from ..parking import ParkedCopy, Route, parking_queue
 from ..run.waiting_run import WaitingRun
 
-__all__ = ["PUBLISH_TIMEOUT", "copy_of_request", "park_here", "parks_here"]
+__all__ = ["PUBLISH_TIMEOUT", "UNSENT_MS", "copy_of_request", "park_here", "parks_here", "sent"]
+
+logger = logging.getLogger(__name__)
 
 #: How long (s) a run waits here for its parked copy to be published.
 PUBLISH_TIMEOUT = 10.0
+
+#: How long (ms) the lock store waits for the confirmation of a copy's publish
+#: (:func:`sent`) before the run's reference lapses: three times :data:`PUBLISH_TIMEOUT`.
+UNSENT_MS = int(PUBLISH_TIMEOUT * 3 * 1000)
 
 
 def parks_here(settings: Settings, client: Any, limiters: Sequence[Any]) -> bool:
@@ -95,3 +107,18 @@ def park_here(task: Any, request: Any, args: Sequence[Any], kwargs: Mapping[str,
     if not mover(task.app).park(copy, on_done):
         return False
     return done.wait(PUBLISH_TIMEOUT) and bool(ended) and bool(ended[0].ok)
+
+
+def sent(client: Any, ref: ParkRef, request: Any) -> None:
+    """Confirm to the lock store that the parked copy of ``request``'s run is in its
+    parking queue (:func:`~..engine.parking.copy_sent`), so that its reference does not
+    lapse. A store that does not answer is not asked again: the reference then lapses
+    after :data:`UNSENT_MS`, and is still known to the copy when it comes, which counts
+    it again. A rate limit's line asks for no confirmation."""
+    if is_rate_key(ref.key):
+        return
+    try:
+        store.copy_sent(client, ref, store.run_id(request.id, request.retries or 0))
+    except RedisError as exc:
+        logger.debug("celery-redislock: task %s: its parked copy's publish was not "
+                     "confirmed to the lock store: %r", request.id, exc)

@@ -81,6 +81,7 @@ def run_limited(
     attempt = Attempt.of(task, setup, args, kwargs, request)
     attempt.parking = not attempt.eager and pool_park.parks_here(setup.settings, setup.client,
                                                                  attempt.limiters)
+    attempt.unsent_ms = pool_park.UNSENT_MS  # it confirms its parked copy (pool_park.sent)
     if handed:
         lease = _adopt(attempt, handed)
         if lease is not None:
@@ -186,6 +187,7 @@ def _carry_out(attempt: Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
         run = parked(task, request, attempt.waited, action, outcome_time(outcome))
         if attempt.parking and pool_park.park_here(task, request, args, kwargs, run.ref,
                                                    run.wait):
+            pool_park.sent(attempt.setup.client, run.ref, request)
             raise Ignore()
         action = SendBack(outcome)
     if (not isinstance(action, WaitHere) and action.look_for_earlier

@@ -52,6 +52,7 @@ local born = string.format('%d', out[1])
 for i = 1, N do
   local key = KEYS[i]
   local length = tonumber(ARGV[3 + i]) or -1
+  lapse_unsent(key, now)  -- references whose copy never came (parked_unsent.lua)
   local counts = parked_line(key)
   local reserved = live_reservations(key, now)
   prune_served(key, now)
@@ -92,6 +93,7 @@ for i = 1, N do
       keep_parked(names)
       mark_parked(key, now)  -- contended: releases hand over
       redis.call('ZADD', KEYS[N + 1], now, key)
+      keep_parked(KEYS[N + 1])  -- the index lives as long as the lines it names
       counts[2] = length
     elseif length == 0 and redis.call('EXISTS', parked_key(key, 'pc')) == 0 then
       redis.call('ZREM', KEYS[N + 1], key)  -- no live claim left to lapse either

@@ -81,6 +81,7 @@ for i = 1, N do
       promise_starts(key, fifo, math.min(length - waiting, 1000), interval)
       redis.call('HDEL', counts, 'e')
       redis.call('ZADD', KEYS[N + 1], now, key)
+      keep_parked(KEYS[N + 1])  -- the index lives as long as the lines it names
     end
   elseif seen then
     redis.call('HDEL', counts, 'e')

@@ -16,7 +16,10 @@ local function read_semaphore(key, configured, cost, run, now)
   if l.counts then  -- else the key never had a parked line: no reference to read
     prune_served(key, now)
     lapse_claims(key, now)
+    lapse_unsent(key, now, l.counts)  -- references whose copy never came (parked_unsent.lua)
     l.ref = parse_ref(redis.call('HGET', parked_key(key, 'pr'), run))
+    -- the run asks again: its reference's copy came, or it is the message itself
+    if l.ref and l.ref.state == 'w' then copy_sent(key, run, l.ref.park_id, l.counts) end
   else
     l.counts = {0, 0}
   end
@@ -107,6 +110,7 @@ local function park_reference(l, run, born, since, keep, index, now)
   keep_parked(counts)
   mark_parked(l.key, now)  -- contended: releases hand over
   redis.call('ZADD', index, now, l.key)  -- the poll's index of parked lines
+  keep_parked(index)  -- which lives as long as the lines it names
   return id
 end
 

@@ -17,7 +17,8 @@
 -- ARGV[10+N]   the longest lease (ms) the caller's process knows of (store.lua)
 -- ARGV[11+N]   '1': a paused semaphore parks the run (status 7, its pause's end as the
 --              wait, -1 for none) rather than refusing it (status 3); the poll hands
---              its slots over once the pause ends
+--              its slots over once the pause ends; then ' <ms>' if the caller confirms
+--              its copy's publish within that many ms (parked_unsent.lua)
 -- ARGV[11+N+i] the run's sub-line at semaphore i, for a fair line ('' or missing: none;
 --              fair.lua): a copy parked there goes to that sub-line's parking queue
 -- ARGV[12+2N]  the run's max wait (ms; '' or missing: none): a run parked that long is
@@ -37,7 +38,8 @@ local park_id, copy = string.match(ARGV[6], '^(%S*) ?(%S*)$')
 local keep, reserve = tonumber(ARGV[7]), tonumber(ARGV[8])
 local seen = tonumber(ARGV[9 + N] or '0') or 0
 local bound = math.max(lease, tonumber(ARGV[10 + N] or '0') or 0)
-local park_paused = ARGV[11 + N] == '1'
+local park_paused, unsent_ms = string.match(ARGV[11 + N] or '0', '^(%S*) ?(%S*)$')
+park_paused, unsent_ms = park_paused == '1', tonumber(unsent_ms)
 local max_wait = tonumber(ARGV[12 + 2 * N] or '')
 local deadline_move = false  -- this copy was moved for a deadline (deadline.lua)
 local now, now_us = server_now()
@@ -113,6 +115,7 @@ local function park(i)
   local ahead = l.counts[1] + l.counts[2] - ((ref and ref.state == 'w') and 1 or 0)
   cost_parked(l.key, l.cost, math.max(0, ahead - live_reservations(l.key, now)))
   local id = park_reference(l, run, born, ref and ref.since or now_text, keep, KEYS[N + 1], now)
+  if unsent_ms then await_copy(l.key, run, id, now + unsent_ms) end  -- parked_unsent.lua
   keep_turn(rates, run)
   return refuse(7, i, id)
 end

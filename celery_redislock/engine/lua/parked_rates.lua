@@ -173,6 +173,7 @@ local function rates_park(rates, at, start, turn, run, keep, index, now, now_us,
   redis.call('HSET', counts, 'k', keep, 'iv', string.format('%d', r.base))
   keep_parked(counts)
   redis.call('ZADD', index, now, r.key)
+  keep_parked(index)  -- the index lives as long as the lines it names
   if r.paused then
     redis.call('HINCRBY', counts, 'p', 1)
     write_ref(r.key, run, 'w', since, id, '0')

@@ -31,7 +31,8 @@
 --   '}:pv:'  sorted set, reservation number -> its end (ms); the reservation itself is
 --            the member '~~' .. number of K, scored the same: it counts as a holder
 --
--- and the key space's index '<prefix>parked' (sorted set, K -> when a run last parked).
+-- and the key space's index '<prefix>parked' (sorted set, K -> when a run last parked;
+-- kept PARKED_TTL from a park, as the companions are).
 -- Every operation reads and writes O(1) entries (O(log n) in a sorted set): nothing
 -- walks the line, which may hold 100,000 references. A park id is '<incarnation>:<n>'.
 

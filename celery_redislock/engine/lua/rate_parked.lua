@@ -141,6 +141,7 @@ local function park(promise)
   redis.call('RPUSH', fifo, fifo_entry(plan_map(key), promise))
   keep_parked(fifo)
   redis.call('ZADD', index, now, key)
+  keep_parked(index)  -- the index lives as long as the lines it names
   write_state({'line', string.format('%d', line)})
   return {7, now, 1, 0, math.ceil((promise - now_us) / 1000), -1, id}
 end
@@ -172,6 +173,7 @@ if paused then
   parked_deadline(key, run, since, max_wait)
   write_ref(key, run, 'w', since, id, '0')
   redis.call('ZADD', index, now, key)
+  keep_parked(index)  -- the index lives as long as the lines it names
   return {7, now, 1, 0, paused < 0 and -1 or paused - now, -1, id}
 end
 
