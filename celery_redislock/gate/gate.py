@@ -73,9 +73,9 @@ from ..engine.admission import Lease
 from ..engine.refusal import describe_error
 from ..line import handoff, parked_deadline
 from ..line.waiting import Parked
-from ..pool.attempt import ADMITTED, MAIN_RELEASES, PROMISED, task_settings
+from ..pool.attempt import ADMITTED, MAIN_RELEASES, PROMISED
 from ..pool.give_back import give_back_unstarted, release_for_pool
-from ..run.limited import limits_of
+from ..run.limited import limits_of, task_settings
 from ..run.waiting_run import carries_wait
 from . import hand_on, room
 from .hub_store import HubStore, hub_store

@@ -113,7 +113,7 @@ MAIN_PROCESS_TIMEOUT = 1.0
 
 @dataclass(frozen=True)
 class Later:
-    """What :func:`admit_before_pool` answers for a run to be held in the worker's main
+    """What :func:`ask_before_pool` answers for a run to be held in the worker's main
     process and asked about again after ``seconds``: a rate limiter promised it a start
     that close (``promises``, to ask with), or (``probed``) it would be admitted but no
     pool process is free for it; or held until then and started without asking again,
@@ -125,18 +125,24 @@ class Later:
     booked: Optional[Booked] = None
 
 
-#: The answer of :func:`admit_before_pool`: the lease to adopt, a hold, a run to park
+#: The answer of :func:`ask_before_pool`: the lease to adopt, a hold, a run to park
 #: (:class:`~.waiting.Parked`), a run that gave up waiting, or None.
 BeforePool = Union[None, Dict[str, Any], Later, "Parked", parked_deadline.GaveUpHere]
 
 
-def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool = True,
-                      promises: Optional[Mapping[str, int]] = None,
-                      may_wait: bool = True) -> BeforePool:
+def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool = True,
+                    promises: Optional[Mapping[str, int]] = None,
+                    may_wait: bool = True, loop: bool = False) -> Union[BeforePool, Asking]:
     """Decide in the worker's main process, before the pool sees the request, whether
     this run may start. ``request`` is the task's context (``args``, ``kwargs``,
     ``headers``, ``delivery_info``...), as the pool process would see it; ``room``: a
-    pool process is free to start it at once.
+    pool process is free to start it at once; ``loop``: the worker has an event loop (a
+    refused run may then wait on the parking line).
+
+    Answers the :class:`Asking` that asks the store (blocking, or sent by the caller,
+    which hands it the reply: the worker's event loop, see :mod:`.hub_store`), or, when
+    the answer needs no store (the package is disabled, the main process asks no store
+    for a while after a failure), the answer itself (:data:`BeforePool`):
 
     * admitted (``room`` only): what the pool process is to adopt
       (:meth:`Lease.handover`: the slots, or the rate limits' starts, taken here);
@@ -144,27 +150,15 @@ def admit_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool
       following an earlier run; the lock store failed and it is sent back to wait for
       it), after which the caller acknowledges the message without running it;
     * :class:`Later`: hold the request here and ask again then (a rate limiter's start
-      within :func:`~.attempt.short_wait_of`, at most when ``may_wait``; or no room for a run that
-      the limits would admit: a probe, which takes nothing, found it so); or, when the
-      run's one limiter is a rate limiter, hold it until the start booked for it then
-      (:class:`~..engine.admission.Booked`) and start it without asking again;
+      within :func:`~.attempt.short_wait_of`, at most when ``may_wait``; or no room for
+      a run that the limits would admit: a probe, which takes nothing, found it so); or,
+      when the run's one limiter is a rate limiter, hold it until the start booked for
+      it then (:class:`~..engine.admission.Booked`) and start it without asking again;
+    * :class:`~.waiting.Parked`: publish its copy to its parking queue, then acknowledge;
     * None: the pool process is to decide as before (the package is disabled, the run
       gave up waiting: its failure belongs in the task's trace; ``redislock_fail_open``
       and the lock store failed).
     """
-    asking = ask_before_pool(task, limits, request, room=room, promises=promises,
-                             may_wait=may_wait)
-    return asking.blocking() if isinstance(asking, Asking) else asking
-
-
-def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool = True,
-                    promises: Optional[Mapping[str, int]] = None,
-                    may_wait: bool = True, loop: bool = False) -> Union[BeforePool, Asking]:
-    """:func:`admit_before_pool` up to the admission: the answer when it needs none (the
-    package is disabled, the main process asks no store for a while after a failure),
-    else the :class:`Asking` that asks the store (blocking, or sent by the caller, which
-    hands it the reply: the worker's event loop, see :mod:`.hub_store`). ``loop``: the
-    worker has an event loop (a refused run may then wait on the parking line)."""
     if not limits.rules:
         return None
     setup = Setup.of(task, limits)
@@ -256,7 +250,7 @@ class Asking:
 
     def answered(self, outcome: Any) -> BeforePool:
         """Decide on ``outcome`` and carry the decision out (see
-        :func:`admit_before_pool`)."""
+        :func:`ask_before_pool`)."""
         _pause.answered()
         try:
             return _ask_before_pool(self.attempt, self.args, self.kwargs, outcome,
@@ -284,7 +278,7 @@ class Asking:
 def _ask_before_pool(attempt: Attempt, args: Sequence[Any], kwargs: Mapping[str, Any],
                      outcome: Any, may_wait: bool, short_wait: float,
                      redelivered: bool) -> BeforePool:
-    """The answer of :func:`admit_before_pool` for the lock store's ``outcome``."""
+    """The answer of :func:`ask_before_pool` for the lock store's ``outcome``."""
     if isinstance(outcome, GaveUp):  # parked past its max wait: it fails in the pool
         return parked_deadline.gave_up(attempt.task, attempt.request, outcome,
                                        attempt.setup.limits.retry.max_wait)

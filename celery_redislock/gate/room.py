@@ -27,9 +27,8 @@ from celery.worker import state as worker_state
 
 from ..config.limit import TaskLimits
 from ..engine.admission import Booked
-from ..pool.attempt import task_settings
 from ..run.decide import ROOM_POLL
-from ..run.limited import limits_of
+from ..run.limited import limits_of, task_settings
 from ..run.waiting_run import carries_wait
 
 #: How a request goes to the pool: the handler Celery's strategy gave it.

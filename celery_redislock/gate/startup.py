@@ -155,10 +155,6 @@ class CheckAtStart(bootsteps.Step):
         super().__init__(worker, **kwargs)
 
 
-#: The names this bootstep had before it checked the limits and the lock store at once.
-CheckLimitsAtStart = CheckLockStoreAtStart = CheckAtStart
-
-
 def refuse_to_start(problems: List[str]) -> NoReturn:
     """Stop a starting worker with one log line per problem and no traceback.
 

@@ -26,7 +26,7 @@ from ..engine.keys import period_key
 from ..engine.owned import OwnedLease
 from ..errors import LockStoreUnavailable
 from ..line.waiting import visibility_ceiling
-from ..pool.attempt import task_settings
+from ..run.limited import task_settings
 
 logger = logging.getLogger(__name__)
 

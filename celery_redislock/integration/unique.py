@@ -40,8 +40,8 @@ from ..engine.keeper import lease_keeper
 from ..engine.keys import unique_key
 from ..engine.owned import OwnedLease
 from ..errors import AlreadyQueued, LockStoreUnavailable
-from ..pool.attempt import task_settings
 from ..pool.pool_process import run_limited
+from ..run.limited import task_settings
 from ..run.waiting_run import carries_wait
 from .period import Deferred, check_period
 

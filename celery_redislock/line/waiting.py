@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
 from ..config.retry import RetryPolicy
-from ..config.settings import Settings, read_settings
 from ..engine.admission import Busy, Paused, RateLimited
 from ..engine.parking_rate import is_rate_key
 from ..errors import LockWaitTimeout
 from ..run import signals
-from ..run.decide import SHORT_WAIT
+from ..run.decide import SHORT_WAIT, Refusal
+from ..run.limited import task_settings
 from ..run.waiting_run import WaitingRun
 from . import broker_line
 
@@ -58,8 +58,6 @@ RECHECK_SHARE = 0.1
 #: Runs far back in a long line ask again seldom enough that the N runs waiting for one
 #: rate limiter ask at most about this many times (1 + ln(N / this)) a second.
 RECHECKS_PER_SECOND = 20
-
-Refusal = Union[Busy, RateLimited, Paused, None]
 
 
 def describe(refusal: Refusal, task: Any = None) -> str:
@@ -116,7 +114,7 @@ def requeue(
     """
     run = WaitingRun.of(request)
     ceiling = visibility_ceiling(task)
-    plan = plan_wait(run, refusal, policy, ceiling, _settings(task).rate_recheck)
+    plan = plan_wait(run, refusal, policy, ceiling, task_settings(task).rate_recheck)
     if isinstance(plan, GiveUp):
         _give_up(task, request, plan, refusal)
     attempts, countdown, since = run.attempts, plan.countdown, plan.since
@@ -212,11 +210,6 @@ def _wait_so_far(run: WaitingRun, refusal: Refusal) -> Tuple[Optional[int], floa
     now_ms = refusal.server_time_ms if refusal is not None else None
     since = run.since or now_ms
     return since, (now_ms - since) / 1000.0 if now_ms is not None and since else 0.0
-
-
-def _settings(task: Any) -> Settings:
-    settings = getattr(task, "_redislock_settings", None)
-    return settings if settings is not None else read_settings(task._get_app())
 
 
 def _countdown(policy: RetryPolicy, attempts: int, refusal: Refusal,

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..config.limit import TaskLimits
-from ..config.settings import Settings, read_settings, redis_client
+from ..config.settings import Settings, redis_client
 from ..engine.admission import Lease, Outcome, admit, declare_longest_lease, owner_prefix
 from ..engine.parking import ParkAsk, run_id
 from ..line import broker_line, handoff
 from ..line.priority import priority_of, serves_low_first
 from ..line.waiting import SHORT_WAIT
-from ..run.limited import longest_lease, this_start
+from ..run.limited import longest_lease, task_settings, this_start
 from ..run.waiting_run import WaitingRun
 
 _described: Dict[Any, str] = {}
@@ -70,24 +70,6 @@ def _describe(task_name: str, worker: Any, task_id: Any, pid: Optional[int] = -1
     if args is None:
         return f"{start}{task_id}}}"
     return f'{start}{task_id}, "args": {_json_string(args)}}}'
-
-
-def _describe_unadopted(task_name: str, worker: Any, task_id: Any,
-                        args: Optional[str] = None) -> str:
-    """Who holds a slot that the worker's main process took for a run no pool process
-    has adopted: no process id, so that a lost pool process's slots are freed once the
-    process its request was accepted by is gone (see :func:`~.recovery.free_run_slots`).
-    """
-    return _describe(task_name, worker, task_id, pid=None, args=args)
-
-
-def task_settings(task: Any) -> Settings:
-    """The package settings of ``task``'s app, read once per task object."""
-    settings = getattr(task, "_redislock_settings", None)
-    if settings is None:
-        settings = read_settings(task._get_app())
-        task._redislock_settings = settings
-    return settings
 
 
 #: The request field that carries a lease the worker's main process was admitted to, for
@@ -189,7 +171,9 @@ class Attempt:
     def of(cls, task: Any, setup: Setup, args: Sequence[Any], kwargs: Mapping[str, Any],
            request: Any, pid: Optional[int] = -1) -> Attempt:
         """The attempt of ``request``; its holders described with the process ``pid``
-        (this one; None: no process yet, see :func:`_describe_unadopted`)."""
+        (this one; None: no process yet, the main process's admission: a lost pool
+        process's slots are then freed once the process its request was accepted by is
+        gone, see :func:`~..gate.recovery.free_run_slots`)."""
         waited = WaitingRun.of(request)
         eager = bool(request.is_eager)
         promises = dict(waited.promises)

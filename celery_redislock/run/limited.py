@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..config.limit import TaskLimits
-from ..config.settings import read_settings
+from ..config.settings import Settings, read_settings
 from ..errors import LockConfigurationError
 
 #: The node name (``name``) and start id (``start``) of the worker whose main process
@@ -61,3 +61,12 @@ def _lease_of(task: Any) -> Optional[float]:
 def uses_limits(app: Any) -> bool:
     """True if any task of ``app`` is a ``LimitedTask`` or limited by ``redislock_limits``."""
     return any(is_limited(task) for task in app.tasks.values())
+
+
+def task_settings(task: Any) -> Settings:
+    """The package settings of ``task``'s app, read once per task object."""
+    settings = getattr(task, "_redislock_settings", None)
+    if settings is None:
+        settings = read_settings(task._get_app())
+        task._redislock_settings = settings
+    return settings
