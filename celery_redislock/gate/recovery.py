@@ -165,24 +165,21 @@ def free_worker_slots(app: Any, worker: str, live: Sequence[str] = ()) -> int:
     settings = read_settings(app)
     client = redis_client(app, settings)
     registry = "" if is_cluster(client) else registry_prefix(settings.prefix, worker)
-    mode = ["dead", registry, *live]
-    freed = 0
-    for batch in batches(semaphore_keys(client, settings.prefix)):
-        for keys in by_hash_slot(client, batch):
-            freed += free_owner_slots(app, client, keys, owner_prefix(worker), mode=mode)
-    return freed
+    return _free_on_every_key(app, worker, ["dead", registry, *live])
 
 
 def free_start_slots(app: Any, worker: str, start: str) -> int:
     """Free, on any key, the slots held by runs of start ``start`` of worker ``worker``."""
+    return _free_on_every_key(app, worker, ["own", start])
+
+
+def _free_on_every_key(app: Any, worker: str, mode: Sequence[str]) -> int:
+    """Free the slots of worker ``worker`` that ``mode`` selects on every semaphore key."""
     settings = read_settings(app)
     client = redis_client(app, settings)
-    freed = 0
-    for batch in batches(semaphore_keys(client, settings.prefix)):
-        for keys in by_hash_slot(client, batch):
-            freed += free_owner_slots(app, client, keys, owner_prefix(worker),
-                                      mode=["own", start])
-    return freed
+    return sum(free_owner_slots(app, client, keys, owner_prefix(worker), mode=mode)
+               for batch in batches(semaphore_keys(client, settings.prefix))
+               for keys in by_hash_slot(client, batch))
 
 
 @worker_init.connect
