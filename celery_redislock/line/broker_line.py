@@ -16,7 +16,8 @@ parking queues (:mod:`.parking`) for the gate.
   process moves on its own mover (a thread with its own broker connection, made on its
   first move), not through the main process;
 * :class:`Poll`: each worker's main process asks the lock store every :data:`POLL`
-  seconds for slots freed without a release (``due``) and moves what it owes.
+  seconds for slots freed without a release (``due``) and moves what it owes; over more
+  than :data:`POLL_KEYS` keys with a line, less often (:func:`pause_after`).
 
     >>> moves_owed([ParkedMove("k")])
     [ParkedMove(key='k', sub='')]
@@ -30,6 +31,7 @@ import functools
 import logging
 import os
 import threading
+import time
 import weakref
 from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set
@@ -61,11 +63,31 @@ from ..run.waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["POLL", "ParkRef", "ParkedMove", "Poll", "hop", "leave_soon", "moves_owed", "owe",
-           "park", "parked_ref", "parks", "prepare", "started"]
+__all__ = ["POLL", "POLL_KEYS", "ParkRef", "ParkedMove", "Poll", "hop", "leave_soon",
+           "moves_owed", "owe", "park", "parked_ref", "parks", "pause_after", "prepare",
+           "started"]
 
 #: How often (s) each worker's main process asks the lock store for moves owed.
 POLL = 0.2
+
+#: How many keys with a parked line the poll visits per :data:`POLL` seconds, at most:
+#: a poll over more waits longer before the next (:func:`pause_after`), so that the
+#: lock store's and the broker's work while lines are parked stays bounded whatever the
+#: number of keys (each key visited costs about 12 commands in the store, 2 in the
+#: broker). Rate limits' lines are asked every :data:`POLL` s whatever the number of
+#: keys: their runs start when the poll finds their promised start due.
+POLL_KEYS = 100
+
+
+def pause_after(keys: int) -> float:
+    """How long (s) the poll waits before visiting the slots' lines of ``keys`` keys
+    again: :data:`POLL` up to :data:`POLL_KEYS` keys, then in proportion (a slot freed
+    without a release is handed over after up to that long).
+
+        >>> pause_after(1), pause_after(100), pause_after(10_000)
+        (0.2, 0.2, 20.0)
+    """
+    return max(POLL, POLL * keys / POLL_KEYS)
 
 _said: Set[str] = set()
 
@@ -288,12 +310,16 @@ def _leave(app: Any, ref: ParkRef, run: str) -> None:
 class Poll:
     """A thread of the worker's main process: every :data:`POLL` s, the moves owed for
     slots freed without a release (``due``), over the keys the lock store's index and
-    the broker's registry of parking queues know. ``worker``: an embedded worker whose
-    end ends the poll (it may never send ``worker_shutdown``); None: until stopped."""
+    the broker's registry of parking queues know (over more than :data:`POLL_KEYS`
+    keys, every :func:`pause_after` s; the rate limits' lines in between). ``worker``:
+    an embedded worker whose end ends the poll (it may never send ``worker_shutdown``);
+    None: until stopped."""
 
     def __init__(self, app: Any, worker: Any = None) -> None:
         self.app = app
         self.worker = worker
+        #: When (``time.monotonic()``) the next poll visits every line, not only rates'.
+        self.next_visit = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="redislock-poll", daemon=True)
 
@@ -322,9 +348,12 @@ class Poll:
             connection.collect()
 
     def once(self, broker: Any) -> List[ParkedMove]:
-        """One poll: the moves owed now, handed to the mover."""
+        """One poll: the moves owed now, handed to the mover (before :attr:`next_visit`,
+        only the rate limits' lines)."""
         settings = read_settings(self.app)  # as the app's runs read it (not at start)
         client, prefix = redis_client(self.app, settings), settings.prefix
+        if time.monotonic() < self.next_visit:
+            return self._rates_only(broker, client, prefix)
         counted = recount(broker)
         note_sub_lines(counted)
         lengths = by_key(counted, prefix)
@@ -336,6 +365,15 @@ class Poll:
         moves = store.due(client, slots, prefix=prefix) if slots else []
         if rates:  # rate limits' lines: the copies whose promised start is due
             moves += parking_rate.due_rate(client, rates, prefix=prefix)
+        self.next_visit = time.monotonic() + pause_after(len(slots)) - POLL
+        owe(self.app, moves)
+        return moves
+
+    def _rates_only(self, broker: Any, client: Any, prefix: str) -> List[ParkedMove]:
+        """A poll between two visits of every line: the rate limits' lines only."""
+        keys = parking_rate.rate_parked_keys(client, prefix)
+        moves = parking_rate.due_rate(client, parked_lengths(broker, keys), prefix=prefix) \
+            if keys else []
         owe(self.app, moves)
         return moves
 

@@ -1,0 +1,118 @@
+"""The parking line's poll over many keys: each worker's poll visits the slots' lines of
+up to ``POLL_KEYS`` keys every ``POLL`` seconds, and over more keys less often, so that
+the lock store's and the broker's work while lines are parked stays bounded however
+many keys have one (it grew with them: 2,000 runs parked over 10,000 keys cost the
+lock store ~92,000 commands a second and the broker ~15,000, one key ~160 and ~40;
+``benchmarks/bench_line.py``). Rate limits' lines, whose runs start when the poll finds
+their promised start due, are asked at every poll."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterable, List
+
+import pytest
+import redis
+
+from celery_redislock.engine import parking as store
+from celery_redislock.engine import parking_rate
+from celery_redislock.engine.admission import Busy, SlotLimit
+from celery_redislock.line import broker_line
+from celery_redislock.parking import parking_queue
+
+PREFIX = "redislock:"
+
+
+class _Broker:
+    """The broker's side of ``keys``' lines: one message parked in each queue."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self.queues = {parking_queue(key): key for key in keys}
+
+    def registry(self, max_age: float = 0.0) -> Dict[str, str]:
+        return dict(self.queues)
+
+    def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
+        return {queue: 1 if queue in self.queues else 0 for queue in queues}
+
+
+def _park_lines(client: redis.Redis, count: int) -> List[str]:
+    """``count`` keys of one slot, each held, each with one run parked in its line."""
+    keys = []
+    for i in range(count):
+        limit = [SlotLimit(f"pace{i}", 1, PREFIX)]
+        assert not isinstance(store.park_admit(client, limit, lease=60, run=f"h{i}:0"), Busy)
+        assert isinstance(store.park_admit(client, limit, lease=60, run=f"w{i}:0"), Busy)
+        keys.append(limit[0].key)
+    return keys
+
+
+def _app(url: str) -> Any:
+    from celery import Celery
+    app = Celery("pace", set_as_current=False)
+    app.conf.update(redislock_url=url, redislock_line="broker")
+    return app
+
+
+@pytest.fixture
+def visits(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[int]]:
+    """How many keys each call of the store's ``due`` and ``due_rate`` was given (the
+    calls go through; the moves owed are dropped)."""
+    seen: Dict[str, List[int]] = {"due": [], "due_rate": []}
+    due, due_rate = store.due, parking_rate.due_rate
+
+    def counted_due(client: Any, lengths: Dict[str, int], **kw: Any) -> Any:
+        seen["due"].append(len(lengths))
+        return due(client, lengths, **kw)
+
+    def counted_due_rate(client: Any, lengths: Dict[str, int], **kw: Any) -> Any:
+        seen["due_rate"].append(len(lengths))
+        return due_rate(client, lengths, **kw)
+
+    monkeypatch.setattr(store, "due", counted_due)
+    monkeypatch.setattr(parking_rate, "due_rate", counted_due_rate)
+    monkeypatch.setattr(broker_line, "owe", lambda app, moves: None)
+    return seen
+
+
+def test_a_poll_over_many_keys_visits_their_lines_less_often(
+        redis_client: redis.Redis, redis_server: Any, visits: Dict[str, List[int]]) -> None:
+    """300 keys with a line: a poll visits all of them, and the polls of the next
+    0.4 s (``pause_after(300)`` less one ``POLL``) do not; then one does again."""
+    keys = _park_lines(redis_client, 300)
+    poll, broker = broker_line.Poll(_app(redis_server.url)), _Broker(keys)
+    poll.once(broker)
+    after = time.monotonic()
+    assert visits["due"] == [300]
+    poll.once(broker)
+    assert visits["due"] == [300]  # too soon: not visited again
+    assert poll.next_visit - after == pytest.approx(
+        broker_line.pause_after(300) - broker_line.POLL, abs=0.1)
+    while time.monotonic() < poll.next_visit:  # the poll's own pace, not a sleep
+        poll.once(broker)
+        assert visits["due"] == [300]
+    poll.once(broker)
+    assert visits["due"] == [300, 300]
+
+
+def test_a_poll_over_few_keys_visits_them_every_time(
+        redis_client: redis.Redis, redis_server: Any, visits: Dict[str, List[int]]) -> None:
+    """Up to ``POLL_KEYS`` keys, every poll visits every line, as before."""
+    keys = _park_lines(redis_client, broker_line.POLL_KEYS)
+    poll, broker = broker_line.Poll(_app(redis_server.url)), _Broker(keys)
+    poll.once(broker)
+    poll.once(broker)
+    assert visits["due"] == [broker_line.POLL_KEYS] * 2
+    assert broker_line.pause_after(broker_line.POLL_KEYS) == broker_line.POLL
+
+
+def test_rate_lines_are_asked_at_every_poll(
+        redis_client: redis.Redis, redis_server: Any, visits: Dict[str, List[int]]) -> None:
+    """Between two visits of every line, a poll still asks the rate limits' lines."""
+    keys = _park_lines(redis_client, 300)
+    rate_key = "redislock:{pace}:r:rate"
+    redis_client.zadd(store.rate_index(PREFIX), {rate_key: 1})
+    poll, broker = broker_line.Poll(_app(redis_server.url)), _Broker([*keys, rate_key])
+    poll.once(broker)
+    poll.once(broker)
+    assert visits["due"] == [300] and visits["due_rate"] == [1, 1]
