@@ -7,7 +7,8 @@ it in RESULTS.md, is gone), on fresh private redis-servers (one for the broker a
 records, one for the lock store alone), 2 prefork workers x 2 processes on
 ``benchmarks/line_app.py``: the benchmark takes the only slot of each of ``--keys`` keys
 (``line:<k>``) by hand, sends N tasks spread over them (10 ms bodies), waits until all N
-wait, measures the line while it is parked, then frees the slots and times the drain.
+wait, measures the line while it is parked, then frees the slots as a worker does (each
+release moves the next parked run at once) and times the drain.
 
 Printed per line and N:
 
@@ -15,9 +16,15 @@ Printed per line and N:
   (main processes and pool processes, MB per worker), the broker's and the lock store's
   memory beyond idle (MB) and their commands per second;
 * the drain: rate (tasks/s, from the release to the last body's end), hand-off latency
-  p50 / p95 (per key, a body's start after the previous body's end, ms), the lock
+  p50 / p95 (per key, a body's start after the previous body's end on that key, ms; a
+  key's first run after the release is not counted), how many hand-offs that is, the lock
   store's CPU per 1,000 hand-offs and commands per hand-off, and the broker's publishes
-  per task.
+  per task;
+* another tenant (``--tenant`` runs of a task on its own key, which has no line, sent one
+  at a time): each run's start after its send, p50 / p95 (ms), before the line is parked
+  and while it is;
+* after the table, the commands per second while parked by command, the busiest first
+  (``INFO commandstats``, scripts' inner commands included).
 
 Run from the repository root::
 
@@ -29,6 +36,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -41,7 +49,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import redis
 
-from celery_redislock import Semaphore
+from celery_redislock.engine.admission import Lease, SlotLimit
+from celery_redislock.engine.parking import park_admit, run_id
+from celery_redislock.line import broker_line
 from celery_redislock.testing import RedisServer
 
 from .bench_rate import check_alive, wait_until_ready
@@ -74,6 +84,8 @@ class Case:
     keys: int = 1
     #: How many runs the drain is timed over (the first ones; 0: all of them).
     drain: int = 0
+    #: How many runs another tenant sends, before the line parks and while it is parked.
+    tenant: int = 0
 
     @property
     def drained(self) -> int:
@@ -121,6 +133,7 @@ class Timing:
 
 def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: Servers,
                     timing: Timing) -> Dict[str, Any]:
+    tenant_idle = _tenant_ms(bench, servers, workers, case.tenant, timing.timeout)
     idle = _footprint(servers, workers)
     held = [_hold(servers.lock, bench.KEY.format(k=k)) for k in range(case.keys)]
     for seq in range(case.size):
@@ -128,10 +141,12 @@ def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: 
     wait_for(lambda: _waiting(case, servers) >= case.size, timing.timeout,
              f"{case.size} runs waiting", workers)
     parked = _parked_measures(servers, workers, idle, timing)
+    tenant_parked = _tenant_ms(bench, servers, workers, case.tenant, timing.timeout)
     calls, broker_calls = command_calls(servers.lock), command_calls(servers.broker)
     cpu, released_us = cpu_seconds(servers.lock), _server_us(servers.records)
-    for semaphore, lease in held:
-        semaphore.release(lease)
+    for lease in held:  # as a worker's release: the next run moved at once
+        lease.release()
+        broker_line.owe(bench.app, lease.handoffs)
     wait_for(lambda: servers.records.llen(bench.ENDS) >= case.drained, timing.timeout,
              f"{case.drained} runs to drain", workers)
     runs = [tuple(map(int, value.split()))
@@ -139,21 +154,50 @@ def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: 
     seconds = (max(end for _, _, end in runs) - released_us) / 1e6
     lock_calls = sum(calls_delta(calls, command_calls(servers.lock)).values())
     publishes = calls_delta(broker_calls, command_calls(servers.broker))
-    handoffs = _handoff_ms(runs, released_us)
+    handoffs = _handoff_ms(runs)
     return {"line": case.line, "size": case.size, "keys": case.keys, **parked,
             "drained": case.drained, "drain_seconds": seconds, "rate": case.drained / seconds,
             "handoff_p50_ms": percentile(handoffs, 50), "handoff_p95_ms": percentile(handoffs, 95),
+            "handoffs": len(handoffs),
             "lock_cpu_per_1000": (cpu_seconds(servers.lock) - cpu) / case.drained * 1000,
             "commands_per_handoff": lock_calls / case.drained,
             "publishes_per_task": (publishes.get("lpush", 0) + publishes.get("rpush", 0))
-            / case.drained}
+            / case.drained,
+            "tenant_idle_p50_ms": percentile(tenant_idle, 50),
+            "tenant_idle_p95_ms": percentile(tenant_idle, 95),
+            "tenant_parked_p50_ms": percentile(tenant_parked, 50),
+            "tenant_parked_p95_ms": percentile(tenant_parked, 95)}
 
 
-def _hold(lock: redis.Redis, name: str) -> Tuple[Semaphore, Any]:
-    semaphore = Semaphore(lock, name, slots=1, lease=3600)
-    lease = semaphore.acquire(blocking=False)
-    assert lease is not None
-    return semaphore, lease
+def _tenant_ms(bench: Any, servers: Servers, workers: Sequence[Worker], runs: int,
+               timeout: float) -> List[float]:
+    """Another tenant's ``runs`` runs on a key with no line, sent one at a time: each
+    one's body start after its send (server clock), ms."""
+    starts = bench.OTHER_STARTS
+    first = servers.records.llen(starts)
+    latencies: List[float] = []
+    for seen in range(first, first + runs):
+        sent = _server_us(servers.records)
+        bench.other.delay()
+        wait_for(functools.partial(_longer, servers.records, starts, seen), timeout,
+                 "another tenant's run", workers)
+        started = servers.records.lindex(starts, seen)
+        assert started is not None
+        latencies.append((int(started) - sent) / 1000)
+    return latencies
+
+
+def _longer(client: redis.Redis, name: str, than: int) -> bool:
+    return int(client.llen(name)) > than
+
+
+def _hold(lock: redis.Redis, name: str) -> Lease:
+    """The one slot of ``name``, taken as a worker takes it: its release reserves the
+    freed slot for the line and says which run to move (``handoffs``)."""
+    lease = park_admit(lock, [SlotLimit(name, 1, "redislock:")], lease=3600,
+                       run=run_id(f"bench-hold-{name}", 0))
+    assert isinstance(lease, Lease)
+    return lease
 
 
 def _waiting(case: Case, servers: Servers) -> int:
@@ -174,18 +218,24 @@ def _footprint(servers: Servers, workers: Sequence[Worker]) -> Dict[str, float]:
 
 
 def _parked_measures(servers: Servers, workers: Sequence[Worker], idle: Dict[str, float],
-                     timing: Timing) -> Dict[str, float]:
+                     timing: Timing) -> Dict[str, Any]:
     time.sleep(timing.settle)  # the refusals' last replies and publishes settle
+    lock_calls, broker_calls = command_calls(servers.lock), command_calls(servers.broker)
     lock_before = commands_processed(servers.lock)
     broker_before = commands_processed(servers.broker)
     time.sleep(timing.window)
     lock_rate = (commands_processed(servers.lock) - lock_before - 1) / timing.window
     broker_rate = (commands_processed(servers.broker) - broker_before - 1) / timing.window
+    by_command = {"lock": calls_delta(lock_calls, command_calls(servers.lock)),
+                  "broker": calls_delta(broker_calls, command_calls(servers.broker))}
     now = _footprint(servers, workers)
     return {"parked_worker_mb": now["worker_mb"] - idle["worker_mb"],
             "parked_lock_mb": now["lock_mb"] - idle["lock_mb"],
             "parked_broker_mb": now["broker_mb"] - idle["broker_mb"],
-            "parked_lock_cps": lock_rate, "parked_broker_cps": broker_rate}
+            "parked_lock_cps": lock_rate, "parked_broker_cps": broker_rate,
+            "parked_by_command": {server: {name: calls / timing.window for name, calls in
+                                           sorted(calls.items(), key=lambda kv: -kv[1])[:8]}
+                                  for server, calls in by_command.items()}}
 
 
 def _used_mb(client: redis.Redis) -> float:
@@ -201,19 +251,23 @@ def _rss_mb(worker: Worker) -> float:
     return sum(process.memory_info().rss for process in processes) / 1e6
 
 
-def _handoff_ms(runs: Sequence[Tuple[int, ...]], released_us: int) -> List[float]:
-    """Per key, each body's start after the end of the body before it (the first: after
-    the release), ms."""
+def _handoff_ms(runs: Sequence[Tuple[int, ...]]) -> List[float]:
+    """Per key, each body's start after the end of the body before it on that key (a
+    slot handed from one run to the next), ms. A key's first run after the release is
+    not a hand-off: over many keys, thousands are released at once and queue for the
+    workers' processes.
+
+        >>> _handoff_ms([(0, 100, 200), (1, 150, 250), (0, 1200, 1300)])
+        [1.0]
+    """
     by_key: Dict[int, List[Tuple[int, int]]] = {}
     for key, start, end in runs:
         by_key.setdefault(key, []).append((start, end))
     gaps: List[float] = []
     for spans in by_key.values():
         spans.sort()
-        previous_end = released_us
-        for start, end in spans:
-            gaps.append(max(0.0, (start - previous_end) / 1000))
-            previous_end = end
+        gaps.extend(max(0.0, (start - previous[1]) / 1000)
+                    for previous, (start, _) in zip(spans, spans[1:]))
     return gaps
 
 
@@ -239,14 +293,27 @@ def report(results: List[Dict[str, Any]]) -> str:
     rows = [(r["line"], r["size"], r["keys"], r["drained"], f"{r['parked_worker_mb']:.1f}",
              f"{r['parked_broker_mb']:.1f}", f"{r['parked_lock_mb']:.1f}",
              f"{r['parked_broker_cps']:.1f}", f"{r['parked_lock_cps']:.1f}",
-             f"{r['rate']:.1f}", f"{r['handoff_p50_ms']:.2f}", f"{r['handoff_p95_ms']:.2f}",
-             f"{r['commands_per_handoff']:.1f}", f"{r['publishes_per_task']:.2f}")
+             f"{r['rate']:.1f}", r["handoffs"], f"{r['handoff_p50_ms']:.2f}",
+             f"{r['handoff_p95_ms']:.2f}",
+             f"{r['commands_per_handoff']:.1f}", f"{r['publishes_per_task']:.2f}",
+             f"{r['tenant_idle_p50_ms']:.1f} / {r['tenant_idle_p95_ms']:.1f}",
+             f"{r['tenant_parked_p50_ms']:.1f} / {r['tenant_parked_p95_ms']:.1f}")
             for r in results]
     return markdown_table(
         ("line", "N", "keys", "drain timed over", "worker MB beyond idle", "broker MB",
-         "lock store MB",
-         "broker cmd/s parked", "lock store cmd/s parked", "drain /s", "hand-off p50 ms",
-         "hand-off p95 ms", "lock-store commands per hand-off", "publishes per task"), rows)
+         "lock store MB", "broker cmd/s parked", "lock store cmd/s parked", "drain /s",
+         "hand-offs", "hand-off p50 ms", "hand-off p95 ms", "lock-store commands per hand-off",
+         "publishes per task",
+         "other tenant ms p50 / p95, no line", "other tenant ms p50 / p95, line parked"),
+        rows) + "".join(_by_command(r) for r in results)
+
+
+def _by_command(result: Dict[str, Any]) -> str:
+    """One line per server: its commands per second while parked, busiest first."""
+    return "".join(
+        f"\n- {result['size']} over {result['keys']} keys, {server} cmd/s parked: "
+        + ", ".join(f"{name} {rate:.1f}" for name, rate in calls.items())
+        for server, calls in result["parked_by_command"].items())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
@@ -259,12 +326,14 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--drain", type=int, default=0,
                         help="time the drain over the first N runs only (0: all)")
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # "line:size:keys:drain", as JSON
+    parser.add_argument("--tenant", type=int, default=50,
+                        help="another tenant's runs, sent one at a time (0: none)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # "line:size:keys:drain:tenant"
     args = parser.parse_args(argv)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-line-"))
     if args.one:
-        line, size, keys, drain = args.one.split(":")
-        case = Case(line, int(size), int(keys), int(drain))
+        line, size, keys, drain, tenant = args.one.split(":")
+        case = Case(line, int(size), int(keys), int(drain), int(tenant))
         print(json.dumps(run_case(case, args.timeout, args.settle, args.window, log_dir)))
         return []
     results = []
@@ -273,7 +342,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
             for line in args.line:
                 output = subprocess.run(
                     [sys.executable, "-m", "benchmarks.bench_line", "--one",
-                     f"{line}:{size}:{keys}:{args.drain}", "--timeout", str(args.timeout),
+                     f"{line}:{size}:{keys}:{args.drain}:{args.tenant}",
+                     "--timeout", str(args.timeout),
                      "--settle", str(args.settle), "--window", str(args.window)],
                     check=True, capture_output=True, text=True).stdout
                 results.append(json.loads(output.strip().splitlines()[-1]))

@@ -5,7 +5,9 @@
 (``redislock_line``: ``broker``; unset: the package's default). One task,
 ``bench.line.drain``: one slot of the key ``line:<k>``, a body of 10 ms, no result
 stored; each body pushes ``"<k> <start µs> <end µs>"`` (Redis server clock) to the list
-``bench:line:ends`` as it ends.
+``bench:line:ends`` as it ends. Another tenant's task, ``bench.line.other``: one slot of
+its own key ``other``, which has no line; each body pushes ``"<start µs>"`` to
+``bench:line:other`` as it starts.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ LOCK_ENV = "REDISLOCK_BENCH_LOCK_URL"
 RECORD_ENV = "REDISLOCK_BENCH_RECORD_URL"
 LINE_ENV = "REDISLOCK_BENCH_LINE"
 DRAIN = "bench.line.drain"
+OTHER = "bench.line.other"
 KEY = "line:{k}"
 ENDS = "bench:line:ends"
+OTHER_STARTS = "bench:line:other"
 BODY_SECONDS = 0.01
 
 app = Celery("line_app", broker=os.environ.get(BROKER_ENV, "memory://"),
@@ -54,6 +58,14 @@ def drain(self: Any, seq: int, k: int = 0) -> None:
     time.sleep(BODY_SECONDS)
     if client is not None:
         client.rpush(ENDS, f"{k} {started} {_server_us(client)}")
+
+
+@app.task(name=OTHER, base=LimitedTask, lock_slots=1, lock_key="other")
+def other() -> None:
+    """Another tenant's run: its own key, no line; records its start."""
+    client = _record()
+    if client is not None:
+        client.rpush(OTHER_STARTS, _server_us(client))
 
 
 def _server_us(client: redis.Redis) -> int:
