@@ -182,6 +182,7 @@ def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start:
     started = sorted(runs, key=lambda r: r[2])
     gaps: List[float] = []
     parts: Dict[str, List[float]] = {name: [] for name in PARTS}
+    rows: List[List[float]] = []
     for index in range(len(runs) - slots):
         freed, taker = ended[index], started[slots + index]
         if not start <= freed[3] <= end:
@@ -192,8 +193,10 @@ def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start:
                  theirs.get("received"),
                  theirs.get("admitted"), theirs.get("prerun"), taker[2]]
         if all(t is not None for t in times):
-            for name, (a, b) in zip(PARTS, zip(times, times[1:])):
-                parts[name].append((b - a) / 1000)  # type: ignore[operator]
+            row = [(b - a) / 1000 for a, b in zip(times, times[1:])]  # type: ignore[operator]
+            rows.append(row)
+            for name, value in zip(PARTS, row):
+                parts[name].append(value)
 
     def q(values: List[float], at: float) -> Optional[float]:
         return sorted(values)[int(at * (len(values) - 1))] if values else None
@@ -203,7 +206,7 @@ def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start:
             "split": len(parts["start"]),
             **{f"to_{name}_ms_p50": q(v, 0.5) for name, v in parts.items()},
             **{f"to_{name}_ms_mean": sum(v) / len(v) if v else None
-               for name, v in parts.items()}}
+               for name, v in parts.items()}, "rows_ms": rows}
 
 
 def backlog_phase(args: argparse.Namespace, log_dir: Path) -> Dict[str, Any]:
@@ -437,7 +440,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                             "args": vars(args)}
     if "backlog" in args.phases:
         data["backlog"] = backlog_phase(args, log_dir)
-        print(json.dumps(data["backlog"]), flush=True)
+        print(json.dumps({**data["backlog"], "handoff": {
+            k: v for k, v in data["backlog"]["handoff"].items() if k != "rows_ms"}}), flush=True)
     if "weights" in args.phases:
         data["weights"] = weights_phase(args, log_dir)
         print(json.dumps(data["weights"]), flush=True)
