@@ -22,7 +22,7 @@ line; a global cap of ``--slots`` served round-robin across tenants, ``fair_by``
   parts (``handoff``: ms, median and mean; :func:`handoff_parts`), from the workers'
   trace files: the end to the release, the move taken up and done by the releasing
   process's mover, the copy received by a worker's main process, admitted (the lock
-  store's clock), reaching a pool process, its body's start;
+  store's clock), handed to the pool, reaching a pool process, its body's start;
 * **weights**: tenants ``a`` (weight 3) and ``b`` (weight 1), ``--weighted`` runs each
   parked, then drained: ``a``'s share of the starts while both wait (0.75 exact), and
   in each full ``--window`` s of that time (``--weighted 2000``: over a minute);
@@ -167,7 +167,8 @@ def busy_share(runs: Sequence[Run], start: int, end: int, slots: int) -> float:
 
 #: The parts of a hand-off, in order: each from the previous event (the first from the
 #: freed slot's body end) to this one (see :func:`handoff_parts`).
-PARTS = ("released", "movestart", "moved", "received", "admitted", "prerun", "start")
+PARTS = ("released", "movestart", "moved", "received", "admitted", "dispatched", "prerun",
+         "start")
 
 
 def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start: int,
@@ -190,8 +191,8 @@ def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start:
         gaps.append((taker[2] - freed[3]) / 1000)
         mine, theirs = traces.get(freed[4], {}), traces.get(taker[4], {})
         times = [freed[3], mine.get("released"), mine.get("movestart"), mine.get("moved"),
-                 theirs.get("received"),
-                 theirs.get("admitted"), theirs.get("prerun"), taker[2]]
+                 theirs.get("received"), theirs.get("admitted"), theirs.get("dispatched"),
+                 theirs.get("prerun"), taker[2]]
         if all(t is not None for t in times):
             row = [(b - a) / 1000 for a, b in zip(times, times[1:])]  # type: ignore[operator]
             rows.append(row)

@@ -11,9 +11,11 @@ tenant, its line served round-robin across tenants (``fair_by``); each body push
 With ``REDISLOCK_BENCH_TRACE_DIR`` set, each worker process also appends to a file of
 its own there, one line per event, ``"<event> <task id> <µs>"`` (the machine's clock,
 the one the records server reads): ``received`` (the worker's main process has the
-delivery), ``admitted`` (the lock store's time of the admission), ``prerun`` (a pool
-process has it), ``released`` (the pool process gave the slot back, after the body):
-the parts of each hand-off (see ``bench_fair_share.handoff_parts``).
+delivery), ``admitted`` (the lock store's time of the admission), ``dispatched`` (the
+main process hands it to the pool), ``prerun`` (a pool process has it), ``released``
+(the pool process gave the slot back, after the body), ``movestart`` and ``moved`` (its
+mover took up and did the move the release owed): the parts of each hand-off (see
+``bench_fair_share.handoff_parts``).
 """
 
 from __future__ import annotations
@@ -133,5 +135,20 @@ def _trace_moves() -> None:
     Mover._do = traced  # type: ignore[method-assign]
 
 
+def _trace_dispatch() -> None:
+    """Trace when the worker's main process hands a run to the pool (``dispatched``)."""
+    from celery_redislock.gate import gate
+
+    to_pool = gate._to_pool
+
+    def traced(consumer: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if request.name == WORK:
+            _trace("dispatched", request.id)
+        return to_pool(consumer, request, *args, **kwargs)
+
+    gate._to_pool = traced  # type: ignore[assignment]
+
+
 if os.environ.get(TRACE_ENV):
     _trace_moves()
+    _trace_dispatch()
