@@ -174,16 +174,19 @@ PARTS = ("released", "movestart", "moved", "received", "admitted", "dispatched",
 def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start: int,
                   end: int, slots: int) -> Dict[str, Any]:
     """The hand-offs within [start, end], each split into its parts (ms, median and
-    p90): the (slots + i)-th start takes the slot the i-th end freed: from that body's
-    end to its release (the pool process gave the slot back), to the next run's
-    delivery to a worker's main process (the move out of the parking queue, the
-    broker), to its admission (the lock store's clock), to a pool process, to its
-    body's start. Gaps whose events are missing count in the whole only."""
+    mean; :data:`PARTS`): the (slots + i)-th start takes the slot the i-th end freed:
+    from that body's end to its release (the pool process gave the slot back), the
+    move taken up and done by that process's mover, the next run's delivery to a
+    worker's main process, its admission (the lock store's clock), handed to the pool,
+    reaching a pool process, its body's start. Gaps whose events are missing count in
+    the whole only. Beside them (``end_reported``): from each such body's end to its
+    worker's main process learning of it (the pool's report of its result)."""
     ended = sorted(runs, key=lambda r: r[3])
     started = sorted(runs, key=lambda r: r[2])
     gaps: List[float] = []
     parts: Dict[str, List[float]] = {name: [] for name in PARTS}
     rows: List[List[float]] = []
+    reported: List[float] = []  # body end → its worker's main process learned of it
     for index in range(len(runs) - slots):
         freed, taker = ended[index], started[slots + index]
         if not start <= freed[3] <= end:
@@ -193,6 +196,8 @@ def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start:
         times = [freed[3], mine.get("released"), mine.get("movestart"), mine.get("moved"),
                  theirs.get("received"), theirs.get("admitted"), theirs.get("dispatched"),
                  theirs.get("prerun"), taker[2]]
+        if mine.get("ended") is not None:
+            reported.append((mine["ended"] - freed[3]) / 1000)
         if all(t is not None for t in times):
             row = [(b - a) / 1000 for a, b in zip(times, times[1:])]  # type: ignore[operator]
             rows.append(row)
@@ -207,7 +212,9 @@ def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start:
             "split": len(parts["start"]),
             **{f"to_{name}_ms_p50": q(v, 0.5) for name, v in parts.items()},
             **{f"to_{name}_ms_mean": sum(v) / len(v) if v else None
-               for name, v in parts.items()}, "rows_ms": rows}
+               for name, v in parts.items()}, "rows_ms": rows,
+            "end_reported_ms_p50": q(reported, 0.5),
+            "end_reported_ms_mean": sum(reported) / len(reported) if reported else None}
 
 
 def backlog_phase(args: argparse.Namespace, log_dir: Path) -> Dict[str, Any]:

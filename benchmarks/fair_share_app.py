@@ -14,8 +14,8 @@ the one the records server reads): ``received`` (the worker's main process has t
 delivery), ``admitted`` (the lock store's time of the admission), ``dispatched`` (the
 main process hands it to the pool), ``prerun`` (a pool process has it), ``released``
 (the pool process gave the slot back, after the body), ``movestart`` and ``moved`` (its
-mover took up and did the move the release owed): the parts of each hand-off (see
-``bench_fair_share.handoff_parts``).
+mover took up and did the move the release owed), ``ended`` (the main process learned of
+the run's end): the parts of each hand-off (see ``bench_fair_share.handoff_parts``).
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ def _trace_moves() -> None:
 
 
 def _trace_dispatch() -> None:
-    """Trace when the worker's main process hands a run to the pool (``dispatched``)."""
+    """Trace when the worker's main process hands a run to the pool (``dispatched``), and
+    when it learns of a run's end (``ended``: the pool reported its result)."""
     from celery_redislock.gate import gate
 
     to_pool = gate._to_pool
@@ -147,6 +148,15 @@ def _trace_dispatch() -> None:
         return to_pool(consumer, request, *args, **kwargs)
 
     gate._to_pool = traced  # type: ignore[assignment]
+
+    succeeded = gate._RunEnd.succeeded
+
+    def ended(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.request.name == WORK:
+            _trace("ended", self.request.id)
+        return succeeded(self, *args, **kwargs)
+
+    gate._RunEnd.succeeded = ended  # type: ignore[method-assign]
 
 
 if os.environ.get(TRACE_ENV):
