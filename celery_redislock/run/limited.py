@@ -3,10 +3,10 @@ belongs to: what both processes and the operators' tools ask of a task.
 
 Example::
 
-    >>> from celery import Celery
+    >>> from celery_redislock import LimitedTask
     >>> from celery_redislock.run.limited import is_limited
-    >>> is_limited(Celery("proj").task(lambda: None))
-    False
+    >>> is_limited(LimitedTask()), is_limited(object())
+    (True, False)
 """
 
 from __future__ import annotations
