@@ -166,18 +166,34 @@ class FaultRecorder(Recorder):
         """Set ``hash_name[field]`` to the server time (µs)."""
         return int(self._stamp(keys=[hash_name], args=[field]))
 
-    def work(self, task: Any, keys: List[str], seconds: float) -> str:
-        """The body of every task here: record, work ``seconds``, record."""
+    def work(self, task: Any, keys: List[str], seconds: float,
+             until: Optional[str] = None) -> str:
+        """The body of every task here: record, work ``seconds``, record. With ``until``:
+        work until the test pushes an entry to the list ``go:<until>`` instead (at most
+        ``seconds``), so that the slot is held for as long as the test needs it, however
+        slow a loaded machine makes the rest."""
         request = task.request
         self.body_started(request.id, request.hostname or "", keys)
         try:
-            time.sleep(seconds)  # the simulated work of the task body
+            if until is None:
+                time.sleep(seconds)  # the simulated work of the task body
+            else:
+                self._wait_for(f"go:{until}", seconds)
         except BaseException as exc:  # SystemExit: the pool child was sent SIGTERM
             self.client.hset("exited", request.id, type(exc).__name__)
             raise
         finally:
             self.body_ended(request.id, getattr(request, "redislock_lease", None), keys)
         return request.id
+
+
+    def _wait_for(self, name: str, seconds: float) -> None:
+        """Until list ``name`` has an entry (taken), at most ``seconds``; in steps of at
+        most 5 s, under the client's socket timeout."""
+        deadline = time.monotonic() + seconds
+        left = seconds
+        while left > 0 and not self.client.blpop(name, timeout=min(5.0, left)):
+            left = deadline - time.monotonic()
 
 
 _recorders: Dict[str, FaultRecorder] = {}

@@ -45,9 +45,10 @@ def create_app(urls: AppUrls) -> Celery:
     @app.task(base=LimitedTask, bind=True, shared=False, name=WAITS, lock_slots=1,
               lock_key=WAITS_PREFIX + "{key}", lock_lease=LEASE, lock_max_wait=MAX_WAIT,
               **RETRY)
-    def waits(self: Any, seconds: float, key: str = "a") -> str:
-        """One at a time per key, for at most MAX_WAIT s of waiting."""
-        return str(record().work(self, [WAITS_PREFIX + key], seconds))
+    def waits(self: Any, seconds: float, key: str = "a", until: Optional[str] = None) -> str:
+        """One at a time per key, for at most MAX_WAIT s of waiting; with ``until``, the
+        body holds its slot until the test says ``go:<until>`` (at most ``seconds``)."""
+        return str(record().work(self, [WAITS_PREFIX + key], seconds, until))
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=HEAVY, lock_slots=UNITS,
               lock_key="heavy", lock_cost=COST, lock_lease=LEASE, **RETRY)

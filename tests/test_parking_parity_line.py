@@ -11,7 +11,7 @@ import pytest
 from celery.result import AsyncResult
 from parity_app import HEAVY, MAX_WAIT, POOL_ASKS_ENV, UNITS, WAITS, create_app
 
-from cluster_checks import assert_failed_on_time, peaks, poll_times, record_store, wait_until
+from cluster_checks import assert_failed_on_time, line_polls, peaks, record_store, wait_until
 from parking_app import LINE_ENV, ONE, ONE_PREFIX
 
 if TYPE_CHECKING:
@@ -49,24 +49,28 @@ def ready(cluster: WorkerCluster, results: List[AsyncResult]) -> Callable[[], bo
 
 
 def test_max_wait_fails_parked_runs_on_time_with_the_line_long(start_cluster: Any) -> None:
-    """One slot held longer than the max wait, 20 runs parked behind it: each fails with
+    """One slot held until every waiter failed, 20 runs parked behind it: each fails with
     LockWaitTimeout within about a poll of its deadline, none runs, the holder ends.
     Each waiter is judged from its own send (its deadline counts from its first refusal,
     after that) to its failure as the worker stored it: sending 20 runs on a loaded
-    machine takes a while, so the first ones are due before the last ones are sent."""
+    machine takes a while, so the first ones are due before the last ones are sent. (A
+    holder that held the slot for a fixed time would hand it to a waiter still parked
+    when it ended, on a machine slow enough: that waiter would run.)"""
     cluster = start_cluster()
     record = record_store(cluster)
     task = cluster.app.tasks[WAITS]
-    holder = task.delay(MAX_WAIT + 2.5, key="mw")
+    holder = task.delay(TIMEOUT * 2, key="mw", until="mw")
     wait_until(lambda: record.hexists("started", holder.id), TIMEOUT, "the holder's start")
     waiters, sent = [], []
-    with poll_times(cluster) as polls:
+    with line_polls(cluster) as polls:
         for _ in range(20):
             sent.append(time.time())  # the host's clock, as the worker's result date
             waiters.append(task.delay(0.05, key="mw"))
         wait_until(ready(cluster, waiters), TIMEOUT, "the waiters' failures", interval=0.02)
     assert_failed_on_time(waiters, sent, MAX_WAIT, polls)
     assert [int(record.get(f"runs:{r.id}") or 0) for r in waiters] == [0] * len(waiters)
+    assert not holder.ready()  # it held the slot all along
+    record.rpush("go:mw", 1)
     wait_until(ready(cluster, [holder]), TIMEOUT, "the holder's end")
     assert holder.status == "SUCCESS"
     logs = cluster.logs()

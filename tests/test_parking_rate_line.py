@@ -26,9 +26,9 @@ from celery_redislock.parking import parking_queue
 
 from cluster_checks import (
     assert_failed_on_time,
+    line_polls,
     lock_store,
     peaks,
-    poll_times,
     record_store,
     wait_until,
 )
@@ -196,7 +196,7 @@ def test_a_rate_limit_with_a_max_wait_gives_parked_runs_up_on_time(start_cluster
     first = task.delay(0.01, key=key)
     wait_until(lambda: record.hexists("started", first.id), TIMEOUT, "the first start")
     waiters, sent = [], []
-    with poll_times(cluster) as polls:
+    with line_polls(cluster) as polls:
         for _ in range(10):
             sent.append(time.time())  # the host's clock, as the worker's result date
             waiters.append(task.delay(0.01, key=key))
