@@ -10,7 +10,7 @@ Every run of a limited task, once it holds its slot, records:
 * the time it was admitted (the lock store's clock, ms) in the sorted set ``admitted:<key>``;
 * ``INCR ended:<key>`` at its end, so a live view can count the runs done so far.
 
-Every delivery of a run to a worker (admitted or sent back to wait; Celery's
+Every delivery of a run to a worker (admitted, or refused and parked; Celery's
 ``task_received``) adds one to its count in the hash ``deliveries``; the first one also
 writes the server's time in the hash ``asked``: when the run first asked for its slot,
 from which its wait is measured.
@@ -95,7 +95,7 @@ class Recorder:
         pipe.execute()
 
     def times_sent_back(self, task_id: str) -> int:
-        """How many deliveries of ``task_id`` were sent back to wait, so far."""
+        """How many deliveries of ``task_id`` did not run it (it parked), so far."""
         return max(0, int(self.client.hget(self._key("deliveries"), task_id) or 1) - 1)
 
     def started(self, task_id: str, limit_key: str, slots: int, waits: int,

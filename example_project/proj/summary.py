@@ -53,7 +53,8 @@ class KeyReport:
 
     @property
     def sent_back(self) -> int:
-        """How many times, in all, a run found the key full and went back to the queue."""
+        """How many times, in all, a run found the key full and parked (or a copy of an
+        already served run ended unrun): its deliveries that did not run the body."""
         return sum(run.waits for run in self.runs)
 
     @property
@@ -149,7 +150,7 @@ def _peak(key: KeyReport) -> str:
 
 def print_report(report: Report) -> None:
     """Print the summary table and the two verdicts."""
-    header = (f"{'limit key':<26} {'limit':>7} {'peak':>6} {'done':>7} {'sent back':>9} "
+    header = (f"{'limit key':<26} {'limit':>7} {'peak':>6} {'done':>7} {'parked':>9} "
               f"{'wait p50':>8} {'wait max':>8}  verdict")
     print()
     print(header)
