@@ -65,7 +65,7 @@ from celery_redislock.engine.admission import (
 from celery_redislock.engine.fair import fair_key, fair_view, set_weight
 from celery_redislock.engine.keys import DEFAULT_PREFIX, semaphore_key
 from celery_redislock.engine.parking import park_admit, run_id
-from celery_redislock.line.broker_line import owe
+from celery_redislock.line.moves import owe
 from celery_redislock.testing import RedisServer
 
 from .bench_rate import wait_until_ready

@@ -51,7 +51,7 @@ import redis
 
 from celery_redislock.engine.admission import Lease, SlotLimit
 from celery_redislock.engine.parking import park_admit, run_id
-from celery_redislock.line import broker_line
+from celery_redislock.line import moves
 from celery_redislock.testing import RedisServer
 
 from .bench_rate import check_alive, wait_until_ready
@@ -146,7 +146,7 @@ def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: 
     cpu, released_us = cpu_seconds(servers.lock), _server_us(servers.records)
     for lease in held:  # as a worker's release: the next run moved at once
         lease.release()
-        broker_line.owe(bench.app, lease.handoffs)
+        moves.owe(bench.app, lease.handoffs)
     wait_for(lambda: servers.records.llen(bench.ENDS) >= case.drained, timing.timeout,
              f"{case.drained} runs to drain", workers)
     runs = [tuple(map(int, value.split()))

@@ -16,7 +16,7 @@ from celery.result import AsyncResult, ResultSet
 from celery_redislock import Semaphore
 from celery_redislock.engine.parking_rate import DUE_RATE
 from celery_redislock.engine.scripts import DUE
-from celery_redislock.line.broker_line import POLL
+from celery_redislock.line.poll import POLL
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster

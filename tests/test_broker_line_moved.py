@@ -13,7 +13,7 @@ from celery import Celery
 from redis.exceptions import ConnectionError, NoPermissionError
 
 from celery_redislock.engine import parking as store
-from celery_redislock.line import broker_line
+from celery_redislock.line import moves
 from celery_redislock.parking import Done, Outcome
 
 KEY = "redislock:{x}:s:moved"
@@ -39,7 +39,7 @@ def test_a_store_error_is_logged_and_the_reservation_lapses(
 
     monkeypatch.setattr(store, "moved_nothing", fails)
     with caplog.at_level(logging.WARNING):
-        broker_line._moved(app(), KEY, False, empty())
+        moves._moved(app(), KEY, False, empty())
     assert any("could not give back a reservation" in record.getMessage()
                for record in caplog.records)
 
@@ -50,12 +50,12 @@ def test_any_other_error_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(store, "moved_nothing", broken)
     with pytest.raises(TypeError):
-        broker_line._moved(app(), KEY, False, empty())
+        moves._moved(app(), KEY, False, empty())
 
 
 def test_an_empty_queue_gives_the_reservation_back(monkeypatch: pytest.MonkeyPatch) -> None:
     given_back: List[str] = []
     monkeypatch.setattr(store, "moved_nothing",
                         lambda client, key, sub="": given_back.append(key) or True)
-    broker_line._moved(app(), KEY, False, empty())
+    moves._moved(app(), KEY, False, empty())
     assert given_back == [KEY]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from celery_redislock.line import broker_line
+from celery_redislock.line import moves, poll
 
 from support import wait_until
 
@@ -15,11 +15,11 @@ def test_a_process_gets_a_new_mover_for_another_app() -> None:
     first_app = Celery("first", broker="memory://", set_as_current=False)
     second_app = Celery("second", broker="memory://", set_as_current=False)
     try:
-        first = broker_line.mover(first_app)
-        assert broker_line.mover(first_app) is first
-        second = broker_line.mover(second_app)
+        first = moves.mover(first_app)
+        assert moves.mover(first_app) is first
+        second = moves.mover(second_app)
         assert second is not first
-        assert broker_line.mover(second_app) is second
+        assert moves.mover(second_app) is second
         wait_until(lambda: not first._thread.is_alive(), 10, what="the first mover to stop")
     finally:
-        broker_line._stop()
+        poll._stop()

@@ -18,7 +18,7 @@ from celery_redislock import LimitedTask, LockWaitTimeout
 from celery_redislock.engine.admission import Lease, ParkedMove, SlotLimit
 from celery_redislock.engine.keys import rate_key, semaphore_key
 from celery_redislock.engine.parking import due, park_admit, run_id
-from celery_redislock.line import broker_line
+from celery_redislock.line import moves as line_moves
 
 PREFIX = "redislock:"
 
@@ -33,7 +33,7 @@ def app(celery_app: Any) -> Any:
 def owed(monkeypatch: pytest.MonkeyPatch) -> List[ParkedMove]:
     """The moves owed by this process (instead of moving parked copies in the broker)."""
     moves: List[ParkedMove] = []
-    monkeypatch.setattr(broker_line, "owe", lambda app, found: moves.extend(found))
+    monkeypatch.setattr(line_moves, "owe", lambda app, found: moves.extend(found))
     return moves
 
 

@@ -477,13 +477,13 @@ def test_the_original_is_acknowledged_only_once_its_copy_is_parked(
 
     from celery_redislock.engine.admission import ParkRef
     from celery_redislock.gate import main_process
-    from celery_redislock.line import broker_line
+    from celery_redislock.line import moves
     from celery_redislock.line.waiting import Parked
     from celery_redislock.parking import Done, Outcome
     from celery_redislock.run.waiting_run import WaitingRun
 
     jobs: List[Any] = []
-    monkeypatch.setattr(broker_line, "park", lambda app, message, ref, wait, on_done:
+    monkeypatch.setattr(moves, "park", lambda app, message, ref, wait, on_done:
                         jobs.append(on_done) or taken)
     hub, request = Hub(), _Request()
     parked = Parked(ParkRef("k", "1:1"), WaitingRun(attempts=1, park_id="1:1", line="k"), "k")
@@ -495,7 +495,7 @@ def test_the_original_is_acknowledged_only_once_its_copy_is_parked(
         assert request.done == []  # on the mover's thread: not yet
         hub.run_once()
         assert request.done == after
-    broker_line.hop(hub).close()
+    moves.hop(hub).close()
 
 
 class _Broker:
@@ -516,8 +516,8 @@ def test_the_poll_hands_over_a_slot_freed_without_a_release(
     """A holder's lease runs out (no release comes): the next poll of a worker owes the
     parked run's move; a move that finds the parking queue empty gives the slot back."""
     from celery_redislock.engine import parking as store
-    from celery_redislock.engine.admission import Busy, SlotLimit
-    from celery_redislock.line import broker_line
+    from celery_redislock.engine.admission import Busy, ParkedMove, SlotLimit
+    from celery_redislock.line import moves, poll
     from celery_redislock.parking import Done, Outcome
 
     app = create_app_conf(redislock_line="broker")
@@ -527,12 +527,12 @@ def test_the_poll_hands_over_a_slot_freed_without_a_release(
     refused = store.park_admit(redis_client, limit, lease=30, run="b:0")
     assert isinstance(refused, Busy) and refused.park is not None
     owed: List[Any] = []
-    monkeypatch.setattr(broker_line, "owe", lambda app, moves: owed.extend(moves))
-    poll = broker_line.Poll(app)
-    wait_until(lambda: poll.once(_Broker(limit[0].key)), 5.0, "a move owed")
-    assert owed == [broker_line.ParkedMove(limit[0].key)] and not held.release()
+    monkeypatch.setattr(moves, "owe", lambda app, found: owed.extend(found))
+    the_poll = poll.Poll(app)
+    wait_until(lambda: the_poll.once(_Broker(limit[0].key)), 5.0, "a move owed")
+    assert owed == [ParkedMove(limit[0].key)] and not held.release()
     given_back: List[str] = []
     monkeypatch.setattr(store, "moved_nothing",
                         lambda client, key, sub="": given_back.append(key))
-    broker_line._moved(app, limit[0].key, False, Done("move", "j", "q", Outcome(False, "empty")))
+    moves._moved(app, limit[0].key, False, Done("move", "j", "q", Outcome(False, "empty")))
     assert given_back == [limit[0].key]

@@ -168,7 +168,7 @@ def test_rate_limited_runs_park_with_a_cluster_lock_store(celery_app, celery_wor
     """A worker on the parking line whose lock store is a Redis Cluster: runs of a rate
     limit park (one message each) and start at the rate, each once."""
     from celery_redislock import LimitedTask
-    from celery_redislock.line.broker_line import Poll
+    from celery_redislock.line.poll import Poll
 
     celery_app.conf.redislock_client = client
     celery_app.conf.redislock_line = "broker"

@@ -17,7 +17,8 @@ import redis
 from celery_redislock.engine import parking as store
 from celery_redislock.engine import parking_rate
 from celery_redislock.engine.admission import Busy, SlotLimit
-from celery_redislock.line import broker_line
+from celery_redislock.line import moves as line_moves
+from celery_redislock.line import poll as line_poll
 from celery_redislock.parking import parking_queue
 
 PREFIX = "redislock:"
@@ -71,7 +72,7 @@ def visits(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[int]]:
 
     monkeypatch.setattr(store, "due", counted_due)
     monkeypatch.setattr(parking_rate, "due_rate", counted_due_rate)
-    monkeypatch.setattr(broker_line, "owe", lambda app, moves: None)
+    monkeypatch.setattr(line_moves, "owe", lambda app, owed: None)
     return seen
 
 
@@ -80,14 +81,14 @@ def test_a_poll_over_many_keys_visits_their_lines_less_often(
     """300 keys with a line: a poll visits all of them, and the polls of the next
     0.4 s (``pause_after(300)`` less one ``POLL``) do not; then one does again."""
     keys = _park_lines(redis_client, 300)
-    poll, broker = broker_line.Poll(_app(redis_server.url)), _Broker(keys)
+    poll, broker = line_poll.Poll(_app(redis_server.url)), _Broker(keys)
     poll.once(broker)
     after = time.monotonic()
     assert visits["due"] == [300]
     poll.once(broker)
     assert visits["due"] == [300]  # too soon: not visited again
     assert poll.next_visit - after == pytest.approx(
-        broker_line.pause_after(300) - broker_line.POLL, abs=0.1)
+        line_poll.pause_after(300) - line_poll.POLL, abs=0.1)
     while time.monotonic() < poll.next_visit:  # the poll's own pace, not a sleep
         poll.once(broker)
         assert visits["due"] == [300]
@@ -98,12 +99,12 @@ def test_a_poll_over_many_keys_visits_their_lines_less_often(
 def test_a_poll_over_few_keys_visits_them_every_time(
         redis_client: redis.Redis, redis_server: Any, visits: Dict[str, List[int]]) -> None:
     """Up to ``POLL_KEYS`` keys, every poll visits every line, as before."""
-    keys = _park_lines(redis_client, broker_line.POLL_KEYS)
-    poll, broker = broker_line.Poll(_app(redis_server.url)), _Broker(keys)
+    keys = _park_lines(redis_client, line_poll.POLL_KEYS)
+    poll, broker = line_poll.Poll(_app(redis_server.url)), _Broker(keys)
     poll.once(broker)
     poll.once(broker)
-    assert visits["due"] == [broker_line.POLL_KEYS] * 2
-    assert broker_line.pause_after(broker_line.POLL_KEYS) == broker_line.POLL
+    assert visits["due"] == [line_poll.POLL_KEYS] * 2
+    assert line_poll.pause_after(line_poll.POLL_KEYS) == line_poll.POLL
 
 
 def test_rate_lines_are_asked_at_every_poll(
@@ -112,7 +113,7 @@ def test_rate_lines_are_asked_at_every_poll(
     keys = _park_lines(redis_client, 300)
     rate_key = "redislock:{pace}:r:rate"
     redis_client.zadd(store.rate_index(PREFIX), {rate_key: 1})
-    poll, broker = broker_line.Poll(_app(redis_server.url)), _Broker([*keys, rate_key])
+    poll, broker = line_poll.Poll(_app(redis_server.url)), _Broker([*keys, rate_key])
     poll.once(broker)
     poll.once(broker)
     assert visits["due"] == [300] and visits["due_rate"] == [1, 1]

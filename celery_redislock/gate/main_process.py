@@ -31,7 +31,7 @@ from ..engine.channel import limit_waits
 from ..engine.parking import GaveUp, ParkAdmitCall
 from ..engine.refusal import error_kind, is_transient
 from ..errors import LockWaitTimeout
-from ..line import broker_line, parked_deadline
+from ..line import broker_line, moves, parked_deadline
 from ..line.waiting import Parked, parked, requeue, served
 from ..pool import pool_park
 from ..pool.attempt import Attempt, Setup, limit_names, outcome_time, short_wait_of
@@ -357,9 +357,9 @@ def park(consumer: Any, request: Any, parked: Parked) -> None:
     (a worker that dies between the two: the broker gives the original back, and its
     reference tells it apart). Not published: the original goes back to its queue."""
     forget_copy(request)
-    published = broker_line.hop(consumer.hub).on_loop(  # from the mover's thread
+    published = moves.hop(consumer.hub).on_loop(  # from the mover's thread
         functools.partial(_after_park, request, parked))
-    if not broker_line.park(request.task.app, request.message, parked.ref, parked.wait,
+    if not moves.park(request.task.app, request.message, parked.ref, parked.wait,
                             published):
         _not_parked(request, parked, "the mover is full or stopped")
 

@@ -52,7 +52,7 @@ from ..engine.workers import (
     pid_runs,
     registry_prefix,
 )
-from ..line import broker_line, handoff
+from ..line import handoff, moves
 from ..run.limited import limits_of, longest_lease, this_start, this_worker, uses_limits
 from . import hand_on
 from .startup import CheckAtStart, start_problems
@@ -407,7 +407,7 @@ def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool =
     if terminated:
         _free_for_dead_run(sender, request.id, request.args, request.kwargs, "terminated")
     elif limits_of(sender) is not None:
-        broker_line.leave_soon(sender._get_app(), getattr(request, "_context", request))
+        moves.leave_soon(sender._get_app(), getattr(request, "_context", request))
 
 
 def _free_what_is_left(app: Any, worker: str, start: str, main_pid: int,

@@ -1,5 +1,5 @@
 """What the lock store's scripts hand over as they free slots: the moves owed out of
-parking queues (the parking line; see :mod:`.broker_line`), owed by this process's
+parking queues (the parking line; see :mod:`.moves`), owed by this process's
 mover, and how long a slot handed over stays reserved.
 
     >>> reservation_ms(30.0), reservation_ms(2.5)
@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from ..config.settings import read_settings, redis_client
 from ..engine.scripts import WAKE
-from . import broker_line
+from . import moves
 
 #: How long a slot handed to the line is kept for it (seconds, at most the lease): time
 #: for the run moved out of its parking queue to reach a worker.
@@ -24,14 +24,14 @@ def reservation_ms(lease: float) -> int:
     return max(1, round(min(RESERVATION, lease) * 1000))
 
 
-def publish(app: Any, moves: Iterable[Any]) -> int:
+def publish(app: Any, handed: Iterable[Any]) -> int:
     """Owe the moves out of parking lines that a script handed over (see
-    :func:`.broker_line.owe`): :class:`~celery_redislock.engine.admission.ParkedMove`
+    :func:`.moves.owe`): :class:`~celery_redislock.engine.admission.ParkedMove`
     entries, or a script's raw ``"!move <n> <key>"`` entries. Returns how many moves
     were owed (the mover moves the parked runs)."""
-    owed = broker_line.moves_owed(moves)
+    owed = moves.moves_owed(handed)
     if owed:
-        broker_line.owe(app, owed)
+        moves.owe(app, owed)
     return len(owed)
 
 
@@ -44,5 +44,5 @@ def wake_waiters(app: Any, semaphore_key: str, lease: float = RESERVATION) -> in
         wake_waiters(app, semaphore_key("crawl", prefix))
     """
     client = redis_client(app, read_settings(app))
-    moves = WAKE.run(client, [semaphore_key], [reservation_ms(lease)])
-    return publish(app, moves)
+    handed = WAKE.run(client, [semaphore_key], [reservation_ms(lease)])
+    return publish(app, handed)

@@ -85,7 +85,7 @@ def give_back_exiting(task: Any, lease: Lease, request: Any) -> None:
     of a parking queue owed to this process's mover could die with the process, and the
     slot would stay reserved for the line, free for nobody, until the reservation lapsed
     (:data:`~.handoff.RESERVATION`, 10 s); a slot simply freed is handed to the line by
-    the next poll of any worker (every :data:`~.broker_line.POLL` s). Should the process
+    the next poll of any worker (every :data:`~..line.poll.POLL` s). Should the process
     be killed before the release is written, the worker's main process frees the slot
     once the process is gone (:mod:`.recovery`)."""
     lease_keeper().forget(lease)

@@ -34,8 +34,8 @@ from ..config.settings import Settings
 from ..engine import parking as store
 from ..engine.admission import ParkRef
 from ..engine.parking_rate import is_rate_key
-from ..line.broker_line import line_name, mover
-from ..parking import ParkedCopy, Route, parking_queue
+from ..line.moves import mover
+from ..parking import ParkedCopy, Route, line_name, parking_queue
 from ..run.waiting_run import WaitingRun
 
 __all__ = ["PUBLISH_TIMEOUT", "UNSENT_MS", "copy_of_request", "park_here", "parks_here", "sent"]

@@ -55,7 +55,8 @@ GATE_ENV = "REDISLOCK_HISTORY_GATE"
 
 #: Loggers whose debug lines the workers' logs keep: the parked line's poll says there
 #: why one of its rounds failed.
-DEBUG_LOGGERS = ("celery_redislock.line.broker_line",)
+DEBUG_LOGGERS = ("celery_redislock.line.broker_line", "celery_redislock.line.moves",
+                 "celery_redislock.line.poll")
 
 SIGNALS = ("lock_acquired", "lock_released", "lease_lost", "lock_contended", "rate_limited")
 
