@@ -121,9 +121,10 @@ def test_a_copy_of_a_waiting_run_is_never_asked_for_ahead() -> None:
     """A moved or sent-back copy may claim a reservation: it waits for a free process."""
     gate_room.spare["t"] = True
     try:
-        assert gate_room.may_go_ahead(_Request("t"))
-        assert not gate_room.may_go_ahead(_Request("t", {"redislock_wait": {"attempts": 1}}))
-        assert not gate_room.may_go_ahead(_Request("other"))
+        for request, ahead in ((_Request("t"), True), (_Request("other"), False),
+                               (_Request("t", {"redislock_wait": {"attempts": 1}}), False)):
+            hold = gate_room.hold_of(request, None)  # the copy flag read from its headers
+            assert gate_room.may_go_ahead(request, hold) is ahead
     finally:
         gate_room.spare.clear()
 

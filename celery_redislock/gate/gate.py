@@ -165,9 +165,9 @@ BOOKED_SLACK = 0.02
 def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
     """Hand ``request`` to the pool (``handle``) once its limits admit it, or end it here
     (acknowledged, never run) when they do not, or hold it here for a while."""
-    hold = room.unhold(request) or room.Hold()
     task = request.task
     limits = limits_of(task)
+    hold = room.unhold(request) or room.hold_of(request, limits)
     if hold.booked is not None and limits is not None:
         booked = _due_booking(consumer, request, hold)
         if booked is not None:
@@ -176,13 +176,16 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
         return handle(request)
     free = room.free_processes_now(consumer)
     now = free >= 0
-    ahead = not now and room.may_go_ahead(request) and free >= -room.lookahead(consumer)
+    ahead = not now and room.may_go_ahead(request, hold) and free >= -room.lookahead(consumer)
     loop = getattr(consumer, "hub", None) is not None
     # Not probed on the parking line (``loop``): its admission parks the run it refuses.
     if not now and not ahead and (hold.may_wait_unprobed() or loop):
         return room.wait_for_room(consumer, request, handle, hold, _gate_again)
+    go = now or ahead
+    if _hand_kept(consumer, request, handle, hold, go):
+        return None
     return _settle(consumer, request, handle, hold, limits, lambda: ask_before_pool(
-        task, limits, context_of(request), room=now or ahead, promises=hold.promises,
+        task, limits, context_of(request), room=go, promises=hold.promises,
         may_wait=hold.waits < SHORT_WAITS, loop=loop), ahead=ahead)
 
 
@@ -258,21 +261,25 @@ def _hold_for(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: r
 
 
 def _to_pool(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: room.Hold,
-             limits: TaskLimits, answer: Optional[Dict[str, Any]]) -> Any:
+             limits: TaskLimits, answer: Optional[Dict[str, Any]],
+             handed_on: Optional[hand_on.MainRelease] = None) -> Any:
     """Hand ``request`` to the pool with the lease its limits gave it (``answer``; None:
     the pool process decides), to be given back here at its end where this process can;
-    a run revoked while its limits were asked gives the lease back and ends."""
-    if answer is not None and request.revoked():
+    a run revoked while its limits were asked gives the lease back and ends.
+    ``handed_on``: how the lease ``answer``, handed on to this run (see :func:`_hand_to`,
+    whose caller looked at its revocation), is given back."""
+    if handed_on is None and answer is not None and request.revoked():
         give_back_unstarted(request.task, limits, answer)
         return None
-    release = None
+    release: Optional[Callable[[], None]] = handed_on
     if answer is not None:
-        release = _release_here(consumer, request, limits, answer)
+        if release is None:
+            release = _release_here(consumer, request, limits, answer)
         request.request_dict[ADMITTED] = answer if release is None else {
             **answer, MAIN_RELEASES: True}
     elif hold.promises:
         request.request_dict[PROMISED] = hold.promises
-    _act_at_end(consumer, request, release)
+    _act_at_end(consumer, request, release, hold.copy)
     return handle(request)
 
 
@@ -338,7 +345,8 @@ def _release_on_hub(store: HubStore, task: Any, limits: TaskLimits,
         release_for_pool(task, limits, handed)
 
 
-def _act_at_end(consumer: Any, request: Any, release: Optional[Callable[[], None]]) -> None:
+def _act_at_end(consumer: Any, request: Any, release: Optional[Callable[[], None]],
+                copy: bool = False) -> None:
     """Have the end of ``request``'s run, as the worker's main process learns of it,
     give back the slots the main process took for it (``release``), and serve the
     requests waiting for a free pool process at once, instead of leaving the process
@@ -355,8 +363,9 @@ def _act_at_end(consumer: Any, request: Any, release: Optional[Callable[[], None
     only Python's garbage collector frees (every request and its message kept until a
     collection, and collections run far more often: about 45 µs of the worker's main
     process per run at 400 runs/s). The pool keeps the wrappers it was handed until it
-    calls one of them."""
-    end = _RunEnd(consumer, request, release)
+    calls one of them. ``copy``: the request is a copy of a waiting run's message (its
+    slots are never handed on, see :func:`_hand_on`)."""
+    end = _RunEnd(consumer, request, release, copy)
     try:
         request.on_success, request.on_failure = end.succeeded, end.failed
     except AttributeError:  # a request class with __slots__ only: the timer serves
@@ -370,18 +379,21 @@ class _RunEnd:
     refer to each other: such closures are a reference cycle through the request, which
     only Python's garbage collector frees)."""
 
-    __slots__ = ("consumer", "ended_badly", "ended_well", "release", "request")
+    __slots__ = ("consumer", "copy", "ended_badly", "ended_well", "release", "request")
 
-    def __init__(self, consumer: Any, request: Any,
-                 release: Optional[Callable[[], None]]) -> None:
-        self.consumer, self.request, self.release = consumer, request, release
+    def __init__(self, consumer: Any, request: Any, release: Optional[Callable[[], None]],
+                 copy: bool = False) -> None:
+        self.consumer, self.request, self.release, self.copy = consumer, request, release, copy
         self.ended_well, self.ended_badly = request.on_success, request.on_failure
 
     def give_back(self) -> None:
         """Give the run's slots back, or hand them on to the next run waiting here for a
-        pool process (see :mod:`.hand_on`)."""
+        pool process, or keep them a moment for the next run to come (see
+        :mod:`.hand_on`; never the slots of a copy of a waiting run's message: they go
+        back through the store)."""
         release, self.release = self.release, None
-        if release is not None and not _hand_on(self.consumer, self.request, release):
+        if release is not None and (self.copy or not (
+                _hand_on(self.consumer, release) or room.keep_spare(self.consumer, release))):
             release()
 
     def unwrap(self) -> None:
@@ -413,17 +425,16 @@ class _RunEnd:
             room.serve_now(self.consumer, _gate_again)
 
 
-def _hand_on(consumer: Any, ended: Any, release: Callable[[], None]) -> bool:
-    """Hand the lease of ``ended``, a run that ended (its ``release``), to the run at the
-    head of ``consumer``'s queue of runs waiting for a pool process, when that run is of
-    the same limits and may go to the pool now, and the lease may be handed on (see
+def _hand_on(consumer: Any, release: Callable[[], None]) -> bool:
+    """Hand the lease of a run that ended (its ``release``; not a copy of a waiting
+    run's message, whose slots go back through the store) to the run at the head of
+    ``consumer``'s queue of runs waiting for a pool process, when that run is of the same
+    limits and may go to the pool now, and the lease may be handed on (see
     :mod:`.hand_on`): it goes to the pool under it, and True is answered. Else False:
     the caller gives the lease back."""
     if not isinstance(release, hand_on.MainRelease) or not hand_on.may_hand_on(
             release.handed, release.limits):
         return False
-    if carries_wait(getattr(getattr(ended, "message", None), "headers", None)):
-        return False  # a copy of a waiting run: its slot goes back through the store
     head = room.head_for_hand_on(consumer, release.limits)
     if head is None:
         return False
@@ -432,9 +443,31 @@ def _hand_on(consumer: Any, ended: Any, release: Callable[[], None]) -> bool:
         release()
         handle(request)
         return True
+    return _hand_to(consumer, request, handle, hold, release)
+
+
+def _hand_kept(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: room.Hold,
+               go: bool) -> bool:
+    """Hand ``request`` (not revoked), which may ``go`` to the pool now (or ahead), the
+    lease of a run that ended here a moment ago, kept for the next run of its limits
+    (see :func:`.room.keep_spare`): True. False: none is kept for it, and it asks."""
+    kept = room.take_spare(consumer, hold) if go else None
+    return kept is not None and _hand_to(consumer, request, handle, hold, kept)
+
+
+def _hand_to(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: room.Hold,
+             release: hand_on.MainRelease) -> bool:
+    """Hand ``request`` (not revoked) to the pool under the lease of a run that ended
+    (its ``release``), given back at its end by the same call with the lease's new
+    record (see :func:`_release_here`)."""
     handed = hand_on.handed_on(release.handed)
     hand_on.note(request.id, handed)
-    _to_pool(consumer, request, handle, hold, release.limits, handed)
+    give = release.release
+    handed_on = None
+    if isinstance(give, functools.partial) and give.args and give.args[-1] is release.handed:
+        handed_on = hand_on.MainRelease(handed, release.limits,
+                                        functools.partial(give.func, *give.args[:-1], handed))
+    _to_pool(consumer, request, handle, hold, release.limits, handed, handed_on=handed_on)
     return True
 
 

@@ -28,8 +28,9 @@ from celery.worker import state as worker_state
 from ..config.limit import TaskLimits
 from ..engine.admission import Booked
 from ..run.decide import ROOM_POLL
-from ..run.limited import limits_of, task_settings
+from ..run.limited import task_settings
 from ..run.waiting_run import carries_wait
+from . import hand_on
 
 #: How a request goes to the pool: the handler Celery's strategy gave it.
 Handle = Callable[[Any], Any]
@@ -49,9 +50,13 @@ PROBE_AFTER = 0.25
 class Hold:
     """What the main process knows of a request it holds back."""
 
-    __slots__ = ("booked", "due", "probed", "promises", "since", "waits")
+    __slots__ = ("booked", "copy", "due", "limits", "probed", "promises", "since", "waits")
 
-    def __init__(self) -> None:
+    def __init__(self, copy: bool = False, limits: Optional[TaskLimits] = None) -> None:
+        #: Whether the request is a copy of a waiting run's message (see
+        #: :func:`~..run.waiting_run.carries_wait`), and the limits it runs under: read
+        #: once, as it is first gated.
+        self.copy, self.limits = copy, limits
         self.promises: dict = {}
         self.waits = 0
         self.probed = False
@@ -83,11 +88,17 @@ class Room:
     probed and admissible), in the order they came; and whether the one timer that
     serves them is set."""
 
-    __slots__ = ("queue", "thread", "timer_set")
+    __slots__ = ("queue", "served", "spare", "thread", "timer_set")
 
     def __init__(self) -> None:
         self.queue: Deque[Entry] = deque()
         self.timer_set = False
+        #: When (monotonic) the end of a run last served the queue (see
+        #: :data:`ROOM_POLL_SERVED`).
+        self.served = 0.0
+        #: The lease of a run that ended when no run waited here, kept for the next run
+        #: of its limits (see :func:`keep_spare`).
+        self.spare: Optional[hand_on.MainRelease] = None
         #: The thread that made the queue (the worker's consumer), which serves it.
         self.thread = threading.get_ident()
 
@@ -112,17 +123,31 @@ def lookahead(consumer: Any) -> int:
     takes the last free slot, while no process is free gives its slot back at once and
     waits here (a slot is never held idle while another run waits for it)."""
     pool = getattr(consumer, "pool", None)
-    if getattr(consumer, "hub", None) is None or not type(pool).__module__.endswith("prefork"):
+    kind = type(pool)
+    prefork = _prefork.get(kind)
+    if prefork is None:
+        prefork = _prefork[kind] = kind.__module__.endswith("prefork")
+    if not prefork or getattr(consumer, "hub", None) is None:
         return 0
     return int(getattr(pool, "num_processes", None) or 0)
 
 
-def may_go_ahead(request: Any) -> bool:
-    """Whether ``request`` may be asked for ahead of a free pool process: its task's key
-    had slots to spare at its last admission here, and it is a newcomer (a copy of a
-    waiting or parked run, which may claim a reservation, never gives it back unused)."""
-    return spare.get(request.task.name, False) and not carries_wait(
-        getattr(getattr(request, "message", None), "headers", None))
+#: Per pool class: whether it is Celery's prefork pool (see :func:`lookahead`).
+_prefork: Dict[type, bool] = {}
+
+
+def hold_of(request: Any, limits: Optional[TaskLimits]) -> Hold:
+    """The hold of ``request``, a run under ``limits`` gated for the first time."""
+    return Hold(carries_wait(getattr(getattr(request, "message", None), "headers", None)),
+                limits)
+
+
+def may_go_ahead(request: Any, hold: Hold) -> bool:
+    """Whether ``request`` (held as ``hold`` says) may be asked for ahead of a free pool
+    process: its task's key had slots to spare at its last admission here, and it is a
+    newcomer (a copy of a waiting or parked run, which may claim a reservation, never
+    gives it back unused)."""
+    return not hold.copy and spare.get(request.task.name, False)
 
 
 def note_spare(consumer: Any, task: Any, limits: TaskLimits, answer: Any) -> bool:
@@ -141,7 +166,10 @@ def serve_now(consumer: Any, again: Again) -> None:
     processes can take now, when called in the thread that serves the queue (a pool
     may report a run's end from a thread of its own: the queue's timer serves then)."""
     room = rooms.get(consumer)
-    if room is None or not room.queue or room.thread != threading.get_ident():
+    if room is None or room.thread != threading.get_ident():
+        return
+    room.served = time.monotonic()
+    if not room.queue:
         return
     with held_lock:
         taken = take_from(consumer, room)
@@ -172,12 +200,29 @@ def wait_for_room(consumer: Any, request: Any, handle: Handle, hold: Hold,
         if room.timer_set:
             return
         room.timer_set = True
-    consumer.timer.call_after(ROOM_POLL, _serve, (consumer, room, again), priority=6)
+    _serve_later(consumer, room, again)
+
+
+#: How often (s) the queue's timer looks while the ends of runs the main process handed
+#: to the pool serve the queue (one did within as long): each end takes from the queue
+#: what the pool processes free, so the timer only catches a process freed otherwise (a
+#: plain task's end, a process lost), and looking every :data:`~.decide.ROOM_POLL` cost
+#: the main process a timer entry per run or so.
+ROOM_POLL_SERVED = 0.01
+
+
+def _serve_later(consumer: Any, room: Room, again: Again) -> None:
+    """Set the timer that serves ``room``: in :data:`~.decide.ROOM_POLL`, or in
+    :data:`ROOM_POLL_SERVED` while the ends of runs serve it."""
+    served = time.monotonic() - room.served < ROOM_POLL_SERVED
+    consumer.timer.call_after(ROOM_POLL_SERVED if served else ROOM_POLL, _serve,
+                              (consumer, room, again), priority=6)
 
 
 def _serve(consumer: Any, room: Room, again: Again) -> None:
     """Gate again, from the head of the queue, as many held requests as there are free
-    pool processes; come back in :data:`~.decide.ROOM_POLL` while any are left."""
+    pool processes; come back in :data:`~.decide.ROOM_POLL` while any are left (in
+    :data:`ROOM_POLL_SERVED` while the ends of runs serve the queue)."""
     with held_lock:
         taken = take_from(consumer, room)
         taken += _due_for_a_probe(room)
@@ -187,7 +232,7 @@ def _serve(consumer: Any, room: Room, again: Again) -> None:
         if not room.queue:
             room.timer_set = False
             return
-    consumer.timer.call_after(ROOM_POLL, _serve, (consumer, room, again), priority=6)
+    _serve_later(consumer, room, again)
 
 
 def take_from(consumer: Any, room: Room) -> List[Entry]:
@@ -200,7 +245,8 @@ def take_from(consumer: Any, room: Room) -> List[Entry]:
         if free <= 0:
             if ahead is None:
                 ahead = lookahead(consumer)
-            if free <= -ahead or not may_go_ahead(room.queue[0][0]):
+            request, _, hold = room.queue[0]
+            if free <= -ahead or not may_go_ahead(request, hold):
                 break
         taken.append(room.queue.popleft())
         free -= 1
@@ -232,15 +278,66 @@ def head_for_hand_on(consumer: Any, limits: TaskLimits) -> Optional[Entry]:
         return None
     with held_lock:
         request, _, hold = room.queue[0]
-        if (limits_of(request.task) is not limits or hold.booked is not None
-                or hold.promises or carries_wait(
-                    getattr(getattr(request, "message", None), "headers", None))):
+        if (hold.limits is not limits or hold.booked is not None or hold.promises
+                or hold.copy):
             return None
         free = free_processes(consumer)
-        if free <= 0 and (free <= -lookahead(consumer) or not may_go_ahead(request)):
+        if free <= 0 and (free <= -lookahead(consumer) or not may_go_ahead(request, hold)):
             return None
         held.pop(request, None)
         return room.queue.popleft()
+
+
+#: How long (s) at most the lease of a run that ended with no run waiting is kept for
+#: the next run of its limits (see :func:`keep_spare`): as long as its release waits
+#: for an ask to go with (``engine.hub_store.RIDE``). When no run comes, its release
+#: then goes as any other, with the next ask or after that wait.
+SPARE_FOR = 0.005
+
+
+def keep_spare(consumer: Any, release: Any) -> bool:
+    """Keep the lease of a run that ended (its ``release``), when no run of its limits
+    waits here for a pool process, for the next run of those limits that this worker
+    gates within :data:`SPARE_FOR` (see :func:`take_spare`): a lease that may be handed
+    on (see :mod:`.hand_on`), one at a time, in the thread that serves the queue. True:
+    kept (given back if no run takes it); False: the caller gives it back."""
+    room = rooms.get(consumer)
+    if room is None:
+        with held_lock:
+            room = rooms.setdefault(consumer, Room())
+    if (room.spare is not None or not isinstance(release, hand_on.MainRelease)
+            or room.thread != threading.get_ident()
+            or not hand_on.may_hand_on(release.handed, release.limits)):
+        return False
+    room.spare = release
+    consumer.timer.call_after(SPARE_FOR, _spare_unused, (room, release), priority=6)
+    return True
+
+
+def _spare_unused(room: Room, release: hand_on.MainRelease) -> None:
+    """Give back the kept lease ``release`` that no run took (see :func:`keep_spare`)."""
+    if room.spare is release:
+        room.spare = None
+        release()
+
+
+def take_spare(consumer: Any, hold: Hold) -> Optional[hand_on.MainRelease]:
+    """The lease kept for the next run of ``hold.limits`` (see :func:`keep_spare`), for
+    the run held as ``hold``, which may go to the pool now: None when there is none for
+    it (or the run is a copy of a waiting run's message, or holds a promise or a booked
+    start), and the run asks."""
+    room = rooms.get(consumer)
+    if room is None or room.spare is None:
+        return None
+    kept, limits = room.spare, room.spare.limits
+    if (limits is not hold.limits or hold.copy or hold.booked is not None
+            or hold.promises or room.thread != threading.get_ident()):
+        return None
+    room.spare = None
+    if not hand_on.may_hand_on(kept.handed, kept.limits):
+        kept()
+        return None
+    return kept
 
 
 def pool_has_room(consumer: Any) -> bool:

@@ -1,0 +1,120 @@
+"""The lease of a run that ended with no run waiting in its worker, kept for the next run
+of its limits for at most ``SPARE_FOR`` (``gate/room.py``: ``keep_spare``,
+``take_spare``): taken, that run goes to the pool under it as a run handed a slot
+does; not taken, it is given back once; never a copy's, an old lease's, or another
+limits' run's. The real-worker checks (the limit holds, each run runs once, every slot
+comes back) are ``test_hand_on.py``'s, where these leases are handed on too."""
+
+from __future__ import annotations
+
+import functools
+import time
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+import pytest
+
+from celery_redislock.gate import gate, hand_on, room
+from celery_redislock.pool.attempt import ADMITTED, MAIN_RELEASES
+
+
+def _limits() -> Any:
+    """Slots only, under a constant key: runs that may be handed a slot."""
+    rule = SimpleNamespace(rate=None, slots=2, is_constant=True)
+    return SimpleNamespace(rules=[rule], unique=None, period=None)
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.calls: List[Tuple[float, Callable[..., Any], Tuple[Any, ...]]] = []
+
+    def call_after(self, seconds: float, fun: Callable[..., Any], args: Tuple[Any, ...],
+                   priority: int = 0) -> None:
+        self.calls.append((seconds, fun, args))
+
+
+class _Consumer:
+    def __init__(self) -> None:
+        self.hub = object()
+        self.timer = _Timer()
+
+
+class _Request:
+    def __init__(self, task_id: str) -> None:
+        self.id = task_id
+        self.request_dict: Dict[str, Any] = {}
+        self.on_success = self.on_failure = lambda *args, **kwargs: None
+
+
+@pytest.fixture
+def consumer() -> Iterator[_Consumer]:
+    consumer = _Consumer()
+    room.rooms[consumer] = room.Room()
+    yield consumer
+    room.rooms.pop(consumer, None)
+
+
+def _release(limits: Any, given_back: List[str], taken: float = 0.0) -> hand_on.MainRelease:
+    handed = {"member": "w1|t1|s:ab 1 2 {}", "lease": 60.0, "parts": [],
+              "taken": taken or time.monotonic()}
+    return hand_on.MainRelease(handed, limits, functools.partial(
+        lambda record: given_back.append(record["member"]), handed))
+
+
+def test_a_kept_lease_goes_to_the_next_run_of_its_limits(consumer: _Consumer) -> None:
+    limits, handled = _limits(), []  # type: Any, List[Any]
+    given_back: List[str] = []
+    release = _release(limits, given_back)
+    assert room.keep_spare(consumer, release)
+    assert [(seconds, fun) for seconds, fun, _ in consumer.timer.calls] == [
+        (room.SPARE_FOR, room._spare_unused)]
+    request = _Request("t2")
+    hold = room.Hold(limits=limits)
+    kept = room.take_spare(consumer, hold)
+    assert kept is release and room.rooms[consumer].spare is None
+    gate._hand_to(consumer, request, handled.append, hold, kept)
+    assert handled == [request] and given_back == []
+    admitted = request.request_dict[ADMITTED]
+    assert admitted[hand_on.HANDED_ON] == 1 and admitted[MAIN_RELEASES]
+    assert hand_on.token_of("t2") == "w1|t1|s:ab"
+    room._spare_unused(*consumer.timer.calls[0][2])  # the timer finds it taken
+    assert given_back == []
+    request.on_success()  # its end gives the lease back (no run waits)...
+    assert room.rooms[consumer].spare is not None  # ...or keeps it again
+    room._spare_unused(*consumer.timer.calls[-1][2])
+    assert given_back == ["w1|t1|s:ab 1 2 {}"]
+    hand_on.forget("t2")
+
+
+def test_a_kept_lease_no_run_takes_is_given_back_once(consumer: _Consumer) -> None:
+    limits, given_back = _limits(), []  # type: Any, List[str]
+    release = _release(limits, given_back)
+    assert room.keep_spare(consumer, release)
+    assert not room.keep_spare(consumer, _release(limits, given_back))  # one at a time
+    room._spare_unused(*consumer.timer.calls[0][2])
+    room._spare_unused(*consumer.timer.calls[0][2])
+    assert given_back == ["w1|t1|s:ab 1 2 {}"]
+    assert room.take_spare(consumer, room.Hold(limits=limits)) is None
+
+
+@pytest.mark.parametrize("hold", [
+    dict(copy=True),  # a copy of a waiting run's message
+    dict(promises={"k": 1}),  # holds a rate limit's promise
+    dict(limits=None),  # another task's limits
+])
+def test_a_kept_lease_goes_only_to_a_newcomer_of_the_same_limits(
+        consumer: _Consumer, hold: Dict[str, Any]) -> None:
+    limits, given_back = _limits(), []  # type: Any, List[str]
+    assert room.keep_spare(consumer, _release(limits, given_back))
+    held = room.Hold(copy=hold.get("copy", False),
+                     limits=limits if "limits" not in hold else _limits())
+    held.promises = hold.get("promises", {})
+    assert room.take_spare(consumer, held) is None
+    assert room.rooms[consumer].spare is not None and given_back == []
+
+
+def test_an_old_lease_is_not_kept(consumer: _Consumer) -> None:
+    limits, given_back = _limits(), []  # type: Any, List[str]
+    old = _release(limits, given_back, taken=time.monotonic() - hand_on.HAND_ON_AGE - 0.1)
+    assert not room.keep_spare(consumer, old)
+    assert consumer.timer.calls == [] and room.rooms[consumer].spare is None
