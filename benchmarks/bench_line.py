@@ -24,7 +24,8 @@ Printed per line and N:
   at a time): each run's start after its send, p50 / p95 (ms), before the line is parked
   and while it is;
 * after the table, the commands per second while parked by command, the busiest first
-  (``INFO commandstats``, scripts' inner commands included).
+  (``INFO commandstats``, scripts' inner commands included), and the servers' time per
+  run drained by command (a script's own entry covers its inner commands).
 
 Run from the repository root::
 
@@ -56,7 +57,13 @@ from celery_redislock.testing import RedisServer
 
 from .bench_rate import check_alive, wait_until_ready
 from .bench_task_overhead import Worker
-from .common import calls_delta, command_calls, commands_processed, markdown_table
+from .common import (
+    calls_delta,
+    command_calls,
+    command_usec,
+    commands_processed,
+    markdown_table,
+)
 
 LINE_APP = "benchmarks.line_app"
 
@@ -143,6 +150,7 @@ def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: 
     parked = _parked_measures(servers, workers, idle, timing)
     tenant_parked = _tenant_ms(bench, servers, workers, case.tenant, timing.timeout)
     calls, broker_calls = command_calls(servers.lock), command_calls(servers.broker)
+    usec = {"lock": command_usec(servers.lock), "broker": command_usec(servers.broker)}
     cpu, released_us = cpu_seconds(servers.lock), _server_us(servers.records)
     for lease in held:  # as a worker's release: the next run moved at once
         lease.release()
@@ -155,10 +163,15 @@ def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: 
     lock_calls = sum(calls_delta(calls, command_calls(servers.lock)).values())
     publishes = calls_delta(broker_calls, command_calls(servers.broker))
     handoffs = _handoff_ms(runs)
+    spent = {"lock": calls_delta(usec["lock"], command_usec(servers.lock)),
+             "broker": calls_delta(usec["broker"], command_usec(servers.broker))}
     return {"line": case.line, "size": case.size, "keys": case.keys, **parked,
             "drained": case.drained, "drain_seconds": seconds, "rate": case.drained / seconds,
             "handoff_p50_ms": percentile(handoffs, 50), "handoff_p95_ms": percentile(handoffs, 95),
             "handoffs": len(handoffs),
+            "drain_us_per_run": {server: {name: us / case.drained for name, us in
+                                          sorted(by.items(), key=lambda kv: -kv[1])[:6]}
+                                 for server, by in spent.items()},
             "lock_cpu_per_1000": (cpu_seconds(servers.lock) - cpu) / case.drained * 1000,
             "commands_per_handoff": lock_calls / case.drained,
             "publishes_per_task": (publishes.get("lpush", 0) + publishes.get("rpush", 0))
@@ -313,7 +326,10 @@ def _by_command(result: Dict[str, Any]) -> str:
     return "".join(
         f"\n- {result['size']} over {result['keys']} keys, {server} cmd/s parked: "
         + ", ".join(f"{name} {rate:.1f}" for name, rate in calls.items())
-        for server, calls in result["parked_by_command"].items())
+        for server, calls in result["parked_by_command"].items()) + "".join(
+        f"\n- {result['size']} over {result['keys']} keys, {server} µs per run drained: "
+        + ", ".join(f"{name} {us:.1f}" for name, us in spent.items())
+        for server, spent in result["drain_us_per_run"].items())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
