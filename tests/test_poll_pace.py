@@ -117,3 +117,22 @@ def test_rate_lines_are_asked_at_every_poll(
     poll.once(broker)
     poll.once(broker)
     assert visits["due"] == [300] and visits["due_rate"] == [1, 1]
+
+
+def test_a_visit_asks_the_store_in_short_scripts(
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script holds the lock store for its whole run: a visit of 120 keys is three
+    scripts of at most ``DUE_BATCH`` keys each (500 keys in one held the store 28-68 ms,
+    every other client waiting), and hands over as one would."""
+    keys = _park_lines(redis_client, 120)
+    sent: List[int] = []
+    due = store.DUE
+
+    class _Counted:
+        def run(self, client: Any, keys: List[str], args: List[Any]) -> Any:
+            sent.append(len(keys) - 1)  # the last key is the index
+            return due.run(client, keys, args)
+
+    monkeypatch.setattr(store, "DUE", _Counted())
+    assert store.due(redis_client, {key: 1 for key in keys}) == []  # every slot held
+    assert sent == [store.DUE_BATCH, store.DUE_BATCH, 120 - 2 * store.DUE_BATCH]

@@ -14,9 +14,10 @@ describes the keys).
   copy whose promised start is due within :data:`LEAD_MS` (the heads of the FIFO); the
   moved copy asks with its :class:`~.admission.ParkRef` and takes the first start the
   GCRA allows, now or booked. Its traffic does not grow with the line: one script per
-  poll (500 keys), O(moves) entries read. A run with a ``max_wait`` is given up
-  (:class:`~.parking.GaveUp`) within about a poll of its deadline, as on a semaphore's
-  line (``lua/deadline.lua``: a :class:`~.parking.DeadlineMove` of the head); its start
+  :data:`~.parking.DUE_BATCH` keys a poll, O(moves) entries read. A run with a
+  ``max_wait`` is given up (:class:`~.parking.GaveUp`) within about a poll of its
+  deadline, as on a semaphore's line (``lua/deadline.lua``: a
+  :class:`~.parking.DeadlineMove` of the head); its start
   goes back to the line (the last promised one: the runs behind it move up).
 
 The GCRA is admit.lua's: a start counts in ``tat`` when admitted or booked, a newcomer
@@ -61,6 +62,7 @@ from .admission import (
     new_token,
 )
 from .parking import (
+    DUE_BATCH,
     GaveUp,
     ParkAsk,
     local_rate_index,
@@ -215,7 +217,8 @@ def due_rate(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "r
     within ``lead_ms``, and one :class:`~.parking.DeadlineMove` per run parked past its
     max wait. ``parked_lengths`` maps each rate key to its parking queue's
     length (-1 if unknown); a queue that holds messages no promise stands for (the
-    store lost its data) gets promised starts for them. One script per 500 keys.
+    store lost its data) gets promised starts for them. One script per
+    :data:`~.parking.DUE_BATCH` keys.
 
         >>> import redis
         >>> due_rate(redis.Redis.from_url(redis_url), {"doc:{x}:r:nobody": 0}, prefix="doc:")
@@ -225,8 +228,8 @@ def due_rate(client: Any, parked_lengths: Mapping[str, int], *, prefix: str = "r
         return _due_rate_on_cluster(client, parked_lengths, prefix, lead_ms)
     moves: List[ParkedMove] = []
     keys = list(parked_lengths)
-    for start in range(0, len(keys), 500):
-        batch = keys[start:start + 500]
+    for start in range(0, len(keys), DUE_BATCH):
+        batch = keys[start:start + DUE_BATCH]
         reply = DUE_RATE.run(client, [*batch, rate_index(prefix)],
                              [lead_ms * 1000, MOST_MOVES,
                               *(int(parked_lengths[key]) for key in batch)])
