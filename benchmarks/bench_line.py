@@ -18,8 +18,10 @@ Printed per line and N:
 * the drain: rate (tasks/s, from the release to the last body's end), hand-off latency
   p50 / p95 (per key, a body's start after the previous body's end on that key, ms; a
   key's first run after the release is not counted), how many hand-offs that is, the lock
-  store's CPU per 1,000 hand-offs and commands per hand-off, and the broker's publishes
-  per task;
+  store's CPU per 1,000 hand-offs and commands per hand-off, and the broker's pushes per
+  run drained (``LPUSH`` + ``RPUSH``: the moves, the parks, and this benchmark's record
+  of each body's end, on the same server; without a run parked twice: 2.00 on one key,
+  about (keys + hand-offs) / drained + 1 over many keys, each released slot moving one);
 * another tenant (``--tenant`` runs of a task on its own key, which has no line, sent one
   at a time): each run's start after its send, p50 / p95 (ms), before the line is parked
   and while it is;
