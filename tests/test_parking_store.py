@@ -437,17 +437,24 @@ def test_a_moved_copy_that_leaves_hands_its_reservation_over(redis_client):
     assert isinstance(ask(redis_client, limiters, "t2", parked=waiter.park), Lease)
 
 
-def test_a_line_whose_copies_are_gone_is_counted_empty_again(redis_client):
-    """References wait, nothing is reserved, the parking queue stays empty (the broker
-    lost the copies): after a minute the poll clears the count, and newcomers pass."""
+def line_of_a_lost_copy(redis_client: Any) -> Any:
+    """A line whose one reference waits while its parking queue is empty: the move
+    after the holder's release found nothing, and the poll has just handed the slot over
+    again (a move in flight). Returns the limiters, the key and the line's counts."""
     limiters = [limit()]
     key = limiters[0].key
     holder = ask(redis_client, limiters, "t0")
     ask(redis_client, limiters, "t1")
     holder.release()
     assert moved_nothing(redis_client, key)
-    names = key.replace("}:s:", "}:pn:", 1)
     assert due(redis_client, {key: 0}) == [ParkedMove(key)]
+    return limiters, key, key.replace("}:s:", "}:pn:", 1)
+
+
+def test_a_line_whose_copies_are_gone_is_counted_empty_again(redis_client):
+    """References wait, nothing is reserved, the parking queue stays empty (the broker
+    lost the copies): after a minute the poll clears the count, and newcomers pass."""
+    limiters, key, names = line_of_a_lost_copy(redis_client)
     assert moved_nothing(redis_client, key)
     assert due(redis_client, {key: 0}) == [ParkedMove(key)]
     moved_nothing(redis_client, key)
@@ -456,6 +463,25 @@ def test_a_line_whose_copies_are_gone_is_counted_empty_again(redis_client):
     assert due(redis_client, {key: 0}) == []
     assert counts(redis_client, key)["w"] == 0
     assert parked_keys(redis_client) == []  # and it left the poll's index
+    assert isinstance(ask(redis_client, limiters, "t9"), Lease)
+
+
+def test_a_poll_during_a_move_in_flight_does_not_restart_the_empty_line_minute(redis_client):
+    """A moved copy is lost (kombu's window: the worker that popped it was killed): its
+    reference waits, its parking queue stays empty. Every poll hands the free slot over,
+    reserving it until the move that finds the queue empty gives it back, so another
+    worker's poll nearly always sees a live reservation: that must not restart the
+    minute after which the count is cleared (else the line churns empty moves for
+    ever, and never counts empty again)."""
+    limiters, key, names = line_of_a_lost_copy(redis_client)  # a move in flight
+    seen_empty = int(redis_client.hget(names, "e"))
+    redis_client.hset(names, "e", seen_empty - 61_000)  # a minute ago
+    assert due(redis_client, {key: 0}) == []  # another worker's poll: the slot is reserved
+    assert redis_client.hget(names, "e") is not None
+    assert counts(redis_client, key)["w"] == 1  # not cleared while a slot is reserved
+    assert moved_nothing(redis_client, key)  # the move found the queue empty
+    assert due(redis_client, {key: 0}) == []
+    assert counts(redis_client, key)["w"] == 0
     assert isinstance(ask(redis_client, limiters, "t9"), Lease)
 
 

@@ -15,8 +15,8 @@
 --
 -- The first poll in an incarnation counts each parking queue: the messages no reference
 -- waits for are anonymous entries (after a loss of the store's data, all of them). A
--- line whose references wait while its parking queue stays empty and nothing is
--- reserved for a minute is counted empty again (see below).
+-- line whose references wait while its parking queue stays empty for a minute is
+-- counted empty again by a poll that finds nothing reserved (see below).
 --
 -- Returns {born, move...}: the incarnation ('born', 0 if none) and the moves owed,
 -- '!move <count> <key>' entries (see parking.lua), and '!late <count> <key>' for the
@@ -67,15 +67,19 @@ for i = 1, N do
     keep_parked(names)
   end
   counts = counts or {0, 0}
-  if length == 0 and counts[1] > 0 and reserved == 0 then
-    -- References wait, none is reserved, and the parking queue is empty: their copies
-    -- are in flight (parked, not yet published), or gone (a broker that lost them, a
-    -- moved copy that Celery ended at receipt, revoked or expired). Seen so for
-    -- STALE_MS, the count is cleared (the references stay: a copy that still comes is
-    -- known, and the count only decides hand-overs and who goes first).
+  if length == 0 and counts[1] > 0 then
+    -- References wait and the parking queue is empty: their copies are in flight
+    -- (parked, not yet published, or moved and not yet admitted), or gone (a broker that
+    -- lost them, a moved copy lost in kombu's window between a killed worker's BRPOP
+    -- and its unacked hash, or that Celery ended at receipt, revoked or expired). Seen
+    -- so for STALE_MS, the count is cleared once nothing is reserved (the references
+    -- stay: a copy that still comes is known, and the count only decides hand-overs and
+    -- who goes first). A live reservation does not restart the minute: the polls' own
+    -- hand-overs to such a line reserve a slot each time (a move that finds the queue
+    -- empty gives it back), and some worker's poll nearly always sees one.
     if not counts[4] then
       redis.call('HSET', parked_key(key, 'pn'), 'e', now)
-    elseif now - counts[4] > STALE_MS then
+    elseif reserved == 0 and now - counts[4] > STALE_MS then
       redis.call('HSET', parked_key(key, 'pn'), 'w', 0)
       redis.call('HDEL', parked_key(key, 'pn'), 'e')
       counts[1] = 0
