@@ -14,10 +14,9 @@ from typing import Any, Optional, Sequence
 
 from celery_redislock.config.retry import RetryPolicy
 from celery_redislock.engine.admission import Busy, Lease, ParkRef, RateLimit, Served, SlotLimit
-from celery_redislock.engine.parking import ParkAsk, park_admit, run_id
+from celery_redislock.engine.parking import ParkAsk, park_admit, run_id, started
 from celery_redislock.engine.parking_rate import rate_park_admit
 from celery_redislock.engine.rate import Rate
-from celery_redislock.line import broker_line
 from celery_redislock.pool.attempt import Attempt
 from celery_redislock.run.waiting_run import WaitingRun
 
@@ -74,7 +73,7 @@ def test_default_acks_a_slot_served_at_start_admits_the_same_copy_only(
 
     moved = ask("c1")
     assert isinstance(moved, Lease)
-    broker_line.started(moved)  # its body starts: the reference is served
+    started(moved)  # its body starts: the reference is served
     assert moved.release()
     assert isinstance(ask("c2"), Served)
     again = ask("c1")

@@ -281,11 +281,6 @@ def redislock() -> None:
     """
 
 
-def status_rows(store: LockStore) -> List[Dict[str, Any]]:
-    """One ``status --json`` row per key of the lock store (see :data:`STATUS_SCHEMA`)."""
-    return [row for _, row in status_entries(store)]
-
-
 def status_entries(store: LockStore) -> List[Tuple[LimitState, Dict[str, Any]]]:
     """(state, ``status --json`` row) of every name the lock store has anything of,
     sorted by name."""

@@ -39,15 +39,6 @@ def semaphore_key_pattern(prefix: str) -> str:
     return f"{_escape(prefix)}*{SEMAPHORE_MARK}*"
 
 
-def mark_pattern(prefix: str, mark: str) -> str:
-    """The ``SCAN`` pattern of every key with ``mark`` under ``prefix``.
-
-        >>> mark_pattern("redislock:", "cs")
-        'redislock:{*}:cs:*'
-    """
-    return f"{_escape(prefix)}{{*}}:{mark}:*"
-
-
 def split_key(key: str, prefix: str) -> Optional[Tuple[str, str]]:
     """``(mark, readable name)`` of a key of the package under ``prefix``, else None.
 
@@ -60,17 +51,6 @@ def split_key(key: str, prefix: str) -> Optional[Tuple[str, str]]:
         return None
     found = _KEY.match(key, len(prefix))
     return (found.group(1), found.group(2)) if found else None
-
-
-def scan_keys(client: Any, prefix: str, mark: str, type_: Optional[str] = None) -> List[str]:
-    """Every key with ``mark`` under ``prefix`` (as text), sorted, optionally of one Redis type."""
-    found = set()
-    for key in client.scan_iter(match=mark_pattern(prefix, mark), count=1000, _type=type_):
-        key = key.decode() if isinstance(key, bytes) else key
-        split = split_key(key, prefix)
-        if split is not None and split[0] == mark:
-            found.add(key)
-    return sorted(found)
 
 
 def limit_semaphore_keys(client: Any, prefix: str,

@@ -8,7 +8,7 @@ lock store's references (:mod:`~celery_redislock.engine.parking`) as a run asks.
 * :func:`prepare` is the admission's one script (a moved copy asks with its
   :class:`ParkRef`);
 * :func:`parked_ref`, :func:`parked_wait`: where a copy was parked, and the wait a
-  parked copy carries; :func:`started`: a moved copy's body starts (default acks).
+  parked copy carries.
 
 Publishing a parked copy and the moves owed are :mod:`.moves`; the worker's poll for
 slots freed without a release is :mod:`.poll`.
@@ -17,20 +17,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence, Set
-
-from redis.exceptions import RedisError
+from typing import Any, Optional, Sequence, Set
 
 from ..config.settings import Settings
 from ..engine import parking as store
 from ..engine import parking_rate
-from ..engine.admission import ParkedMove, ParkRef
+from ..engine.admission import ParkRef
 from ..run.waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParkRef", "ParkedMove", "keep_served_ms", "parked_ref", "parked_wait", "parks",
-           "prepare", "started", "started_soon"]
+__all__ = ["ParkRef", "keep_served_ms", "parked_ref", "parked_wait", "parks",
+           "prepare"]
 
 _said: Set[str] = set()
 
@@ -96,13 +94,3 @@ def keep_served_ms(task: Any) -> int:
         return int(max(2 * timeout, timeout + 60) * 1000)
     return store.KEEP_SERVED_MS
 
-
-def started(lease: Any) -> None:
-    """Under default acks, the body of a moved copy starts: its reference is served."""
-    store.started(lease)
-
-
-def started_soon(lease: Any, on_error: Callable[[RedisError], None]) -> None:
-    """:func:`started`, written now, its answer read later (see
-    :func:`~..engine.parking.started_soon`): the body starts a round trip sooner."""
-    store.started_soon(lease, on_error)

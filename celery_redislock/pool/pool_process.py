@@ -23,10 +23,10 @@ from redis.exceptions import RedisError
 from ..config.limit import TaskLimits
 from ..engine.admission import Busy, Lease, Paused, RateLimited, admit, handed_young
 from ..engine.keeper import lease_keeper
-from ..engine.parking import GaveUp
+from ..engine.parking import GaveUp, started_soon
 from ..engine.refusal import describe_error, is_transient
 from ..errors import LockWaitTimeout
-from ..line import broker_line, parked_deadline
+from ..line import parked_deadline
 from ..line.waiting import describe, parked, requeue, served
 from ..run import signals
 from ..run.decide import Action, End, Hold, Park, Run, SendBack, Situation, WaitHere, decide
@@ -259,7 +259,7 @@ def _served_at_start(task: Any, request: Any, lease: Lease) -> None:
         logger.warning("celery-redislock: task %s[%s]: could not mark its parked run served "
                        "(%s)", task.name, request.id, describe_error(exc))
 
-    broker_line.started_soon(lease, not_marked)
+    started_soon(lease, not_marked)
 
 
 def _holding(attempt: Attempt, lease: Lease, body: Callable[[], Result]) -> Result:
