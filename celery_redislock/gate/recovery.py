@@ -42,7 +42,6 @@ from ..engine.admission import declare_longest_lease, owner_prefix
 from ..engine.holder import parse_holder
 from ..engine.keeper import lease_keeper
 from ..engine.reach import unreachable_reason
-from ..engine.refusal import error_text
 from ..engine.scan import batches, semaphore_keys
 from ..engine.scripts import RELEASE_OWNER, by_hash_slot, is_cluster
 from ..engine.workers import (
@@ -53,6 +52,7 @@ from ..engine.workers import (
     registry_prefix,
 )
 from ..line import handoff, moves
+from ..pool.store_errors import not_given_back
 from ..run.limited import limits_of, longest_lease, this_start, this_worker, uses_limits
 from . import hand_on
 from .startup import CheckAtStart, start_problems
@@ -136,15 +136,7 @@ def _free_after_exit(pids: List[int], lease: float, free: Any, what: str) -> Non
                            "lease; its slots come back when its lease ends", what, pids)
             return
         time.sleep(0.01)
-    try:
-        freed = free()
-    except Exception as exc:
-        logger.warning("celery-redislock: could not free the slots of %s: %s", what,
-                       error_text(exc))
-        return
-    if freed:
-        logger.info("celery-redislock: freed %d slot(s) of %s once its process exited",
-                    freed, what)
+    _free_saying(free, f"of {what} once its process exited")
 
 
 def free_owner_slots(app: Any, client: Any, keys: Sequence[str], prefix: str,
@@ -211,24 +203,31 @@ AT_START = "still held by a previous run of"
 
 def _free_worker_slots_saying(app: Any, worker: str, whose: str,
                               free: Callable[[], int]) -> None:
-    """Call ``free`` (which frees slots of worker ``worker``), logging what it did; it
-    never raises."""
+    """:func:`_free_saying` for slots of worker ``worker``; at start, an unreachable lock
+    store is said as such (once)."""
+    def said(exc: BaseException) -> bool:
+        if whose != AT_START or not isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+            return False
+        log_unreachable_lock_store(app, exc)
+        return True
+
+    _free_saying(free, f"{whose} {worker}", logging.WARNING, said)
+
+
+def _free_saying(free: Callable[[], int], whose: str, level: int = logging.INFO,
+                 said: Callable[[BaseException], bool] = lambda exc: False) -> None:
+    """Call ``free`` (it frees slots, ``whose``, and counts them), logging how many at
+    ``level``; it never raises: a failure (unless ``said`` said it) is
+    :func:`~..pool.store_errors.not_given_back`'s, and the slots come back when their
+    leases end."""
     try:
         freed = free()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        if whose == AT_START:
-            log_unreachable_lock_store(app, exc)
-        else:
-            logger.warning("celery-redislock: could not free the slots %s %s (lock store %s); "
-                           "they come back when their leases end", whose, worker,
-                           unreachable_reason(redis_client(app), exc))
-        return
     except Exception as exc:
-        logger.warning("celery-redislock: could not free the slots %s %s: %s",
-                       whose, worker, error_text(exc))
+        if not said(exc):
+            not_given_back(whose, exc)
         return
     if freed:
-        logger.warning("celery-redislock: freed %d slot(s) %s %s", freed, whose, worker)
+        logger.log(level, "celery-redislock: freed %d slot(s) %s", freed, whose)
 
 
 def _register(app: Any, worker: str, start: str) -> Optional[WorkerRegistration]:
@@ -269,17 +268,9 @@ def _free_for_dead_run(task: Any, task_id: str, args: Any, kwargs: Any, why: str
     worker = this_worker.get("name") or getattr(getattr(task, "request", None), "hostname", None)
     if not worker or task is None:
         return
-    try:
-        freed = free_run_slots(task, task_id, args, kwargs, worker,
-                               token=hand_on.token_of(task_id))
-    except Exception as exc:
-        logger.warning("celery-redislock: could not free the slots of %s[%s] (%s): %s; they "
-                       "come back when their leases end", task.name, task_id, why,
-                       error_text(exc))
-        return
-    if freed:
-        logger.info("celery-redislock: freed %d slot(s) of %s[%s] (%s)",
-                    freed, task.name, task_id, why)
+    _free_saying(lambda: free_run_slots(task, task_id, args, kwargs, worker,
+                                        token=hand_on.token_of(task_id)),
+                 f"of {task.name}[{task_id}] ({why})")
 
 
 #: Where :class:`LimitedRequest` is, as Celery's ``Task.Request`` names a request class.

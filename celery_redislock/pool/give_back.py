@@ -6,6 +6,7 @@ process's next request written before it exits.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any, Callable, Mapping
 
 from celery.signals import worker_process_shutdown, worker_shutdown
@@ -15,9 +16,8 @@ from ..config.limit import TaskLimits
 from ..engine.admission import Lease
 from ..engine.channel import settle_all
 from ..engine.keeper import lease_keeper
-from ..engine.refusal import describe_error, error_kind, is_transient, server_message
-from ..run import signals
 from .attempt import Setup
+from .store_errors import LEASE_ENDS, not_given_back
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +33,8 @@ def release_for_pool(task: Any, limits: TaskLimits, handed: Mapping[str, Any]) -
     nothing to free."""
     setup = Setup.of(task, limits)
     lease = Lease.of_handover(setup.client, handed)
-    try:
-        lease.release_soon(setup.publish, with_next_request=True)
-    except RedisError as exc:
-        logger.warning(
-            "celery-redislock: task %s: could not release its slot of %r (%s); the slot "
-            "comes back when its lease ends, within %.0f s",
-            task.name, lease.name, describe_error(exc), lease.lease_seconds,
-        )
+    _releasing(task, None, lease,
+               lambda: lease.release_soon(setup.publish, with_next_request=True))
 
 
 def give_back(task: Any, lease: Lease, request: Any,
@@ -59,21 +53,9 @@ def give_back(task: Any, lease: Lease, request: Any,
     caller finds the slot free the moment it returns. ``publish`` owes the moves of the
     parked line handed the freed slot."""
     lease_keeper().forget(lease)
-    try:
-        if request.is_eager:
-            lease.release_handing_over(publish)
-        else:
-            lease.release_soon(publish, with_next_request=True)
-    except RedisError as exc:
-        logger.warning(
-            "celery-redislock: task %s[%s] could not release its slot of %r (%s); the slot "
-            "comes back when its lease ends, within %.0f s",
-            task.name, request.id, lease.name, describe_error(exc), lease.lease_seconds,
-        )
-        if not is_transient(exc):
-            signals.lock_store_error.send(sender=task, task_id=request.id, key=lease.name,
-                                          kind=error_kind(exc), message=server_message(exc))
-    else:
+    release = (partial(lease.release_handing_over, publish) if request.is_eager
+               else partial(lease.release_soon, publish, with_next_request=True))
+    if _releasing(task, request.id, lease, release):
         logger.debug("celery-redislock: task %s[%s] released %r", task.name, request.id,
                      lease.name)
 
@@ -89,13 +71,8 @@ def give_back_exiting(task: Any, lease: Lease, request: Any) -> None:
     be killed before the release is written, the worker's main process frees the slot
     once the process is gone (:mod:`.recovery`)."""
     lease_keeper().forget(lease)
-    try:
-        lease.release_unreserved()
-    except RedisError as exc:
-        logger.warning(
-            "celery-redislock: task %s[%s] could not release its slot of %r as its process "
-            "exits (%s); the worker frees it once the process is gone, or it comes back "
-            "when its lease ends", task.name, request.id, lease.name, describe_error(exc))
+    _releasing(task, request.id, lease, lease.release_unreserved,
+               "the worker frees them once the process is gone, or their lease ends")
 
 
 def give_back_unstarted(task: Any, limits: TaskLimits, handed: Mapping[str, Any]) -> None:
@@ -103,14 +80,24 @@ def give_back_unstarted(task: Any, limits: TaskLimits, handed: Mapping[str, Any]
     see :mod:`.main_process`) for a run that will not start after all (revoked
     while its limits were asked), instead of leaving it until it runs out."""
     lease = Lease.of_handover(Setup.of(task, limits).client, handed)
-    if not lease.holds_slots:
-        return
+    if lease.holds_slots:
+        _releasing(task, None, lease, lease.release)
+
+
+def _releasing(task: Any, task_id: Any, lease: Lease, release: Callable[[], Any],
+               then: str = "") -> bool:
+    """Call ``release`` (it gives ``lease`` back); False when the lock store failed it,
+    which :func:`.store_errors.not_given_back` says, with what becomes of the slots
+    (``then``; by default, they come back within the lease)."""
     try:
-        lease.release()
+        release()
     except RedisError as exc:
-        logger.warning("celery-redislock: task %s: could not give back the slots of a revoked "
-                       "run (%s); they come back when the lease ends, within %.0f s",
-                       task.name, describe_error(exc), lease.lease_seconds)
+        run = f"{task.name}[{task_id}]" if task_id else task.name
+        not_given_back(f"of {lease.name!r} held by task {run}", exc,
+                       then or f"{LEASE_ENDS}, within {lease.lease_seconds:.0f} s",
+                       task=task, task_id=task_id, key=lease.name)
+        return False
+    return True
 
 
 @worker_process_shutdown.connect
