@@ -5,40 +5,24 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Tuple
+from typing import TYPE_CHECKING, Any, List, Tuple
 
 import pytest
 import redis
 from celery.result import AsyncResult
 
-from cluster_checks import peaks, record_store, wait_until
-from fair_app import FAIR, FAIR_SLOTS, PRIO, PRIO_AGING, create_app
+from cluster_checks import peaks, record_store, wait_for_results, wait_until
+from fair_app import FAIR, FAIR_SLOTS, PRIO, PRIO_AGING
 
 if TYPE_CHECKING:
-    from worker_cluster import WorkerCluster, WorkerClusterFactory
+    from worker_cluster import WorkerClusterFactory
 
 TIMEOUT = 60.0
 
 
 @pytest.fixture
-def start_cluster(worker_cluster_factory: WorkerClusterFactory
-                  ) -> Iterator[Callable[..., WorkerCluster]]:
-    def start(**options: Any) -> WorkerCluster:
-        options.setdefault("workers", 2)
-        options.setdefault("concurrency", 2)
-        return worker_cluster_factory(app_module="fair_app", app_factory=create_app,
-                                      **options)
-
-    yield start
-
-
-def results_of(cluster: WorkerCluster, results: List[AsyncResult]) -> None:
-    def done() -> bool:
-        cluster.check_running()
-        return all(result.ready() for result in results)
-
-    wait_until(done, TIMEOUT, f"{len(results)} results", interval=0.05)
-    assert [result.status for result in results] == ["SUCCESS"] * len(results)
+def start_cluster(start_workers: WorkerClusterFactory) -> WorkerClusterFactory:
+    return lambda **options: start_workers("fair_app", concurrency=2, **options)
 
 
 def ended(record: redis.Redis, results: List[AsyncResult]) -> List[int]:
@@ -55,7 +39,7 @@ def test_a_backlog_does_not_hold_back_other_tenants(start_cluster: Any) -> None:
     backlog = [task.delay(0.1, tenant="big") for _ in range(30)]
     wait_until(lambda: int(record.hlen("started")) >= 1, TIMEOUT, "the backlog's first")
     others = [task.delay(0.1, tenant=f"t{n}") for n in range(4) for _ in range(2)]
-    results_of(cluster, backlog + others)
+    wait_for_results(cluster, backlog + others)
     big, small = ended(record, backlog), ended(record, others)
     before = sum(1 for end in big if end < small[-1])
     print(f"\nthe last other tenant's run ended after {before} of the backlog's 30")
@@ -135,7 +119,7 @@ def test_a_redis_message_priority_of_0_goes_first(start_cluster: Any) -> None:
 
     wait_until(lambda: parked() == 8, TIMEOUT, "8 runs parked")
     assert record.hget("ended", holder.id) is None, "the holder ended before all parked"
-    results_of(cluster, [holder, *last, *first])
+    wait_for_results(cluster, [holder, *last, *first])
     started = {r.id: int(record.hget("started", r.id)) for r in [*last, *first]}
     assert max(started[r.id] for r in first) < min(started[r.id] for r in last)
     assert max(peaks(record, "prio")) == 1
@@ -152,7 +136,7 @@ def test_the_lock_store_restarted_empty_while_tenants_wait(start_cluster: Any) -
     results = [task.delay(0.5, tenant=f"t{n % 3}") for n in range(10)]
     wait_until(lambda: int(record.hlen("started")) >= FAIR_SLOTS, TIMEOUT, "the first runs")
     restart_lock_store_empty(cluster)
-    results_of(cluster, results)
+    wait_for_results(cluster, results)
     assert [int(record.get(f"runs:{r.id}") or 0) for r in results] == [1] * len(results)
     assert max(peaks(record, "fair")) <= FAIR_SLOTS
 
@@ -177,7 +161,7 @@ def test_rabbitmq_as_the_broker(start_cluster: Any, monkeypatch: pytest.MonkeyPa
     try:
         results = [cluster.app.tasks[FAIR].delay(0.2, tenant=tenants[n % 3])
                    for n in range(12)]
-        results_of(cluster, results)
+        wait_for_results(cluster, results)
         assert [int(record.get(f"runs:{r.id}") or 0) for r in results] == [1] * 12
         assert max(peaks(record, "fair")) == FAIR_SLOTS
         assert " parked: " in cluster.logs()

@@ -30,8 +30,6 @@ from fault_app import PAIR, PAIR_PREFIX, PAIR_SLOTS, create_app
 if TYPE_CHECKING:
     from worker_cluster import WorkerClusterFactory
 
-pytest_plugins = ["worker_cluster"]
-
 pytestmark = pytest.mark.slow
 
 #: Longest wait for anything the test waits for.

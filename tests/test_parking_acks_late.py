@@ -17,23 +17,21 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Tuple
 
 import pytest
 import redis
 from celery.utils.nodenames import worker_direct
-from test_parking_line import _broker, _give_back_unacknowledged, _nodes, results_of
+from test_parking_line import _broker, _give_back_unacknowledged, _nodes
 
 from celery_redislock.engine.keys import companion_key, semaphore_key
 from celery_redislock.engine.parking import run_id
 
-from cluster_checks import lock_store, peaks, record_store, wait_until
-from parking_app import HOLD_ENV, HOLD_SET, LATE, LATE_PREFIX, VISIBILITY_ENV, create_app
+from cluster_checks import lock_store, peaks, record_store, wait_for_results, wait_until
+from parking_app import HOLD_ENV, HOLD_SET, LATE, LATE_PREFIX, VISIBILITY_ENV
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
-
-pytest_plugins = ["worker_cluster"]
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +39,9 @@ TIMEOUT = 30.0
 
 
 @pytest.fixture
-def cluster(worker_cluster_factory: WorkerClusterFactory,
-            monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerCluster]:
+def cluster(start_workers: WorkerClusterFactory) -> WorkerCluster:
     """Two workers of :mod:`parking_app` on the parking line, the hold hook on."""
-    monkeypatch.setenv(HOLD_ENV, "1")
-    monkeypatch.setenv(VISIBILITY_ENV, "3")
-    yield worker_cluster_factory(app_module="parking_app", app_factory=create_app,
-                                 workers=2, concurrency=2)
+    return start_workers("parking_app", {HOLD_ENV: "1", VISIBILITY_ENV: "3"}, concurrency=2)
 
 
 def moved_and_held(cluster: WorkerCluster, key: str) -> Tuple[Any, Any, bytes]:
@@ -84,7 +78,7 @@ def test_a_run_killed_after_its_release_runs_again(cluster: WorkerCluster) -> No
     cluster.worker("worker1").kill()
     cluster.restart_worker("worker1")
     _give_back_unacknowledged(cluster, broker)
-    results_of(cluster, [holder, run])
+    wait_for_results(cluster, [holder, run])
     assert int(record.get(f"runs:{run.id}")) == 2  # the killed body's, and the re-run
     assert max(peaks(record, LATE_PREFIX + "kill")) == 1
 
@@ -99,7 +93,7 @@ def test_another_copy_of_a_moved_run_ends_unrun(cluster: WorkerCluster) -> None:
     broker.lpush(queue, _second_copy(broker, run.id))
     wait_until(_only_held(broker, queue), TIMEOUT, "the second copy to be taken and ended")
     record.rpush(f"go:{run.id}", "go")
-    results_of(cluster, [holder, run])
+    wait_for_results(cluster, [holder, run])
     assert int(record.get(f"runs:{run.id}")) == 1
 
 

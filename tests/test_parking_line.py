@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List
+from typing import TYPE_CHECKING, Any, Callable, List
 
 import pytest
 import redis
@@ -25,7 +25,14 @@ from celery_redislock.engine.keys import companion_key, semaphore_key
 from celery_redislock.errors import LockConfigurationError
 from celery_redislock.parking import parking_queue
 
-from cluster_checks import lock_store, peaks, record_store, slots_come_back, wait_until
+from cluster_checks import (
+    lock_store,
+    peaks,
+    record_store,
+    slots_come_back,
+    wait_for_results,
+    wait_until,
+)
 from parking_app import (
     API_PREFIX,
     GATE_ENV,
@@ -43,15 +50,12 @@ from parking_app import (
     TENANTS,
     UPSTREAM,
     VISIBILITY_ENV,
-    create_app,
 )
 from test_store_loss import restart_lock_store_empty
 from test_store_restart import restart_lock_store_with_data
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
-
-pytest_plugins = ["worker_cluster"]
 
 pytestmark = pytest.mark.slow
 
@@ -70,30 +74,10 @@ def lines(store_fails: bool, always: bool = True) -> List[Any]:
 
 
 @pytest.fixture
-def start_cluster(worker_cluster_factory: WorkerClusterFactory,
-                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., WorkerCluster]]:
+def start_cluster(start_workers: WorkerClusterFactory) -> WorkerClusterFactory:
     """Start workers of :mod:`parking_app` on ``line``, with more environment if given."""
-
-    def start(line: str, environment: Any = (), **options: Any) -> WorkerCluster:
-        monkeypatch.setenv(LINE_ENV, line)
-        for name, value in dict(environment).items():
-            monkeypatch.setenv(name, value)
-        options.setdefault("workers", 2)
-        options.setdefault("concurrency", 3)
-        return worker_cluster_factory(app_module="parking_app", app_factory=create_app,
-                                      **options)
-
-    yield start
-
-
-def results_of(cluster: WorkerCluster, results: List[AsyncResult]) -> None:
-    """Wait until every result is a success (fail if a worker exits meanwhile)."""
-    def done() -> bool:
-        cluster.check_running()
-        return all(result.ready() for result in results)
-
-    wait_until(done, TIMEOUT, f"{len(results)} results", interval=0.05)
-    assert [result.status for result in results] == ["SUCCESS"] * len(results)
+    return lambda line, environment=(), **options: start_workers(
+        "parking_app", {LINE_ENV: line, **dict(environment)}, **options)
 
 
 def run_counts(record: redis.Redis, results: List[AsyncResult]) -> List[int]:
@@ -114,7 +98,7 @@ def test_peak_never_over_the_limit(start_cluster: Any, line: str) -> None:
     record = record_store(cluster)
     task = cluster.app.tasks[SLOTS]
     results = [task.delay(0.2, key="peak") for _ in range(4 * 3 * SLOT_COUNT)]
-    results_of(cluster, results)
+    wait_for_results(cluster, results)
     print(f"\n{line}: peaks {peaks(record, SLOTS_PREFIX + 'peak')}")
     assert max(peaks(record, SLOTS_PREFIX + "peak")) == SLOT_COUNT
     assert run_counts(record, results) == [1] * len(results)
@@ -134,7 +118,7 @@ def test_the_async_gate_parks_too(start_cluster: Any) -> None:
     cluster = start_cluster("broker", environment={GATE_ENV: "async"})
     record = record_store(cluster)
     results = [cluster.app.tasks[SLOTS].delay(0.2, key="async") for _ in range(18)]
-    results_of(cluster, results)
+    wait_for_results(cluster, results)
     assert max(peaks(record, SLOTS_PREFIX + "async")) == SLOT_COUNT
     assert run_counts(record, results) == [1] * len(results)
     assert_on_line(cluster, "broker")
@@ -145,7 +129,7 @@ def test_acks_late_runs_park_too(start_cluster: Any) -> None:
     cluster = start_cluster("broker")
     record = record_store(cluster)
     results = [cluster.app.tasks[LATE].delay(0.1, key="late") for _ in range(8)]
-    results_of(cluster, results)
+    wait_for_results(cluster, results)
     assert max(peaks(record, LATE_PREFIX + "late")) == 1
     assert run_counts(record, results) == [1] * len(results)
     assert_on_line(cluster, "broker")
@@ -158,7 +142,7 @@ def test_two_limits_at_once(start_cluster: Any) -> None:
     record = record_store(cluster)
     task = cluster.app.tasks[TENANTS]
     results = [task.delay(0.15, tenant=f"t{n % 3}") for n in range(15)]
-    results_of(cluster, results)
+    wait_for_results(cluster, results)
     print(f"\npeaks over all {peaks(record, 'tenants')}")
     assert max(peaks(record, "tenants")) == 2
     assert all(max(peaks(record, f"tenant:t{n}")) == 1 for n in range(3))
@@ -172,7 +156,7 @@ def test_hand_off_latency(start_cluster: Any, line: str) -> None:
     cluster = start_cluster(line)
     record = record_store(cluster)
     results = [cluster.app.tasks[ONE].delay(0.05, key="latency") for _ in range(12)]
-    results_of(cluster, results)
+    wait_for_results(cluster, results)
     spans = sorted((int(record.hget("started", r.id)), int(record.hget("ended", r.id)))
                    for r in results)
     gaps = sorted((spans[n + 1][0] - spans[n][1]) / 1000 for n in range(len(spans) - 1))
@@ -188,7 +172,7 @@ def test_solo_workers_park_too(start_cluster: Any) -> None:
     cluster = start_cluster("broker", workers=3, concurrency=1, pool="solo")
     record = record_store(cluster)
     results = [cluster.app.tasks[SLOTS].delay(0.2, key="solo") for _ in range(12)]
-    results_of(cluster, results)
+    wait_for_results(cluster, results)
     assert max(peaks(record, SLOTS_PREFIX + "solo")) == SLOT_COUNT
     assert run_counts(record, results) == [1] * len(results)
     assert_on_line(cluster, "broker")
@@ -204,7 +188,7 @@ def test_rabbitmq_as_the_broker(start_cluster: Any) -> None:
     key = f"rabbit-{uuid.uuid4().hex[:8]}"
     try:
         results = [cluster.app.tasks[SLOTS].delay(0.2, key=key) for _ in range(18)]
-        results_of(cluster, results)
+        wait_for_results(cluster, results)
         assert max(peaks(record, SLOTS_PREFIX + key)) == SLOT_COUNT
         assert run_counts(record, results) == [1] * len(results)
         assert_on_line(cluster, "broker")
@@ -226,7 +210,7 @@ def test_a_waiting_copy_of_today_is_parked(start_cluster: Any) -> None:
     wait_until(lambda: record.hexists("started", holder.id), TIMEOUT, "the holder to start")
     old = task.apply_async((0.1,), {"key": "v1"}, headers={"redislock_wait": {
         "since": 1, "attempts": 3, "promises": {}, "ticket": "x.0001", "copy": "c1"}})
-    results_of(cluster, [holder, old])
+    wait_for_results(cluster, [holder, old])
     assert f"{old.id}] parked: " in cluster.logs()
     assert run_counts(record, [holder, old]) == [1, 1]
     assert peaks(record, ONE_PREFIX + "v1") == [1, 1]
@@ -243,7 +227,7 @@ def test_a_revoked_parked_run_hands_its_slot_on(start_cluster: Any) -> None:
     revoked, after = task.delay(0.1, key="rev"), task.delay(0.1, key="rev")
     wait_until(lambda: record.hlen("refused") >= 2, TIMEOUT, "both to park")
     cluster.app.control.revoke(revoked.id)
-    results_of(cluster, [holder, after])
+    wait_for_results(cluster, [holder, after])
     gap = (int(record.hget("started", after.id)) - int(record.hget("ended", holder.id))) / 1e6
     print(f"\nthe next run started {gap:.3f} s after the holder ended")
     assert not record.exists(f"runs:{revoked.id}")
@@ -260,7 +244,7 @@ def _restarted_while_waiting(start_cluster: Any, line: str,
     results = [task.delay(0.5, key=key) for _ in range(10)]
     wait_until(lambda: started(record) >= SLOT_COUNT, TIMEOUT, "the first runs to start")
     restart(cluster)
-    results_of(cluster, results)
+    wait_for_results(cluster, results)
     counts = run_counts(record, results)
     print(f"\n{line}: runs {counts}, peaks {peaks(record, SLOTS_PREFIX + key)}")
     assert max(peaks(record, SLOTS_PREFIX + key)) <= SLOT_COUNT
@@ -290,7 +274,7 @@ def test_back_pressure_runs_each_attempt_once(start_cluster: Any, line: str) -> 
     record = record_store(cluster)
     task = cluster.app.tasks[UPSTREAM]
     results = [task.delay(key="bp") for _ in range(10)]
-    results_of(cluster, results)
+    wait_for_results(cluster, results)
     attempts = [[int(record.get(f"attempts:{r.id}:{n}") or 0) for n in (0, 1)]
                 for r in results]
     print(f"\n{line}: attempts {attempts}, peaks {peaks(record, API_PREFIX + 'bp')}")
@@ -345,7 +329,7 @@ def test_nothing_in_the_store_becomes_a_task(start_cluster: Any, line: str) -> N
     bodies = _bodies_in(lock, ONE)
     assert bodies == [], f"task messages kept in the lock store: {bodies}"
     _forge(lock, ONE_PREFIX + "forge", RECORD)
-    results_of(cluster, results)
+    wait_for_results(cluster, results)
     marker = cluster.app.tasks[RECORD].delay("marker")
     assert marker.get(timeout=TIMEOUT) == "marker"
     print(f"\n{line}: recorded {record.lrange('forged', 0, -1)}")
@@ -374,7 +358,7 @@ def test_killed_between_the_copy_and_the_ack(start_cluster: Any, line: str) -> N
     wait_until(lambda: record.exists(f"runs:{refused.id}"), TIMEOUT, "the run to run")
     _give_back_unacknowledged(cluster, broker)
     marker = task.apply_async((0.01,), {"key": "kill"}, queue=worker_direct(nodes["worker1"]))
-    results_of(cluster, [holder, marker])
+    wait_for_results(cluster, [holder, marker])
     wait_until(lambda: broker.hlen("unacked") == 0, TIMEOUT, "nothing left unacknowledged")
     print(f"\n{line}: the killed run ran {record.get(f'runs:{refused.id}')} time(s)")
     assert int(record.get(f"runs:{refused.id}")) == 1

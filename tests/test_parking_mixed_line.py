@@ -6,34 +6,24 @@ processes (:mod:`parking_rate_app`) on a private redis-server."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from parking_rate_app import BURST, RATED_PREFIX, RATED_TWO_SLOTS, create_app
+from parking_rate_app import BURST, RATED_PREFIX, RATED_TWO_SLOTS
 from test_parking_rate_line import most_in_a_second
 
 from cluster_checks import peaks, record_store, wait_until
 from parking_app import LINE_ENV
 
 if TYPE_CHECKING:
-    from worker_cluster import WorkerCluster, WorkerClusterFactory
-
-pytest_plugins = ["worker_cluster"]
+    from worker_cluster import WorkerClusterFactory
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def start_cluster(worker_cluster_factory: WorkerClusterFactory,
-                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., WorkerCluster]]:
-    def start(**options: Any) -> WorkerCluster:
-        monkeypatch.setenv(LINE_ENV, "broker")
-        options.setdefault("workers", 2)
-        options.setdefault("concurrency", 3)
-        return worker_cluster_factory(app_module="parking_rate_app", app_factory=create_app,
-                                      **options)
-
-    yield start
+def start_cluster(start_workers: WorkerClusterFactory) -> WorkerClusterFactory:
+    return lambda **options: start_workers("parking_rate_app", {LINE_ENV: "broker"}, **options)
 
 
 def test_two_slots_and_five_a_second_park_forty_runs(start_cluster: Any) -> None:

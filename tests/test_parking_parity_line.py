@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List
+from typing import TYPE_CHECKING, Any, Callable, List
 
 import pytest
 from celery.result import AsyncResult
-from parity_app import HEAVY, MAX_WAIT, POOL_ASKS_ENV, UNITS, WAITS, create_app
+from parity_app import HEAVY, MAX_WAIT, POOL_ASKS_ENV, UNITS, WAITS
 
 from cluster_checks import assert_failed_on_time, line_polls, peaks, record_store, wait_until
 from parking_app import LINE_ENV, ONE, ONE_PREFIX
@@ -17,28 +17,21 @@ from parking_app import LINE_ENV, ONE, ONE_PREFIX
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
 
-pytest_plugins = ["worker_cluster"]
-
 pytestmark = pytest.mark.slow
 
 TIMEOUT = 30.0
 
 
 @pytest.fixture
-def start_cluster(worker_cluster_factory: WorkerClusterFactory,
-                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., WorkerCluster]]:
+def start_cluster(start_workers: WorkerClusterFactory) -> WorkerClusterFactory:
     """Start workers of :mod:`parity_app` on the parking line."""
 
     def start(pool_asks: bool = False, **options: Any) -> WorkerCluster:
-        monkeypatch.setenv(LINE_ENV, "broker")
-        if pool_asks:
-            monkeypatch.setenv(POOL_ASKS_ENV, "1")
-        options.setdefault("workers", 2)
-        options.setdefault("concurrency", 3)
-        return worker_cluster_factory(app_module="parity_app", app_factory=create_app,
-                                      **options)
+        return start_workers("parity_app", {LINE_ENV: "broker",
+                                            **({POOL_ASKS_ENV: "1"} if pool_asks else {})},
+                             **options)
 
-    yield start
+    return start
 
 
 def ready(cluster: WorkerCluster, results: List[AsyncResult]) -> Callable[[], bool]:

@@ -6,7 +6,7 @@ when its promised start is due; never sent back as a copy with a countdown. Real
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List
+from typing import TYPE_CHECKING, Any, List
 
 import pytest
 import redis
@@ -18,7 +18,6 @@ from parking_rate_app import (
     RATED_SLOTS,
     RATED_SLOTS_WAITS,
     RATED_WAITS,
-    create_app,
 )
 
 from celery_redislock.engine.keys import rate_key
@@ -35,9 +34,7 @@ from cluster_checks import (
 from parking_app import LINE_ENV
 
 if TYPE_CHECKING:
-    from worker_cluster import WorkerCluster, WorkerClusterFactory
-
-pytest_plugins = ["worker_cluster"]
+    from worker_cluster import WorkerClusterFactory
 
 pytestmark = pytest.mark.slow
 
@@ -45,16 +42,8 @@ TIMEOUT = 40.0
 
 
 @pytest.fixture
-def start_cluster(worker_cluster_factory: WorkerClusterFactory,
-                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., WorkerCluster]]:
-    def start(line: str = "broker", **options: Any) -> WorkerCluster:
-        monkeypatch.setenv(LINE_ENV, line)
-        options.setdefault("workers", 2)
-        options.setdefault("concurrency", 3)
-        return worker_cluster_factory(app_module="parking_rate_app", app_factory=create_app,
-                                      **options)
-
-    yield start
+def start_cluster(start_workers: WorkerClusterFactory) -> WorkerClusterFactory:
+    return lambda **options: start_workers("parking_rate_app", {LINE_ENV: "broker"}, **options)
 
 
 def most_in_a_second(starts_us: List[int], window_us: int = 1_000_000) -> int:

@@ -13,19 +13,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from test_parking_line import results_of, run_counts
+from test_parking_line import run_counts
 
 from celery_redislock.engine.admission import ParkRef, Served, SlotLimit
 from celery_redislock.engine.keys import companion_key, semaphore_key
 from celery_redislock.engine.parking import park_admit, run_id
 
-from cluster_checks import lock_store, peaks, record_store, wait_until
-from parking_app import GATE_ENV, ONE, ONE_PREFIX, create_app
+from cluster_checks import lock_store, peaks, record_store, wait_for_results, wait_until
+from parking_app import GATE_ENV, ONE, ONE_PREFIX
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerClusterFactory
-
-pytest_plugins = ["worker_cluster"]
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +31,9 @@ TIMEOUT = 30.0
 
 
 @pytest.mark.parametrize("gate", ["async", "blocking"])
-def test_a_moved_run_is_served_while_its_body_runs(
-        worker_cluster_factory: WorkerClusterFactory, monkeypatch: pytest.MonkeyPatch,
-        gate: str) -> None:
-    monkeypatch.setenv(GATE_ENV, gate)
-    cluster = worker_cluster_factory(app_module="parking_app", app_factory=create_app,
-                                     workers=1, concurrency=2)
+def test_a_moved_run_is_served_while_its_body_runs(start_workers: WorkerClusterFactory,
+                                                   gate: str) -> None:
+    cluster = start_workers("parking_app", {GATE_ENV: gate}, workers=1, concurrency=2)
     record, lock = record_store(cluster), lock_store(cluster)
     one = cluster.app.tasks[ONE]
     name = ONE_PREFIX + "served"
@@ -56,6 +51,6 @@ def test_a_moved_run_is_served_while_its_body_runs(
     copy: Any = park_admit(lock, [SlotLimit(name, 1, "redislock:")], lease=5,
                            run=run_id(run.id, 0), parked=ParkRef(key, "0:1"))
     assert isinstance(copy, Served)
-    results_of(cluster, [holder, run])
+    wait_for_results(cluster, [holder, run])
     assert run_counts(record, [holder, run]) == [1, 1]
     assert max(peaks(record, name)) == 1

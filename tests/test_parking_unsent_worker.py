@@ -15,7 +15,7 @@ the greenlet about to publish SIGKILLs its whole worker).
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from celery.utils.nodenames import worker_direct
@@ -34,13 +34,10 @@ from parking_app import (
     ONE_PREFIX,
     UNSENT_ENV,
     VISIBILITY_ENV,
-    create_app,
 )
 
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
-
-pytest_plugins = ["worker_cluster"]
 
 pytestmark = pytest.mark.slow
 
@@ -48,18 +45,14 @@ TIMEOUT = 30.0
 
 
 @pytest.fixture
-def cluster(worker_cluster_factory: WorkerClusterFactory,
-            monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerCluster]:
+def cluster(start_workers: WorkerClusterFactory) -> WorkerCluster:
     """Two gevent workers of :mod:`parking_app` on the parking line, the kill hook on, a
     bound of 1 s for a copy's publish to be confirmed, and a visibility timeout (how long
     a served or lapsed reference is kept) of 3 s."""
     pytest.importorskip("gevent")
-    monkeypatch.setenv(LINE_ENV, "broker")
-    monkeypatch.setenv(KILL_BEFORE_PUBLISH_ENV, "1")
-    monkeypatch.setenv(UNSENT_ENV, "1000")
-    monkeypatch.setenv(VISIBILITY_ENV, "3")
-    yield worker_cluster_factory(app_module="parking_app", app_factory=create_app,
-                                 workers=2, concurrency=2, pool="gevent")
+    return start_workers("parking_app", {LINE_ENV: "broker", KILL_BEFORE_PUBLISH_ENV: "1",
+                                         UNSENT_ENV: "1000", VISIBILITY_ENV: "3"},
+                         concurrency=2, pool="gevent")
 
 
 def test_a_worker_killed_before_its_parked_copy_leaves_no_reference(

@@ -44,8 +44,6 @@ from fault_app import (
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
 
-pytest_plugins = ["worker_cluster"]
-
 pytestmark = pytest.mark.slow
 
 #: Longest wait for anything the test waits for.

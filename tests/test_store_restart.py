@@ -32,8 +32,6 @@ from redis_process import RedisServer
 if TYPE_CHECKING:
     from worker_cluster import WorkerCluster, WorkerClusterFactory
 
-pytest_plugins = ["worker_cluster"]
-
 #: Longest wait for anything the test waits for.
 TIMEOUT = 60.0
 

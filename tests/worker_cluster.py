@@ -15,6 +15,10 @@ the ``worker_cluster_factory`` fixture::
         result = cluster.app.send_task("worker_app.limited_sleep", (0.1,))
         assert result.get(timeout=30)
 
+and ``start_workers``, for the workers of one test app with some environment::
+
+    cluster = start_workers("parking_app", {LINE_ENV: "broker"}, concurrency=2)
+
 Every cluster the factory started is killed (SIGKILL) at the end of the test, and its
 Redis server stopped with it.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import importlib
 import os
 import shutil
 import signal
@@ -31,7 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Callable, Dict, Iterator, List, Optional
+from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 import kombu.exceptions
 import pytest
@@ -445,3 +450,23 @@ def worker_cluster_factory(
         cluster.stop(warm=False)
         if not failed:
             shutil.rmtree(cluster.log_directory, ignore_errors=True)
+
+
+@pytest.fixture
+def start_workers(worker_cluster_factory: WorkerClusterFactory,
+                  monkeypatch: pytest.MonkeyPatch) -> WorkerClusterFactory:
+    """Start the workers of test app ``app_module`` (the client app made by its
+    ``create_app``), ``environment`` set for them first (undone when the test ends); two
+    workers of three processes unless ``options`` say otherwise (see :class:`WorkerCluster`)."""
+
+    def start(app_module: str, environment: Mapping[str, str] = {},
+              **options: Any) -> WorkerCluster:
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        options.setdefault("workers", 2)
+        options.setdefault("concurrency", 3)
+        return worker_cluster_factory(
+            app_module=app_module,
+            app_factory=importlib.import_module(app_module).create_app, **options)
+
+    return start
