@@ -97,10 +97,11 @@ def assert_failed_on_time(waiters: List[AsyncResult], sent: List[float], max_wai
       the store did not count (in: delivered, asked; out: to a pool process, its
       failure stored), with 0.1 s for the message's rounding. Two workers park the runs
       concurrently, so a copy may be queued just behind one whose deadline comes a
-      little later: the poll moves that one first (it parks again), and the due run
-      waits out the move's hold (:data:`LATE_HOLD`, ``deadline.lua``) and the next poll
-      once more for each deadline move owed for it after the first, as counted in
-      ``polls``.
+      little later: the poll moves that one first (it parks again, or gives up if due
+      by then), and the due run is owed a move again at the next poll (not once the
+      first move's hold, :data:`LATE_HOLD`, lapses: ``deadline.lua``): one more hop and
+      one more gap between polls for each deadline move owed for it after the first,
+      as counted in ``polls``.
 
     Sending many runs on a loaded machine takes a while, so the first ones may be due
     before the last ones are sent: each is judged from its own send."""
@@ -122,7 +123,7 @@ def assert_failed_on_time(waiters: List[AsyncResult], sent: List[float], max_wai
     assert min(told) >= max_wait, told
     assert len(during) >= 2, polls.times
     late = [(store, n) for store, n in zip(told, again)
-            if store > max_wait + gap + lag + 0.1 + n * (LATE_HOLD + gap)]
+            if store > max_wait + gap + lag + 0.1 + n * (lag + gap)]
     assert not late, (late, gap, lag)
 
 

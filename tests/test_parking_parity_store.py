@@ -79,15 +79,36 @@ def test_a_run_whose_deadline_has_not_passed_parks_again_keeping_its_since(redis
     again = ask(redis_client, limiters, "long", parked=long.park, max_wait=60)
     assert isinstance(again, Busy) and again.park and again.park.park_id != long.park.park_id
     assert again.handoffs == []
-    # Once the first deadline move has been in flight 0.5 s, the poll moves the next
-    # head: the run due, given up.
+    # The move was owed for the run due, which still waits: the next poll owes it one
+    # again (not once the first has been in flight 0.5 s), and only one.
+    assert due(redis_client, {key: 2}) == [DeadlineMove(key)]
     assert due(redis_client, {key: 2}) == []
-    until = time.monotonic() + 5
-    while not (owed := due(redis_client, {key: 2})) and time.monotonic() < until:
-        time.sleep(0.1)
-    assert owed == [DeadlineMove(key)]
     assert isinstance(ask(redis_client, limiters, "short", parked=short.park, max_wait=0.2),
                       GaveUp)
+    assert deadlines(redis_client, key) == [run_id("long", 0).encode()]  # not owed: 60 s
+
+
+def test_a_copy_due_by_the_time_it_comes_leaves_the_move_owed_for_another(redis_client):
+    """Two runs of one max wait queued in another order than their deadlines (two workers
+    parking at once): the poll finds the first due and owes a move for it; the move
+    brings the second, due by then too and given up; the first is owed a move again at
+    the next poll, not once the first move has been in flight 0.5 s."""
+    limiters = [limit("crossed-wait")]
+    key = limiters[0].key
+    assert isinstance(ask(redis_client, limiters, "h"), Lease)
+    first = ask(redis_client, limiters, "first", max_wait=0.5)
+    time.sleep(0.4)
+    second = ask(redis_client, limiters, "second", max_wait=0.5)
+    time.sleep(0.12)  # the first due, the second in about 0.38 s
+    assert due(redis_client, {key: 2}) == [DeadlineMove(key)]
+    time.sleep(0.4)  # the second due too; the move's hold lapses 0.1 s from now
+    assert isinstance(ask(redis_client, limiters, "second", parked=second.park, max_wait=0.5),
+                      GaveUp)
+    assert due(redis_client, {key: 1}) == [DeadlineMove(key)]
+    assert due(redis_client, {key: 1}) == []
+    assert isinstance(ask(redis_client, limiters, "first", parked=first.park, max_wait=0.5),
+                      GaveUp)
+    assert deadlines(redis_client, key) == []
 
 
 def test_a_claimed_run_leaves_the_deadlines(redis_client):

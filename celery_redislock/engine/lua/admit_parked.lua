@@ -72,7 +72,7 @@ for _, i in ipairs(order) do
   local decided = false
   if i == home and park_id ~= '' then
     local lost = string.match(park_id, '^([^:]*):') ~= born
-    deadline_move = deadline_arrived(l.key, now)
+    deadline_move = deadline_arrived(l.key, now, deadline_member(run, ARGV[11 + N + i]))
     if lost then
       count_down_anonymous(l)
     elseif not ref or ref.park_id ~= park_id or ref.state == 's' then

@@ -8,6 +8,7 @@
 --            its deadline (ms): its first 'since' + its max wait; written when it parks,
 --            dropped when its reference stops waiting (claimed, left, given up), or
 --            found so by the poll; put 0.5 s ahead while a deadline move is in flight
+--            (and half a millisecond: a deadline is whole ms, a held one is not)
 --   '}:pn:'  fields 'd': how many deadline moves of K are in flight, 'dt' until when
 --
 -- The poll (due.lua) reads the deadlines passed (ZRANGEBYSCORE, O(log n) + those due)
@@ -19,10 +20,12 @@
 -- reference and deadline dropped, nothing held. A moved copy whose deadline has not
 -- passed (mixed max waits on one key: a run with a longer one, or none, parked before)
 -- asks as a newcomer: it takes a free slot if nobody else waits, else it parks again at
--- the end of the line (its 'since', hence its deadline, kept); the next poll moves the
--- next head, once the run's deadline move has been in flight 0.5 s. So with mixed max
--- waits on one key, a run is given up about 0.5 s later per run with a later deadline
--- parked before it: give one key one max wait. (A fair line's count of messages per
+-- the end of the line (its 'since', hence its deadline, kept). So do copies queued in
+-- another order than their deadlines (two workers parking at once). A copy whose
+-- deadline was not held took a move owed for another run: that run is owed one again
+-- at the next poll (owed_again), not once the hold lapses. So a run is given up about a
+-- poll later per run with a later deadline queued before it: give one key one max
+-- wait. (A fair line's count of messages per
 -- sub-line, fair.lua, does not see a deadline move: the move it later owes there finds
 -- the parking queue empty and gives its reservation back, moved_nothing.lua.)
 
@@ -55,6 +58,11 @@ end
 -- had its copy not come). Entries of runs that no longer wait are dropped.
 local LATE_MOVES = 100
 local LATE_HOLD_MS = 500
+local HELD = 0.5
+
+local function is_held(score)
+  return score ~= nil and score % 1 ~= 0
+end
 
 local function deadline_moves(key, now, out)
   local name, counts = parked_key(key, 'pd'), parked_key(key, 'pn')
@@ -71,7 +79,7 @@ local function deadline_moves(key, now, out)
       if not subs[sub] then order[#order + 1] = sub end
       subs[sub] = (subs[sub] or 0) + 1
       moved = moved + 1
-      again[#again + 1] = now + LATE_HOLD_MS
+      again[#again + 1] = now + LATE_HOLD_MS + HELD
       again[#again + 1] = member
     else
       redis.call('ZREM', name, member)  -- it no longer waits: claimed, left, served
@@ -89,18 +97,39 @@ local function deadline_moves(key, now, out)
   for _ = 1, moved do cost_moved(key) end  -- the heads leave (parked_cost.lua)
 end
 
+-- A deadline move brought the copy whose deadline is `member` (nil: none), not held: the
+-- move was owed for another run, which still waits, held: the first held is owed again
+-- (its score back to the poll that found it due, which its deadline had passed).
+local function owed_again(key, member, now)
+  local name = parked_key(key, 'pd')
+  if member and is_held(tonumber(redis.call('ZSCORE', name, member) or '')) then return end
+  local ahead = redis.call('ZRANGEBYSCORE', name, '(' .. now, now + LATE_HOLD_MS + HELD,
+                           'WITHSCORES', 'LIMIT', 0, LATE_MOVES)
+  for i = 1, #ahead, 2 do
+    local score = tonumber(ahead[i + 1])
+    if is_held(score) then
+      redis.call('ZADD', name, score - LATE_HOLD_MS - HELD, ahead[i])
+      return
+    end
+  end
+end
+
 -- A copy moved out of `key`'s parking queue reached its admission: true if a deadline
 -- move was in flight (this copy is taken for one: it was moved with no slot reserved).
-local function deadline_arrived(key, now)
+-- `member`: its deadline's (deadline_member), for owed_again; false: not looked at.
+local function deadline_arrived(key, now, member)
   local counts = parked_key(key, 'pn')
   local flight = redis.call('HMGET', counts, 'd', 'dt')
   local n = tonumber(flight[1] or '0') or 0
   if n <= 0 then return false end
-  if n == 1 or (tonumber(flight[2] or '0') or 0) <= now then
+  local held = tonumber(flight[2] or '0') or 0
+  if n == 1 or held <= now then
     redis.call('HDEL', counts, 'd', 'dt')
-    return (tonumber(flight[2] or '0') or 0) > now
+  else
+    redis.call('HSET', counts, 'd', n - 1)
   end
-  redis.call('HSET', counts, 'd', n - 1)
+  if held <= now then return false end
+  if member ~= false then owed_again(key, member, now) end
   return true
 end
 

@@ -23,7 +23,7 @@ if string.find(key, '}:r:', 1, true) then
   if ref and ref.state == 'w' and (park_id == '' or ref.park_id == park_id) then
     redis.call('HDEL', parked_key(key, 'pr'), run)
     drop_deadline(key, run)
-    if ARGV[3] == '1' and deadline_arrived(key, now) then
+    if ARGV[3] == '1' and deadline_arrived(key, now, false) then
       local interval = tonumber(redis.call('HGET', parked_key(key, 'pn'), 'iv') or '') or 0
       rate_gave_up(key, ref, interval, now_us)
     end

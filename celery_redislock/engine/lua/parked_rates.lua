@@ -130,7 +130,7 @@ end
 local function rate_late(rates, j, run, max_wait, keep, now, now_us)
   local r = rates[j]
   if not r or not r.ref or r.ref.state ~= 'w' then return nil end
-  local late = deadline_arrived(r.key, now)
+  local late = deadline_arrived(r.key, now, run)
   if past_deadline(r.ref.since, max_wait, now) then
     serve_rate(r, run, keep, now)
     if late then rate_gave_up(r.key, r.ref, r.interval, now_us) end

@@ -149,7 +149,7 @@ end
 -- A copy the poll moved for a deadline (deadline.lua; no start is due for it): past its
 -- max wait it is given up, else it parks again keeping its promise (its start is still on
 -- the FIFO: the deadline move popped none).
-local late = moved and ref.state == 'w' and deadline_arrived(key, now)
+local late = moved and ref.state == 'w' and deadline_arrived(key, now, run)
 if moved and ref.state == 'w' and past_deadline(ref.since, max_wait, now) then
   serve()  -- any other copy of the run ends unrun
   if late then rate_gave_up(key, ref, interval, now_us) end
