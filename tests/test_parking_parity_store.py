@@ -178,3 +178,25 @@ def test_a_heavy_head_waits_for_enough_units(redis_client):
     assert len(holders[2].handoffs) == 1
     assert isinstance(ask(redis_client, one, "small", parked=small.park), Lease)
     assert units(redis_client, key) == 3
+
+
+def test_a_copy_not_due_leaves_the_move_owed_for_its_own_sub_line(redis_client):
+    """A fair line: runs due in two sub-lines are owed a deadline move each; the move in
+    sub-line "a" brings a run not due (a longer max wait, parked first): the run due in
+    "a" is owed a move again at once, not the one in "b", whose own move is in flight."""
+    def in_sub(sub: str) -> List[SlotLimit]:
+        return [SlotLimit("fair-wait", 1, PREFIX, 1, sub)]
+
+    key = in_sub("")[0].key
+    assert isinstance(ask(redis_client, in_sub("a"), "h"), Lease)
+    long = ask(redis_client, in_sub("a"), "long", max_wait=60)
+    due_a = ask(redis_client, in_sub("a"), "za", max_wait=0.2)  # sorts after "b"'s run
+    due_b = ask(redis_client, in_sub("b"), "b", max_wait=0.2)
+    time.sleep(0.25)
+    assert sorted(move.sub for move in due(redis_client, {key: 3})) == ["a", "b"]
+    again = ask(redis_client, in_sub("a"), "long", parked=long.park, max_wait=60)
+    assert isinstance(again, Busy)
+    assert due(redis_client, {key: 3}) == [DeadlineMove(key, "a")]
+    for task, sub, parked in (("za", "a", due_a), ("b", "b", due_b)):
+        assert isinstance(ask(redis_client, in_sub(sub), task, parked=parked.park,
+                              max_wait=0.2), GaveUp)

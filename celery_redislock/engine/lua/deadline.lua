@@ -35,6 +35,13 @@ local function deadline_member(run, sub)
   return run .. '\031' .. sub
 end
 
+-- A deadline's member as its run and its sub-line ('' for none).
+local function deadline_run(member)
+  local at = string.find(member, '\031', 1, true)
+  if not at then return member, '' end
+  return string.sub(member, 1, at - 1), string.sub(member, at + 1)
+end
+
 local function parked_deadline(key, run, since, max_wait, sub)
   if not max_wait then return end
   local name = parked_key(key, 'pd')
@@ -71,9 +78,7 @@ local function deadline_moves(key, now, out)
   local refs = parked_key(key, 'pr')
   local subs, order, moved, again = {}, {}, 0, {'ZADD', name}
   for _, member in ipairs(due_now) do
-    local at = string.find(member, '\031', 1, true)
-    local run = at and string.sub(member, 1, at - 1) or member
-    local sub = at and string.sub(member, at + 1) or ''
+    local run, sub = deadline_run(member)
     local ref = parse_ref(redis.call('HGET', refs, run))
     if ref and ref.state == 'w' then
       if not subs[sub] then order[#order + 1] = sub end
@@ -97,17 +102,18 @@ local function deadline_moves(key, now, out)
   for _ = 1, moved do cost_moved(key) end  -- the heads leave (parked_cost.lua)
 end
 
--- A deadline move brought the copy whose deadline is `member` (nil: none), not held: the
--- move was owed for another run, which still waits, held: the first held is owed again
--- (its score back to the poll that found it due, which its deadline had passed).
+-- A deadline move brought the copy whose deadline is `member`, not held: the move was
+-- owed for another run of its sub-line, which still waits, held: the first held is owed
+-- again (its score back to the poll that found it due, which its deadline had passed).
 local function owed_again(key, member, now)
   local name = parked_key(key, 'pd')
-  if member and is_held(tonumber(redis.call('ZSCORE', name, member) or '')) then return end
+  if is_held(tonumber(redis.call('ZSCORE', name, member) or '')) then return end
+  local _, sub = deadline_run(member)
   local ahead = redis.call('ZRANGEBYSCORE', name, '(' .. now, now + LATE_HOLD_MS + HELD,
                            'WITHSCORES', 'LIMIT', 0, LATE_MOVES)
   for i = 1, #ahead, 2 do
-    local score = tonumber(ahead[i + 1])
-    if is_held(score) then
+    local score, _, other = tonumber(ahead[i + 1]), deadline_run(ahead[i])
+    if is_held(score) and other == sub then
       redis.call('ZADD', name, score - LATE_HOLD_MS - HELD, ahead[i])
       return
     end
