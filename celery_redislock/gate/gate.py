@@ -162,26 +162,29 @@ class _Events:
 BOOKED_SLACK = 0.02
 
 
-def gate(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
+def gate(consumer: Any, request: Any, handle: Callable[[Any], Any],
+         hold: Optional[room.Hold] = None) -> Any:
     """Hand ``request`` to the pool (``handle``) once its limits admit it, or end it here
-    (acknowledged, never run) when they do not, or hold it here for a while."""
+    (acknowledged, never run) when they do not, or hold it here for a while. ``hold``:
+    what is known of a request gated again (None: gated for the first time)."""
     task = request.task
     limits = limits_of(task)
-    hold = room.unhold(request) or room.hold_of(request, limits)
+    if hold is None:
+        hold = room.hold_of(request, limits)
     if hold.booked is not None and limits is not None:
         booked = _due_booking(consumer, request, hold)
         if booked is not None:
             return _act_on_answer(consumer, request, handle, hold, limits, booked)
-    if limits is None or request.revoked():
+    if limits is None:
         return handle(request)
-    free = room.free_processes_now(consumer)
-    now = free >= 0
-    ahead = not now and room.may_go_ahead(request, hold) and free >= -room.lookahead(consumer)
     loop = getattr(consumer, "hub", None) is not None
     # Not probed on the parking line (``loop``): its admission parks the run it refuses.
-    if not now and not ahead and (hold.may_wait_unprobed() or loop):
-        return room.wait_for_room(consumer, request, handle, hold, _gate_again)
-    go = now or ahead
+    where = room.place(consumer, request, handle, hold, loop, _gate_again)
+    if where is None:  # it waits here for a free pool process (revoked: seen as it leaves)
+        return None
+    if request.revoked():
+        return handle(request)
+    go, ahead = where != room.PROBE, where == room.AHEAD
     if _hand_kept(consumer, request, handle, hold, go):
         return None
     return _settle(consumer, request, handle, hold, limits, lambda: ask_before_pool(
@@ -475,7 +478,7 @@ def _gate_again(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> An
     """:func:`gate`, from the timer: a request held back is never dropped by an error
     (the pool process decides then)."""
     try:
-        return gate(consumer, request, handle)
+        return gate(consumer, request, handle, room.unhold(request))
     except Exception as exc:
         logger.warning("celery-redislock: task %s[%s]: could not ask its limits before the "
                        "pool (%r); the pool process asks", request.task.name, request.id, exc)

@@ -17,6 +17,7 @@ passed in by :mod:`.gate`, so that this module knows nothing of the admission.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -123,13 +124,19 @@ def lookahead(consumer: Any) -> int:
     takes the last free slot, while no process is free gives its slot back at once and
     waits here (a slot is never held idle while another run waits for it)."""
     pool = getattr(consumer, "pool", None)
+    if not _looks_ahead(consumer, pool):
+        return 0
+    return int(getattr(pool, "num_processes", None) or 0)
+
+
+def _looks_ahead(consumer: Any, pool: Any) -> bool:
+    """Whether ``consumer``'s worker looks ahead at all (see :func:`lookahead`): a
+    prefork pool, on an event loop."""
     kind = type(pool)
     prefork = _prefork.get(kind)
     if prefork is None:
         prefork = _prefork[kind] = kind.__module__.endswith("prefork")
-    if not prefork or getattr(consumer, "hub", None) is None:
-        return 0
-    return int(getattr(pool, "num_processes", None) or 0)
+    return prefork and getattr(consumer, "hub", None) is not None
 
 
 #: Per pool class: whether it is Celery's prefork pool (see :func:`lookahead`).
@@ -165,7 +172,7 @@ def serve_now(consumer: Any, again: Again) -> None:
     """Gate the requests at the head of ``consumer``'s queue that the free pool
     processes can take now, when called in the thread that serves the queue (a pool
     may report a run's end from a thread of its own: the queue's timer serves then)."""
-    room = rooms.get(consumer)
+    room = room_of(consumer)
     if room is None or room.thread != threading.get_ident():
         return
     room.served = time.monotonic()
@@ -192,15 +199,74 @@ def wait_for_room(consumer: Any, request: Any, handle: Handle, hold: Hold,
     """Hold ``request`` at the end of its worker's queue of requests waiting for a free
     pool process, and set the timer that serves that queue."""
     with held_lock:
-        held[request] = hold
-        room = rooms.get(consumer)
-        if room is None:
-            room = rooms[consumer] = Room()
-        room.queue.append((request, handle, hold))
-        if room.timer_set:
-            return
-        room.timer_set = True
-    _serve_later(consumer, room, again)
+        room = _enqueue(consumer, request, handle, hold)
+    if room is not None:
+        _serve_later(consumer, room, again)
+
+
+#: Where :func:`place` sends a run: to the pool now, asked for ahead of a free process,
+#: or asked (probed) with none free.
+NOW, AHEAD, PROBE = "now", "ahead", "probe"
+
+
+def place(consumer: Any, request: Any, handle: Handle, hold: Hold, loop: bool,
+          again: Again) -> Optional[str]:
+    """Where ``request`` (gated, not revoked, held as ``hold``) goes from the gate: a
+    pool process is free for it (:data:`NOW`); none is, but it may be asked for ahead
+    of one (:data:`AHEAD`, see :func:`lookahead`); none is, and it has waited
+    :data:`PROBE_AFTER` (:data:`PROBE`: asked, probed). Else it waits here for a free
+    process, at the end of the queue (None; see :func:`wait_for_room`), as it does at
+    once on a worker with an event loop (``loop``: on the parking line its admission
+    parks the run it refuses, so it is never probed). One look at the pool, under one
+    taking of the held requests' lock."""
+    with held_lock:
+        free, ahead = capacity(consumer)
+        if free >= 0:
+            return NOW
+        if free >= -ahead and may_go_ahead(request, hold):
+            return AHEAD
+        if not loop and not hold.may_wait_unprobed():
+            return PROBE
+        room = _enqueue(consumer, request, handle, hold)
+    if room is not None:
+        _serve_later(consumer, room, again)
+    return None
+
+
+def _enqueue(consumer: Any, request: Any, handle: Handle, hold: Hold) -> Optional[Room]:
+    """Hold ``request`` at the end of its worker's queue; its room, when the timer that
+    serves it is to be set (None: it is set). Called with the held requests' lock."""
+    held[request] = hold
+    room = room_of(consumer)
+    if room is None:
+        room = _new_room(consumer)
+    room.queue.append((request, handle, hold))
+    if room.timer_set:
+        return None
+    room.timer_set = True
+    return room
+
+
+def room_of(consumer: Any) -> Optional[Room]:
+    """``consumer``'s room, if it has one: the worker's own, read from the consumer
+    itself (an attribute; :data:`rooms` is the registry, a weak dictionary whose look-up
+    is Python code, made several times a run)."""
+    room = getattr(consumer, ROOM_ATTRIBUTE, None)
+    if room is not None:
+        return room  # type: ignore[no-any-return]
+    return rooms.get(consumer)  # type: ignore[no-any-return]
+
+
+#: The attribute of a worker's consumer that holds its room (see :func:`room_of`).
+ROOM_ATTRIBUTE = "_redislock_room"
+
+
+def _new_room(consumer: Any) -> Room:
+    """A new room for ``consumer``, registered and, where it can be, kept on it."""
+    room = rooms[consumer] = Room()
+    with contextlib.suppress(AttributeError):  # a consumer with __slots__: the registry
+        setattr(consumer, ROOM_ATTRIBUTE, room)
+    return room
 
 
 #: How often (s) the queue's timer looks while the ends of runs the main process handed
@@ -239,12 +305,10 @@ def take_from(consumer: Any, room: Room) -> List[Entry]:
     """Take from the head of ``room`` the requests that the free pool processes can
     take now, and, while their task's key has slots to spare, as many more as the
     worker looks ahead (see :func:`lookahead`). Called with the held requests' lock."""
-    free, ahead = free_processes(consumer), None
+    free, ahead = capacity(consumer)
     taken = []
     while room.queue:
         if free <= 0:
-            if ahead is None:
-                ahead = lookahead(consumer)
             request, _, hold = room.queue[0]
             if free <= -ahead or not may_go_ahead(request, hold):
                 break
@@ -273,7 +337,7 @@ def head_for_hand_on(consumer: Any, limits: TaskLimits) -> Optional[Entry]:
     ``limits`` that a run ended with (see :mod:`.hand_on`): called in the thread that
     serves the queue, for a newcomer of the same limits, with no start booked or
     promised, that a free pool process (or the look-ahead) can take now; else None."""
-    room = rooms.get(consumer)
+    room = room_of(consumer)
     if room is None or not room.queue or room.thread != threading.get_ident():
         return None
     with held_lock:
@@ -281,8 +345,8 @@ def head_for_hand_on(consumer: Any, limits: TaskLimits) -> Optional[Entry]:
         if (hold.limits is not limits or hold.booked is not None or hold.promises
                 or hold.copy):
             return None
-        free = free_processes(consumer)
-        if free <= 0 and (free <= -lookahead(consumer) or not may_go_ahead(request, hold)):
+        free, ahead = capacity(consumer)
+        if free <= 0 and (free <= -ahead or not may_go_ahead(request, hold)):
             return None
         held.pop(request, None)
         return room.queue.popleft()
@@ -301,10 +365,10 @@ def keep_spare(consumer: Any, release: Any) -> bool:
     gates within :data:`SPARE_FOR` (see :func:`take_spare`): a lease that may be handed
     on (see :mod:`.hand_on`), one at a time, in the thread that serves the queue. True:
     kept (given back if no run takes it); False: the caller gives it back."""
-    room = rooms.get(consumer)
+    room = room_of(consumer)
     if room is None:
         with held_lock:
-            room = rooms.setdefault(consumer, Room())
+            room = room_of(consumer) or _new_room(consumer)
     if (room.spare is not None or not isinstance(release, hand_on.MainRelease)
             or room.thread != threading.get_ident()
             or not hand_on.may_hand_on(release.handed, release.limits)):
@@ -326,7 +390,7 @@ def take_spare(consumer: Any, hold: Hold) -> Optional[hand_on.MainRelease]:
     the run held as ``hold``, which may go to the pool now: None when there is none for
     it (or the run is a copy of a waiting run's message, or holds a promise or a booked
     start), and the run asks."""
-    room = rooms.get(consumer)
+    room = room_of(consumer)
     if room is None or room.spare is None:
         return None
     kept, limits = room.spare, room.spare.limits
@@ -352,14 +416,21 @@ def pool_has_room(consumer: Any) -> bool:
 def free_processes_now(consumer: Any) -> int:
     """:func:`free_processes`, taking the held requests' lock."""
     with held_lock:
-        return free_processes(consumer)
+        return capacity(consumer)[0]
 
 
 def free_processes(consumer: Any) -> int:
     """How many pool processes are free beyond the requests reserved by this worker and
     not held here (the one being gated among them, once taken out of the held ones);
     a large number for a pool that does not say how many processes it has. Called with
-    the held requests' lock taken.
+    the held requests' lock taken (see :func:`capacity`)."""
+    return capacity(consumer)[0]
+
+
+def capacity(consumer: Any) -> Tuple[int, int]:
+    """How many pool processes are free (:func:`free_processes`) and how far the worker
+    looks ahead (:func:`lookahead`), from one reading of its pool. Called with the held
+    requests' lock taken.
 
     Every request held here is reserved: Celery reserves a request before its strategy
     hands it on, and only the request's end takes it out, which a held request has not
@@ -367,9 +438,20 @@ def free_processes(consumer: Any) -> int:
     are counted, not looked up one by one in the reserved ones (a look-up per held
     request, on every run's end and every tick of the queue's timer, cost the worker's
     main process more than the admission's own Python code); should Celery forget its
-    reserved requests (a lost broker connection), no more are counted than it has."""
-    processes = getattr(consumer.pool, "num_processes", None) or 0
+    reserved requests (a lost broker connection), no more are counted than it has.
+    Both are counted by the size of their weak containers' own dictionaries (their
+    ``len`` is Python code, a frame per call, and this runs several times a run; a
+    reference whose removal is pending while someone iterates is counted a moment
+    longer, as it is in Celery's own state)."""
+    pool = consumer.pool
+    processes = getattr(pool, "num_processes", None) or 0
     if processes <= 0:
-        return 1 << 30
-    reserved = len(worker_state.reserved_requests)
-    return processes - (reserved - min(len(held), reserved))
+        return 1 << 30, 0
+    reserved = len(worker_state.reserved_requests.data)
+    holding: int = len(held.data)  # type: ignore[attr-defined]
+    free = processes - (reserved - min(holding, reserved))
+    prefork = _prefork.get(type(pool))
+    if prefork is None:
+        prefork = _looks_ahead(consumer, pool)
+    return free, (int(processes) if prefork and getattr(consumer, "hub", None) is not None
+                  else 0)
