@@ -168,7 +168,9 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any],
     (acknowledged, never run) when they do not, or hold it here for a while. ``hold``:
     what is known of a request gated again (None: gated for the first time)."""
     task = request.task
-    limits = limits_of(task)
+    # The limits a limited task's first run compiled (read at once; else compiled, or
+    # its definition error raised, by limits_of).
+    limits = task.__dict__.get("_redislock_limits") or limits_of(task)
     if hold is None:
         hold = room.hold_of(request, limits)
     if hold.booked is not None and limits is not None:
@@ -389,15 +391,20 @@ class _RunEnd:
         self.consumer, self.request, self.release, self.copy = consumer, request, release, copy
         self.ended_well, self.ended_badly = request.on_success, request.on_failure
 
-    def give_back(self) -> None:
+    def give_back(self) -> bool:
         """Give the run's slots back, or hand them on to the next run waiting here for a
         pool process, or keep them a moment for the next run to come (see
         :mod:`.hand_on`; never the slots of a copy of a waiting run's message: they go
-        back through the store)."""
+        back through the store). True: handed on (the run at the head of the queue
+        took the process this run freed)."""
         release, self.release = self.release, None
-        if release is not None and (self.copy or not (
-                _hand_on(self.consumer, release) or room.keep_spare(self.consumer, release))):
+        if release is None:
+            return False
+        if not self.copy and _hand_on(self.consumer, release):
+            return True
+        if self.copy or not room.keep_spare(self.consumer, release):
             release()
+        return False
 
     def unwrap(self) -> None:
         """Take the wrappers off the request: the run's end is handled (the pool keeps
@@ -414,18 +421,19 @@ class _RunEnd:
         try:
             return self.ended_well(*args, **kwargs)
         finally:
-            self.give_back()
+            handed_on = self.give_back()
             self.unwrap()
-            room.serve_now(self.consumer, _gate_again)
+            if not handed_on:  # else the queue was served: see _hand_on
+                room.serve_now(self.consumer, _gate_again)
 
     def failed(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self.ended_badly(*args, **kwargs)
         finally:
-            if kwargs.get("return_ok"):
-                self.give_back()
+            handed_on = bool(kwargs.get("return_ok")) and self.give_back()
             self.unwrap()
-            room.serve_now(self.consumer, _gate_again)
+            if not handed_on:
+                room.serve_now(self.consumer, _gate_again)
 
 
 def _hand_on(consumer: Any, release: Callable[[], None]) -> bool:
@@ -434,7 +442,12 @@ def _hand_on(consumer: Any, release: Callable[[], None]) -> bool:
     ``consumer``'s queue of runs waiting for a pool process, when that run is of the same
     limits and may go to the pool now, and the lease may be handed on (see
     :mod:`.hand_on`): it goes to the pool under it, and True is answered. Else False:
-    the caller gives the lease back."""
+    the caller gives the lease back.
+
+    A hand-on serves the queue as :func:`.room.serve_now` would: the process this run
+    freed takes the head, and every other process freed by the end of a run gated here
+    served the queue as it freed (one freed otherwise, by a plain task's end or a lost
+    process, is the queue's timer's, as before), so the caller serves no more."""
     if not isinstance(release, hand_on.MainRelease) or not hand_on.may_hand_on(
             release.handed, release.limits):
         return False
@@ -445,6 +458,7 @@ def _hand_on(consumer: Any, release: Callable[[], None]) -> bool:
     if request.revoked():
         release()
         handle(request)
+        room.serve_now(consumer, _gate_again)  # the process is still free
         return True
     return _hand_to(consumer, request, handle, hold, release)
 

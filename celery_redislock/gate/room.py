@@ -349,6 +349,7 @@ def head_for_hand_on(consumer: Any, limits: TaskLimits) -> Optional[Entry]:
         if free <= 0 and (free <= -ahead or not may_go_ahead(request, hold)):
             return None
         held.pop(request, None)
+        room.served = time.monotonic()  # a hand-on serves the queue (see serve_now)
         return room.queue.popleft()
 
 
