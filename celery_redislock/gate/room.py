@@ -288,10 +288,14 @@ def _serve_later(consumer: Any, room: Room, again: Again) -> None:
 def _serve(consumer: Any, room: Room, again: Again) -> None:
     """Gate again, from the head of the queue, as many held requests as there are free
     pool processes; come back in :data:`~.decide.ROOM_POLL` while any are left (in
-    :data:`ROOM_POLL_SERVED` while the ends of runs serve the queue)."""
+    :data:`ROOM_POLL_SERVED` while the ends of runs serve the queue). The runs due for
+    a probe are taken too, but not on a worker with an event loop, where no run is
+    probed (see :func:`place`): there a run that waited :data:`PROBE_AFTER` would only
+    be gated again and queued anew at the back, a turn of the queue per timer tick."""
     with held_lock:
         taken = take_from(consumer, room)
-        taken += _due_for_a_probe(room)
+        if getattr(consumer, "hub", None) is None:
+            taken += _due_for_a_probe(room)
     for request, handle, _ in taken:
         again(consumer, request, handle)
     with held_lock:
