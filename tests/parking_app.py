@@ -110,9 +110,9 @@ def create_app(urls: AppUrls) -> Celery:
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=ONE, lock_slots=1,
               lock_key=ONE_PREFIX + "{key}", lock_lease=LEASE, **RETRY)
-    def one(self: Any, seconds: float, key: str = "a") -> str:
-        """One at a time per key."""
-        return str(record().work(self, [ONE_PREFIX + key], seconds))
+    def one(self: Any, seconds: float, key: str = "a", until: Optional[str] = None) -> str:
+        """One at a time per key (``until``: see :meth:`fault_app.FaultRecorder.work`)."""
+        return str(record().work(self, [ONE_PREFIX + key], seconds, until=until))
 
     @app.task(base=LimitedTask, bind=True, shared=False, name=LATE, lock_slots=1,
               lock_key=LATE_PREFIX + "{key}", lock_lease=LEASE, acks_late=True, **RETRY)

@@ -494,6 +494,9 @@ class _Broker:
     def lengths(self, queues: Any) -> dict:
         return {queue: 1 if queue == parking_queue(self.key) else 0 for queue in queues}
 
+    def restore(self, limit: int = 0) -> list:
+        return []
+
 
 def test_the_poll_hands_over_a_slot_freed_without_a_release(
         redis_client: redis.Redis, redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -71,7 +71,7 @@ from ..config.limit import TaskLimits
 from ..config.settings import read_settings, redis_client
 from ..engine.admission import Lease
 from ..engine.refusal import describe_error
-from ..line import handoff, parked_deadline
+from ..line import handoff, moves, parked_deadline
 from ..line.waiting import Parked
 from ..pool.attempt import ADMITTED, MAIN_RELEASES, PROMISED
 from ..pool.give_back import give_back_unstarted, release_for_pool
@@ -102,7 +102,7 @@ def limited_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Call
     ``redislock_admit_before_pool`` is False: then the pool process asks)."""
     settings = read_settings(app)
     if not settings.admit_before_pool:  # the pool process asks (and parks: pool_park)
-        return default_strategy(task, app, consumer, **options)
+        return _claiming(app, default_strategy(task, app, consumer, **options))
     gated = _GatedConsumer(consumer)
     handler = default_strategy(task, app, gated, **options)
 
@@ -112,6 +112,19 @@ def limited_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Call
             return handler(message, *args, **kwargs)
         finally:
             gated.copy_of_a_wait = False
+
+    return _claiming(app, task_message_handler)
+
+
+def _claiming(app: Any, handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler``, with a moved copy's backup dropped once kombu holds the copy (see
+    :func:`~..line.moves.claim`)."""
+
+    def task_message_handler(message: Any, *args: Any, **kwargs: Any) -> Any:
+        headers = getattr(message, "headers", None)
+        if carries_wait(headers):
+            moves.claim(app, headers)
+        return handler(message, *args, **kwargs)
 
     return task_message_handler
 

@@ -8,7 +8,10 @@ on first use; a pool process moves on its own, not through the main process).
 * :func:`owe` moves one parked message per :class:`ParkedMove` a release or the poll
   reported (out of its sub-line's parking queue, for a fair line); a move that found
   its parking queue empty gives the reservation back (``moved_nothing``);
-* :func:`leave_soon`: a moved copy that will not run leaves the line.
+* :func:`leave_soon`: a moved copy that will not run leaves the line;
+* :func:`claim`: a moved copy received by this worker drops its backup in the broker
+  (kombu holds it from then on; see :mod:`celery_redislock.parking.redis_line`); the
+  poll puts back the backups of copies no worker received in time.
 
     >>> moves_owed([ParkedMove("k")])
     [ParkedMove(key='k', sub='')]
@@ -31,7 +34,16 @@ from ..config.settings import read_settings, redis_client
 from ..engine import parking as store
 from ..engine.admission import ParkedMove, ParkRef, handoffs_of
 from ..engine.refusal import describe_error
-from ..parking import Done, LoopHop, Mover, ParkedCopy, key_of_line, line_name, parking_queue
+from ..parking import (
+    Done,
+    LoopHop,
+    Mover,
+    ParkedCopy,
+    key_of_line,
+    line_name,
+    moved_copy,
+    parking_queue,
+)
 from ..run.waiting_run import WaitingRun
 
 logger = logging.getLogger(__name__)
@@ -153,6 +165,30 @@ def note_sub_lines(lines: Dict[str, int]) -> None:
             found.setdefault(key_of_line(line), []).append(line)
     _sub_lines.clear()
     _sub_lines.update(found)
+
+
+def claim(app: Any, headers: Any) -> bool:
+    """A message with ``headers`` was received by this worker: if it is a copy moved out
+    of a parking queue, its backup in the broker is dropped, on this process's mover
+    (never waits). True if a claim was submitted.
+
+    Only a copy as it was moved claims (not a later attempt that inherited its headers
+    through ``self.retry()``); claiming twice is harmless (the second finds nothing)."""
+    waited = WaitingRun.of_headers(headers)
+    if not (waited.parked and waited.move.isalnum() and moved_copy(headers)):
+        return False
+    if not mover(app).claim(waited.move, _claimed):
+        logger.warning("celery-redislock: the mover is full or stopped; the backup of a "
+                       "moved copy is put back later and the lock store ends one of them")
+        return False
+    return True
+
+
+def _claimed(done: Done) -> None:
+    if done.error is not None:
+        logger.warning("celery-redislock: a moved copy's backup could not be dropped (%r); "
+                       "it is put back later and the lock store ends one of them",
+                       done.error)
 
 
 def leave_soon(app: Any, request: Any) -> None:

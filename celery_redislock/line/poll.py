@@ -1,7 +1,10 @@
 """The parking line's poll: a thread of each worker's main process that asks the lock
 store every :data:`POLL` seconds for slots freed without a release (a lease ran out, a
 reservation lapsed, a pause or the grace ended: ``due``) and the rate lines' starts now
-due, and hands the moves owed to this process's mover (:func:`.moves.owe`).
+due, and hands the moves owed to this process's mover (:func:`.moves.owe`). Every
+:data:`RESTORE_EVERY` seconds a poll first puts back in their parking queues the moved
+messages whose copies no worker received in time (Redis broker:
+:meth:`~celery_redislock.parking.RedisParking.restore`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ POLL = 0.2
 #: keys: their runs start when the poll finds their promised start due.
 POLL_KEYS = 100
 
+#: How often (s) each worker's poll puts back the moved messages no worker received in
+#: time: one broker script; a backup is due 8 s after its move, so that it is back
+#: before the move's reservation lapses (10 s).
+RESTORE_EVERY = 1.0
+
 
 def pause_after(keys: int) -> float:
     """How long (s) the poll waits before visiting the slots' lines of ``keys`` keys
@@ -63,6 +71,8 @@ class Poll:
         self.worker = worker
         #: When (``time.monotonic()``) the next poll visits every line, not only rates'.
         self.next_visit = 0.0
+        #: When (``time.monotonic()``) the next poll puts back unclaimed moved messages.
+        self.next_restore = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="redislock-poll", daemon=True)
 
@@ -95,6 +105,9 @@ class Poll:
         only the rate limits' lines)."""
         settings = read_settings(self.app)  # as the app's runs read it (not at start)
         client, prefix = redis_client(self.app, settings), settings.prefix
+        if time.monotonic() >= self.next_restore:
+            self.next_restore = time.monotonic() + RESTORE_EVERY
+            restore(broker)
         if time.monotonic() < self.next_visit:
             return self._rates_only(broker, client, prefix)
         counted = recount(broker)
@@ -119,6 +132,14 @@ class Poll:
             if keys else []
         moves.owe(self.app, owed)
         return owed
+
+
+def restore(broker: Any) -> None:
+    """Put back the moved messages no worker received in time (logged: each is a copy
+    lost in kombu's pop window, or one still in its queue when its time came)."""
+    for move, queue in broker.restore():
+        logger.warning("celery-redislock: a moved copy (%s) was not received in time; "
+                       "its message is back at the front of %s", move, queue)
 
 
 def by_key(lines: Dict[str, int], prefix: str) -> Dict[str, int]:

@@ -26,7 +26,11 @@ The contract, for the main process's gate and the poll:
   ``park(copy, job_id) -> Outcome``, ``move(parking_queue, job_id) -> Outcome``
   (``done`` False: the parking queue was empty, or its head had nowhere to go and was
   set aside: the caller gives the reservation back), ``lengths(queues) -> {queue: n}``,
-  ``registry(max_age) -> {queue: semaphore key}``. ``broker_for(connection)``
+  ``registry(max_age) -> {queue: semaphore key}``, ``claimed(move id) -> bool`` (a
+  worker received that moved copy: its backup is dropped) and ``restore() -> [(move id,
+  queue)]`` (the backups of moved copies no worker received in time put back at the
+  front of their parking queues; Redis broker only: see :mod:`.redis_line`; RabbitMQ
+  keeps none, having no pop window). ``broker_for(connection)``
   (``transport``; one per connection) picks :class:`RedisParking` (every step one Lua
   script on the broker's Redis, exactly once even when retried; moved to the front of
   the queue's list for its priority) or :class:`AmqpParking` (RabbitMQ: mandatory
@@ -39,7 +43,8 @@ The contract, for the main process's gate and the poll:
   asked).
 * :class:`Mover` (``mover``): one thread per worker process with its own broker
   connection, jobs done in order, ``park(copy, on_done)`` / ``move(queue, on_done)``
-  return False at once when its bounded queue is full or it stopped; ``on_done(Done)``
+  (and ``claim(move id, on_done)``) return False at once when its bounded queue is full
+  or it stopped; ``on_done(Done)``
   is called on the mover's thread; the main process passes ``LoopHop(hub).on_loop(cb)``
   (``hop``), which runs ``cb(done)`` on the event loop with any kombu version
   (``hub.call_soon`` is thread-safe only since kombu 5.7). A Mover's thread does not

@@ -152,6 +152,15 @@ class AmqpParking:
             return Outcome(False, "unroutable", UNROUTABLE)
         return Outcome(True, "moved", f"{exchange}/{routing_key}")
 
+    def claimed(self, move: str) -> bool:
+        """Nothing to do: RabbitMQ has no pop window (a delivery not acknowledged goes
+        back to its queue when its consumer's channel closes), so no backup is kept."""
+        return False
+
+    def restore(self, limit: int = 0) -> List[Tuple[str, str]]:
+        """Nothing to put back (see :meth:`claimed`)."""
+        return []
+
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         return {queue: self._count(queue) or 0 for queue in queues}
 

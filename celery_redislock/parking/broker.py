@@ -8,7 +8,7 @@ one for a kombu connection.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, Protocol
+from typing import Dict, Iterable, List, Protocol, Tuple
 
 from .parked_copy import ParkedCopy
 
@@ -45,6 +45,15 @@ class ParkingBroker(Protocol):
 
     def move(self, queue: str, job_id: str) -> Outcome:
         """Move the oldest message of parking queue ``queue`` back to its target."""
+
+    def claimed(self, move: str) -> bool:
+        """A worker received the moved copy ``move`` (its move id; kombu holds it now):
+        its backup is dropped (Redis; True if it was there). RabbitMQ keeps none."""
+
+    def restore(self, limit: int = ...) -> List[Tuple[str, str]]:
+        """Put back at the front of their parking queues the moved messages whose copy
+        no worker received in time: ``[(move id, parking queue)]`` (Redis; RabbitMQ:
+        none)."""
 
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         """How many messages each parking queue holds (0 for one that does not exist)."""

@@ -11,9 +11,10 @@ own broker connection (kombu's API blocks; the event loop must not).
     >>> done[0].outcome
     Outcome(done=False, what='empty', target='', doubt=False)
 
-Submission (:meth:`Mover.park`, :meth:`Mover.move`) is thread-safe and never waits: it
-returns False when the bounded queue of jobs is full or the mover stopped, and the
-caller keeps the run (the original unacknowledged, or the reservation given back). Each
+Submission (:meth:`Mover.park`, :meth:`Mover.move`, :meth:`Mover.claim`) is thread-safe
+and never waits: it returns False when the bounded queue of jobs is full or the mover
+stopped, and the caller keeps the run (the original unacknowledged, or the reservation
+given back; a claim not taken leaves the backup to be put back). Each
 job ends with exactly one call of its ``on_done(Done)`` on the mover's thread (the
 worker's main process passes ``LoopHop(hub).on_loop(callback)``, see :mod:`.hop`, which
 runs the callback at the event loop's next turn).
@@ -56,7 +57,7 @@ class Done:
     """How a job ended: ``outcome`` (None when it was not done: ``error`` says why),
     after ``attempts`` tries."""
 
-    kind: str                       # "park" or "move"
+    kind: str                       # "park", "move" or "claim"
     job_id: str
     queue: str                      # the parking queue
     outcome: Optional[Outcome]
@@ -134,6 +135,12 @@ class Mover:
         """Move one message of parking queue ``queue`` back; False: not taken."""
         return self._submit(_Job("move", queue, on_done, None, uuid.uuid4().hex))
 
+    def claim(self, move: str, on_done: OnDone) -> bool:
+        """A moved copy ``move`` (its move id) was received here: drop its backup
+        (see :mod:`.redis_line`); False: not taken (its backup is put back later, and
+        the lock store's reference ends that copy)."""
+        return self._submit(_Job("claim", "", on_done, None, move))
+
     def _submit(self, job: Any) -> bool:
         with self._lock:
             if self._closed or self._jobs.qsize() >= self._max_jobs:
@@ -176,11 +183,7 @@ class Mover:
                             job.copy)
             try:
                 broker = self._ensure()
-                if job.kind == "park":
-                    assert job.copy is not None
-                    outcome = broker.park(job.copy, job.job_id)
-                else:
-                    outcome = broker.move(job.queue, job.job_id)
+                outcome = self._step(broker, job)
             except self._recoverable() as exc:
                 uncertain = bool(getattr(self._broker, "sent", False))
                 self._disconnect()
@@ -198,6 +201,15 @@ class Mover:
             if doubt:
                 outcome = Outcome(outcome.done, outcome.what, outcome.target, True)
             return Done(job.kind, job.job_id, job.queue, outcome, None, attempts, job.copy)
+
+    @staticmethod
+    def _step(broker: ParkingBroker, job: _Job) -> Outcome:
+        if job.kind == "park":
+            assert job.copy is not None
+            return broker.park(job.copy, job.job_id)
+        if job.kind == "claim":  # at most once more when retried: a claim is idempotent
+            return Outcome(broker.claimed(job.job_id), "claimed")
+        return broker.move(job.queue, job.job_id)
 
     def _recoverable(self) -> tuple:  # type: ignore[type-arg]
         errors = getattr(self._connection, "connection_errors", ())

@@ -24,6 +24,13 @@ UNROUTABLE = "redislock.parking.unroutable"
 #: Redis broker: prefix of the short-lived keys that make a retried park or move happen once.
 DONE_PREFIX = "redislock.parking.done."
 
+#: Redis broker: prefix of a moved message's backup (a hash: its parking list, the message),
+#: kept until a worker that received the copy claims it, or it is put back.
+MOVED_PREFIX = "redislock.parking.moved."
+
+#: Redis broker: the sorted set of backups by when each is put back (ms, broker's clock).
+MOVING = "redislock.parking.moving"
+
 #: The header of a parked copy that names where it goes back to (see :class:`~.copy.Route`).
 ROUTE_HEADER = "redislock_park"
 

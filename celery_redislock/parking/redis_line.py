@@ -13,11 +13,31 @@ payloads, so the moved message is exactly what kombu would have delivered:
   queue found from the original's exchange and routing key as kombu routes, or given;
   read with a pattern, not by decoding the message), ``RPUSH`` it on the queue's list
   for that step as kombu's ``_put`` names it (the end ``BRPOP`` takes next), once per
-  job id. kombu ignores the extra field when it delivers the message. A parked
+  job id. kombu ignores the extra fields when it delivers the message. A parked
   message moves once: the id its moved copy carries (``move`` in its wait header, see
-  :func:`.parked_copy.stamped`) is written when it is parked.
+  :func:`.parked_copy.stamped`) is written when it is parked, also as the payload's
+  second field ``redislock_move``.
   Moved, the message has the original's ``delivery_info`` (exchange, routing key), a new
   delivery tag, and is never in kombu's unacked hash while it moves;
+* the moved copy's backup: kombu's ``BRPOP`` takes a message off its list before the
+  consumer records it in the ``unacked`` hash, and a worker killed in between loses it
+  (Celery alone meets that window once per message; a parked run meets it again with its
+  moved copy). So move.lua also keeps the message as it moved, in a hash
+  ``redislock.parking.moved.<move id>`` (its parking list and target, the message; 7 days
+  at most) indexed in the sorted set ``redislock.parking.moving`` by when it is due
+  (:data:`RESTORE_AFTER_MS` later, the broker's clock). A worker that receives the copy
+  (kombu holds it from then on) drops the backup (``lua/claimed.lua``,
+  :meth:`RedisParking.claimed`). The workers' polls put back the backups due
+  (``lua/restore.lua``, :meth:`RedisParking.restore`) whose copy is no longer in the
+  queue it was moved to (one still there is late, not lost: looked for again a second
+  later), at the right end of their parking list, where the copy was: it keeps its
+  place. Each backup is taken whole by one script or the other: claimed or put back,
+  never both. The message put back carries a copy id of its own (its move id and an
+  ``r``), so that should the copy taken off its queue come back after all (kombu giving
+  back a received copy whose claim never reached the broker), the lock store's
+  reference ends whichever of the two asks second. The backup is the broker's own
+  message, as kombu's ``unacked`` hash holds one: it goes back to a parking queue, never
+  to a task queue, and is never decoded here;
 * lengths: ``LLEN``; registry (``lua/registry.lua``): the hash's queues that hold
   messages, the others removed from it (a queue parked into again is registered again
   in the same step), so that it holds the lines waiting now, not every key ever parked.
@@ -38,14 +58,44 @@ import redis
 from kombu.utils.json import dumps
 
 from .broker import Outcome
-from .naming import DONE_PREFIX, REGISTRY, ROUTE_HEADER, UNROUTABLE
+from .naming import (
+    DONE_PREFIX,
+    MOVED_PREFIX,
+    MOVING,
+    REGISTRY,
+    ROUTE_HEADER,
+    UNROUTABLE,
+    WAIT_HEADER,
+)
 from .parked_copy import ParkedCopy, stamped
 
 #: The payload's first field: ``"<priority step> <queue>"``, where move.lua sends it.
 TARGET_FIELD = "redislock_to"
 
+#: The payload's second field: the moved copy's id, naming its backup.
+MOVE_FIELD = "redislock_move"
+
 #: How long a job's marker lives (s): longer than any retry of the job.
 MARKER_LIFE = 600
+
+#: How long (ms, the broker's clock) a moved message's backup waits for a worker to
+#: receive its copy before it is put back in its parking queue: less than the lock
+#: store's reservation for it (``engine.parking.RESERVE_MS``, 10 s), so that the slot
+#: handed over again when that lapses moves the message put back.
+RESTORE_AFTER_MS = 8000
+
+#: How long a backup lives at most (s): the polls put it back long before.
+BACKUP_LIFE = 7 * 24 * 3600
+
+#: How many backups one poll puts back at most.
+RESTORE_BATCH = 100
+
+#: How far (entries) from its queue's right end a due backup's copy is looked for: one
+#: still there is late (the workers are busy), not lost, and is not put back.
+QUEUED_DEPTH = 1000
+
+#: When (ms) a copy found still in its queue is looked for again.
+RECHECK_MS = 1000
 
 #: How long the queues bound to an exchange and routing key are remembered (s).
 ROUTE_MEMORY = 30.0
@@ -66,6 +116,8 @@ class RedisParking:
         self._park = self.client.register_script(_script("park.lua"))
         self._move = self.client.register_script(_script("move.lua"))
         self._registry = self.client.register_script(_script("registry.lua"))
+        self._claimed = self.client.register_script(_script("claimed.lua"))
+        self._restore = self.client.register_script(_script("restore.lua"))
         self._routes: Dict[Tuple[str, str], Tuple[float, List[str]]] = {}
 
     def park(self, copy: ParkedCopy, job_id: str) -> Outcome:
@@ -77,14 +129,32 @@ class RedisParking:
 
     def move(self, queue: str, job_id: str) -> Outcome:
         reply = self._move(keys=[self.prefix + queue, self.prefix + DONE_PREFIX + job_id,
-                                 self.prefix + UNROUTABLE],
-                           args=[self.prefix, self.channel.sep, MARKER_LIFE])
+                                 self.prefix + UNROUTABLE, self.prefix + MOVING,
+                                 self.prefix + REGISTRY],
+                           args=[self.prefix, self.channel.sep, MARKER_LIFE,
+                                 self.prefix + MOVED_PREFIX, RESTORE_AFTER_MS, BACKUP_LIFE,
+                                 queue])
         text = reply.decode() if isinstance(reply, bytes) else str(reply)
         again = text.startswith("again ")
         what, _, target = text.removeprefix("again ").partition(" ")
         if target and self.prefix:
             target = target.removeprefix(self.prefix)
         return Outcome(what == "moved", what + (" before" if again else ""), target)
+
+    def claimed(self, move: str) -> bool:
+        """A worker received the moved copy ``move`` (its move id): its backup is
+        dropped. False: there was none (put back already, or never written)."""
+        return bool(self._claimed(keys=[self.prefix + MOVING,
+                                        self.prefix + MOVED_PREFIX + move], args=[move]))
+
+    def restore(self, limit: int = RESTORE_BATCH) -> List[Tuple[str, str]]:
+        """Put back the moved messages whose copies no worker received in time, each at
+        the front of its parking queue: ``[(move id, parking queue)]``."""
+        found = self._restore(keys=[self.prefix + MOVING, self.prefix + REGISTRY],
+                              args=[self.prefix + MOVED_PREFIX, limit, QUEUED_DEPTH,
+                                    RECHECK_MS])
+        return [(_text(found[i]), _text(found[i + 1]).removeprefix(self.prefix))
+                for i in range(0, len(found), 2)]
 
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         names = list(queues)
@@ -110,12 +180,14 @@ class RedisParking:
                                         "routing_key": route.routing_key}}
         step = self.channel.priority(self.channel._get_message_priority(
             {"properties": properties}, reverse=False))
+        move = uuid.uuid4().hex[:16]
+        headers = stamped(copy.headers, move)
+        named = isinstance(headers.get(WAIT_HEADER), dict)  # the copy can claim its backup
         return {  # the target first: move.lua reads it without decoding the message
-            TARGET_FIELD: f"{step} {queue}",
+            TARGET_FIELD: f"{step} {queue}", **({MOVE_FIELD: move} if named else {}),
             "body": body, "content-encoding": copy.content_encoding,
             "content-type": copy.content_type,
-            "headers": {**stamped(copy.headers, uuid.uuid4().hex[:16]),
-                        ROUTE_HEADER: copy.route_header(queue=queue)},
+            "headers": {**headers, ROUTE_HEADER: copy.route_header(queue=queue)},
             "properties": properties}
 
     def queue_of(self, exchange: str, routing_key: str) -> str:

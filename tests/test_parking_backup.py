@@ -1,0 +1,191 @@
+"""A moved message's backup on a Redis broker (``parking/lua/move.lua``, ``claimed.lua``,
+``restore.lua``): kept until a worker that received the copy claims it, else put back at
+the front of its parking queue; each backup claimed or restored, never both. On a
+private redis-server, with kombu's own consumer as the worker."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Iterator, List
+
+import pytest
+import redis
+from celery import Celery
+from test_parking_broker import make_app, receive, send, task_value
+
+from celery_redislock.parking import Done, Mover, ParkedCopy, broker_for, redis_line
+from celery_redislock.parking.naming import MOVED_PREFIX, MOVING, WAIT_HEADER
+
+from redis_process import RedisServer
+from support import wait_until
+
+KEY = "redislock:{t}:s:backup"
+WAIT = {"v": 2, "park_id": "p-1", "line": KEY}
+
+
+@pytest.fixture
+def client(redislock_server: RedisServer) -> Iterator[redis.Redis]:
+    """Database 6 of the session's private redis-server, emptied: the broker."""
+    client = redislock_server.client(db=6)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def app(redislock_server: RedisServer, client: redis.Redis) -> Celery:
+    return make_app(redislock_server.database_url(6))
+
+
+def park(app: Celery, broker: Any, value: str, job: str) -> ParkedCopy:
+    send(app, value)
+    copy = ParkedCopy.of(receive(app, "work"), KEY, WAIT)
+    assert broker.park(copy, job).done
+    return copy
+
+
+def move_id(message: Any) -> str:
+    return str(message.headers[WAIT_HEADER]["move"])
+
+
+def test_a_move_keeps_a_backup_until_the_copy_is_claimed(app: Celery,
+                                                         client: redis.Redis) -> None:
+    with app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        copy = park(app, broker, "a", "park-a")
+        assert broker.move(copy.queue, "move-a").what == "moved"
+        moved = receive(app, "work")
+        move = move_id(moved)
+        assert client.zscore(MOVING, move) is not None
+        assert client.hget(MOVED_PREFIX + move, "q") == copy.queue.encode()
+        assert 0 < client.ttl(MOVED_PREFIX + move) <= redis_line.BACKUP_LIFE
+        assert broker.claimed(move) is True
+        assert broker.claimed(move) is False  # once only
+        assert client.zcard(MOVING) == 0 and not client.exists(MOVED_PREFIX + move)
+        assert broker.restore() == []
+
+
+def test_an_unclaimed_backup_is_put_back_first_in_its_line(
+        app: Celery, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(redis_line, "RESTORE_AFTER_MS", 300)
+    with app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        copy = park(app, broker, "first", "park-1")
+        assert broker.move(copy.queue, "move-1").done
+        lost = client.rpop("work")  # a consumer popped it and died before kombu kept it
+        assert lost is not None
+        assert broker.registry() == {}  # its parking queue was empty: forgotten
+        park(app, broker, "second", "park-2")
+        assert broker.restore() == []  # not due yet
+        wait_until(lambda: client.zrangebyscore(MOVING, "-inf", _now_ms(client)) != [],
+                   10.0, what="the backup to be due")
+        restored = broker.restore()
+        assert [queue for _, queue in restored] == [copy.queue]
+        lost_id = json.loads(lost)["headers"][WAIT_HEADER]["move"]
+        assert restored[0][0] == lost_id + "r"  # a copy id of its own
+        assert broker.registry() == {copy.queue: KEY}
+        assert broker.claimed(lost_id) is False  # the copy received late: too late
+        assert broker.move(copy.queue, "move-2").done  # it kept its place
+        again = receive(app, "work")
+        assert task_value(again) == "first" and move_id(again) == restored[0][0]
+        assert json.loads(client.hget(MOVED_PREFIX + restored[0][0], "m"))[
+            redis_line.MOVE_FIELD] == restored[0][0]  # backed up again, under its new id
+        assert client.lindex(copy.queue, 0) is not None  # "second" still waits
+
+
+def test_a_copy_still_in_its_queue_is_late_not_lost(
+        app: Celery, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A due backup whose copy is still in the queue it was moved to (the workers are
+    busy) is not put back: looked for again later, and put back once the copy is gone
+    unclaimed."""
+    monkeypatch.setattr(redis_line, "RESTORE_AFTER_MS", 0)
+    monkeypatch.setattr(redis_line, "RECHECK_MS", 0)
+    with app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        copy = park(app, broker, "late", "park-late")
+        assert broker.move(copy.queue, "move-late").done
+        send(app, "queued after it")  # pushed on the other end: the copy is still next
+        assert broker.restore() == [] and client.zcard(MOVING) == 1
+        assert client.llen(copy.queue) == 0
+        assert client.rpop("work") is not None  # popped, and its consumer died
+        assert [queue for _, queue in broker.restore()] == [copy.queue]
+        assert client.llen(copy.queue) == 1 and client.zcard(MOVING) == 0
+
+
+def test_a_message_parked_without_a_move_id_moves_without_a_backup(
+        app: Celery, client: redis.Redis) -> None:
+    with app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        copy = park(app, broker, "old", "park-old")
+        payload = json.loads(client.lindex(copy.queue, 0))
+        del payload[redis_line.MOVE_FIELD]  # as an older version parked it
+        client.lset(copy.queue, 0, json.dumps(payload))
+        assert broker.move(copy.queue, "move-old").done
+        assert task_value(receive(app, "work")) == "old"
+        assert client.zcard(MOVING) == 0
+
+
+def test_claim_and_restore_take_each_backup_once(
+        app: Celery, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Racing on every backup, each due at once: each is claimed or restored, never both
+    and never neither."""
+    monkeypatch.setattr(redis_line, "RESTORE_AFTER_MS", 0)
+    rounds = 60
+    with app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        queue = ""
+        for i in range(rounds):
+            queue = park(app, broker, f"v{i}", f"park-{i}").queue
+        for i in range(rounds):
+            assert broker.move(queue, f"move-{i}").done
+    moves = [json.loads(raw)["headers"][WAIT_HEADER]["move"]
+             for raw in client.lrange("work", 0, -1)]
+    assert len(set(moves)) == rounds
+    client.delete("work")  # popped by consumers that have not claimed them yet
+    claimed: List[str] = []
+    restored: List[str] = []
+
+    def claim_all() -> None:
+        with app.connection_for_write() as connection:
+            broker = broker_for(connection)
+            claimed.extend(move for move in moves if broker.claimed(move))
+
+    def restore_all() -> None:
+        with app.connection_for_write() as connection:
+            broker = broker_for(connection)
+            while client.zcard(MOVING):
+                restored.extend(move[:-1] for move, _ in broker.restore(limit=3))
+
+    threads = [threading.Thread(target=claim_all), threading.Thread(target=restore_all)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30.0)
+    assert sorted(claimed + restored) == sorted(moves)
+    print(f"\n{len(claimed)} claimed, {len(restored)} put back")
+    assert client.llen(queue) == len(restored)
+    assert not client.keys(MOVED_PREFIX + "*")
+
+
+def _now_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_the_mover_claims_on_its_thread(app: Celery, client: redis.Redis) -> None:
+    with app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        copy = park(app, broker, "m", "park-m")
+        assert broker.move(copy.queue, "move-m").done
+    move = move_id(receive(app, "work"))
+    mover = Mover(app.connection_for_write).start()
+    done: List[Done] = []
+    ended = threading.Event()
+    try:
+        assert mover.claim(move, lambda d: (done.append(d), ended.set()))
+        assert ended.wait(10.0)
+    finally:
+        mover.stop()
+    assert done[0].ok and done[0].kind == "claim"
+    assert client.zcard(MOVING) == 0
