@@ -7,9 +7,13 @@ Every body records its ``start`` (the lease's fence and the start its admission 
 unacknowledged, and whether it is a copy the package sent) and its ``end``; the ``lock_acquired``,
 ``lock_released``, ``lease_lost``, ``lock_contended`` and ``rate_limited`` signals are
 recorded too, each where it is sent. Each delivery a worker's main process receives is
-recorded (``received``: Celery's ``task_received``, with the worker, its pid and whether
-the broker redelivered it), and so is its acceptance by a pool process (``accepted``,
-just before Celery acknowledges a default-acks run).
+recorded (``received``: Celery's ``task_received``, with the worker, its pid, whether
+the broker redelivered it, and a moved copy's ``move`` id), and so is its acceptance by
+a pool process (``accepted``, just before Celery acknowledges a default-acks run). On a
+Redis broker every move of a parked message (``moved``: its parking queue, what the
+move did) and every moved message put back in its parking queue because no worker
+received its copy (``restored``: its new move id, its parking queue) are recorded where
+they happen.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from celery import signals as celery_signals
 from celery_redislock import LimitedTask
 from celery_redislock.gate.recovery import LimitedRequest
 from celery_redislock.integration import signals
+from celery_redislock.parking import RedisParking
+from celery_redislock.parking.naming import WAIT_HEADER
+from celery_redislock.parking.redis_line import RESTORE_BATCH
 
 from .events import recorder
 from .workload import KINDS, Kind
@@ -115,6 +122,7 @@ def create_app(urls: AppUrls, line: Optional[str] = None,
     _record_signals(app, urls)
     _record_receipts(app, urls)
     _record_ends_unrun(urls)
+    _record_moves(urls)
     return app
 
 
@@ -188,9 +196,42 @@ def _record_receipts(app: Celery, urls: AppUrls) -> None:
         recorder(urls.record).event(
             "received", task=request.id, worker=node(getattr(request, "hostname", None)),
             pid=os.getpid(), redelivered=bool(delivery.get("redelivered")),
-            copy=is_copy(request))
+            copy=is_copy(request), move=move_of(getattr(request, "headers", None)))
 
     celery_signals.task_received.connect(receive, weak=False)
+
+
+def move_of(headers: Any) -> str:
+    """The move id a moved copy's ``headers`` carry ("" for any other message).
+
+        >>> move_of({"redislock_wait": {"move": "ab12"}}), move_of(None)
+        ('ab12', '')
+    """
+    wait = headers.get(WAIT_HEADER) if isinstance(headers, dict) else None
+    return str(wait.get("move") or "") if isinstance(wait, dict) else ""
+
+
+def _record_moves(urls: AppUrls) -> None:
+    """Record each move of a parked message and each message put back (Redis broker),
+    where the worker's mover or poll does it."""
+    if getattr(RedisParking, "_history_recorded", False):
+        return
+    move, restore = RedisParking.move, RedisParking.restore
+
+    def moved(self: RedisParking, queue: str, job_id: str) -> Any:
+        outcome = move(self, queue, job_id)
+        recorder(urls.record).event("moved", queue=queue, what=outcome.what, pid=os.getpid())
+        return outcome
+
+    def restored(self: RedisParking, limit: int = RESTORE_BATCH) -> Any:
+        found = restore(self, limit)
+        for again, queue in found:
+            recorder(urls.record).event("restored", move=again, queue=queue, pid=os.getpid())
+        return found
+
+    RedisParking.move = moved  # type: ignore[method-assign]
+    RedisParking.restore = restored  # type: ignore[method-assign]
+    RedisParking._history_recorded = True  # type: ignore[attr-defined]
 
 
 class _EndsUnrun(logging.Filter):

@@ -183,6 +183,14 @@ class Verdict:
     #: counts of a parked line): what -> how many.
     parked: Dict[str, int] = field(default_factory=dict)
     settled: bool = False
+    #: Moves of parked messages that moved one (Redis broker), and messages put back in
+    #: their parking queue because no worker received their moved copy (each a copy lost
+    #: in kombu's window between the ``BRPOP`` and ``unacked``, or taken by a worker that
+    #: died before its claim reached the broker).
+    moves: int = 0
+    restores: int = 0
+    #: Tasks of which a copy put back was received again (by its new move id).
+    restored_received: List[str] = field(default_factory=list)
 
     def defects(self) -> List[str]:
         """Every way this history breaks the model; empty when it holds."""
@@ -226,6 +234,7 @@ def check(events: Iterable[Event]) -> Verdict:
     check_final(verdict, history, sent, bodies, faults)
     served = {event.get("task") for event in history if event["kind"] == "served"}
     verdict.lost_served = [task for task in verdict.lost if task in served]
+    count_moves(verdict, history)
     refusals = [event for event in history if event["kind"] in REFUSALS]
     classify_repeats(verdict, sent, bodies, faults, refusals)
     for event in history:
@@ -235,6 +244,26 @@ def check(events: Iterable[Event]) -> Verdict:
             verdict.no_ttl = list(event["no_ttl"])
             verdict.parked = {what: int(n) for what, n in event.get("parked", {}).items()}
     return verdict
+
+
+def count_moves(verdict: Verdict, history: Sequence[Event]) -> None:
+    """The moves, the messages put back, and the tasks whose copy put back was received.
+
+        >>> verdict = Verdict()
+        >>> count_moves(verdict, [{"kind": "moved", "what": "moved"},
+        ...                       {"kind": "moved", "what": "empty"},
+        ...                       {"kind": "restored", "move": "m1r"},
+        ...                       {"kind": "received", "task": "t", "move": "m1r"}])
+        >>> verdict.moves, verdict.restores, verdict.restored_received
+        (1, 1, ['t'])
+    """
+    verdict.moves = sum(event["kind"] == "moved" and event.get("what") == "moved"
+                        for event in history)
+    restored = {event.get("move") for event in history if event["kind"] == "restored"}
+    verdict.restores = len(restored)
+    verdict.restored_received = sorted({
+        str(event["task"]) for event in history
+        if event["kind"] == "received" and event.get("move") in restored})
 
 
 def collect_bodies(history: Sequence[Event], faults: Sequence[Event]) -> List[Body]:

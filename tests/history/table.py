@@ -35,6 +35,8 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
         ("slots held once settled", str(sum(verdict.held.values()))),
         ("keys without a TTL", str(len(verdict.no_ttl))),
         ("parking leftovers", str(sum(verdict.parked.values()))),
+        ("moves; put back (received after)", f"{verdict.moves}; {verdict.restores} "
+                                             f"({len(verdict.restored_received)})"),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"== {title} ==", *(f"  {name:<{width}}  {value}" for name, value in rows)]
