@@ -22,11 +22,10 @@ import os
 from typing import Any, Optional
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, task_revoked
 
 from celery_redislock import LimitedTask
 
-from worker_app import BROKER_URL_ENV, AppUrls, recorder
+from worker_app import BROKER_URL_ENV, AppUrls, count_signals, recorder
 
 #: The broker's visibility timeout (seconds): shorter than the task bodies below.
 VISIBILITY_TIMEOUT = 1
@@ -74,35 +73,7 @@ def create_app(urls: AppUrls) -> Celery:
         recorder(urls.record).run(self.request.id, ["tracked"], seconds)
         return self.request.id
 
-    def count(name: str, task_id: Optional[str]) -> None:
-        if task_id:
-            recorder(urls.record).client.hincrby(name, task_id, 1)
-
-    # The handlers are connected for the whole process, which outlives this app in a
-    # test process: they count runs of this app's tasks only (another app's embedded
-    # worker must not call a record store that is gone).
-    def ours(task: Any) -> bool:
-        return getattr(task, "app", None) is app
-
-    @task_prerun.connect(weak=False)
-    def on_prerun(task_id: Optional[str] = None, task: Any = None, **_: Any) -> None:
-        if not ours(task):
-            return
-        count("prerun", task_id)
-        if task is not None and task.name == TRACKED and task_id:
-            state = task.AsyncResult(task_id).state
-            recorder(urls.record).client.hset("prerun-state", task_id, state)
-
-    @task_postrun.connect(weak=False)
-    def on_postrun(task_id: Optional[str] = None, task: Any = None, **_: Any) -> None:
-        if ours(task):
-            count("postrun", task_id)
-
-    @task_revoked.connect(weak=False)
-    def on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-        if ours(sender):
-            count("revoked", getattr(request, "id", None))
-
+    count_signals(app, urls.record, lambda task: task.name == TRACKED, revoked=True)
     return app
 
 

@@ -24,10 +24,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import redis
 from celery import Celery
+from celery.signals import task_postrun, task_prerun, task_revoked
 
 from celery_redislock import LimitedTask
 
@@ -170,6 +171,46 @@ def recorder(url: str) -> Recorder:
         if url not in _recorders:
             _recorders[url] = Recorder(url)
         return _recorders[url]
+
+
+def count_signals(app: Celery, record_url: str,
+                  state_of: Callable[[Any], bool] = lambda task: True,
+                  revoked: bool = False) -> None:
+    """Count in the record store, by task id, what Celery says of ``app``'s tasks: each
+    ``task_prerun`` (hash ``prerun``), ``task_postrun`` (``postrun``) and, if ``revoked``,
+    ``task_revoked`` (``revoked``); and the state of its result at prerun
+    (``prerun-state``) for the tasks ``state_of`` selects.
+
+    The handlers are connected for the whole process, which outlives ``app`` in a test
+    process: they count runs of this app's tasks only (another app's embedded worker
+    must not call a record store that is gone)."""
+
+    def count(name: str, task_id: Optional[str]) -> None:
+        if task_id:
+            recorder(record_url).client.hincrby(name, task_id, 1)
+
+    def ours(task: Any) -> bool:
+        return getattr(task, "app", None) is app
+
+    @task_prerun.connect(weak=False)
+    def on_prerun(task_id: Optional[str] = None, task: Any = None, **_: Any) -> None:
+        if not ours(task):
+            return
+        count("prerun", task_id)
+        if task is not None and task_id and state_of(task):
+            state = task.AsyncResult(task_id).state
+            recorder(record_url).client.hset("prerun-state", task_id, state)
+
+    @task_postrun.connect(weak=False)
+    def on_postrun(task_id: Optional[str] = None, task: Any = None, **_: Any) -> None:
+        if ours(task):
+            count("postrun", task_id)
+
+    if revoked:
+        @task_revoked.connect(weak=False)
+        def on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+            if ours(sender):
+                count("revoked", getattr(request, "id", None))
 
 
 def line_from_environment(app: Celery) -> Celery:
