@@ -174,6 +174,25 @@ def test_lost_runs_by_cause() -> None:
     assert "runs lost by kombu (BRPOP, then killed)  2" in render("seed 1", verdict, {})
 
 
+def test_a_message_taken_from_a_backlog_by_a_killed_worker_is_kombus_loss() -> None:
+    """With a backlog the message is taken off the queue long after its send (history
+    check, seed 2 with AOF on 5740134: received neighbours 3.68 s and 3.80 s after its
+    send, a worker killed whole at 3.98 s): its neighbours in the queue bound when."""
+    def received(task: str, t: int) -> Dict[str, Any]:
+        return {"kind": "received", "t": t, "task": task, "worker": "worker1", "pid": 1}
+
+    events = [sent("before", 9 * S + 500_000), sent("popped", 10 * S),
+              sent("after", 10 * S + 176_000), received("before", 13 * S + 684_000),
+              received("after", 13 * S + 796_000),
+              fault(13 * S + 980_000, "kill_worker", worker="worker3"),
+              sent("b2", 20 * S), sent("kept", 21 * S), sent("a2", 22 * S),
+              received("b2", 30 * S), received("a2", 31 * S),
+              fault(27 * S, "kill_worker", worker="worker2"),  # before it could be taken
+              final("before"), final("after"), final("b2"), final("a2"), settled()]
+    verdict = check(events)
+    assert (verdict.lost_in_transport, verdict.lost) == (["popped"], ["kept"])
+
+
 def test_a_lost_run_is_known_only_when_its_last_receiver_was_killed_before_the_body() -> None:
     """worker1's main process (pid 50; its pool process 51) received the task's message
     last, at 5 s, and was killed whole at 6 s, before any body of it started: the message

@@ -377,11 +377,13 @@ def check_final(verdict: Verdict, history: Sequence[Event], sent: Mapping[str, E
     by_task: Dict[str, List[Body]] = defaultdict(list)
     for body in bodies:
         by_task[body.task].append(body)
+    popped = pop_windows(sent, receipts)
     for task, event in sent.items():
         state = final.get(task, {}).get("state", "MISSING")
         verdict.states[state] = verdict.states.get(state, 0) + 1
         if state not in FINAL_STATES:
-            cause = classify_lost(event, by_task[task], faults, receipts, accepts, unacked)
+            cause = classify_lost(event, by_task[task], faults, receipts, accepts, unacked,
+                                  popped.get(task))
             {"celery": verdict.lost_by_celery, "known": verdict.lost_known,
              "transport": verdict.lost_in_transport,
              "lost": verdict.lost}[cause].append(task)
@@ -391,9 +393,46 @@ def check_final(verdict: Verdict, history: Sequence[Event], sent: Mapping[str, E
                 verdict.failed[task] = error
 
 
+def pop_windows(sent: Mapping[str, Event],
+                receipts: Sequence[Event]) -> Dict[str, Tuple[int, int]]:
+    """For each task no worker received, when its message was taken off the queue, as
+    its neighbours in the queue bound it: the workload sends every task to one queue,
+    from one thread, in the order of the ``sent`` records, and kombu's Redis transport
+    takes the oldest first (moved copies and restored messages go to the other end:
+    they never reorder the messages as sent). So the message was taken after the one
+    sent just before it that a worker received (at most ``POP_WINDOW[1]`` before that
+    one's first receipt) and before the one sent just after it was received. Returned
+    with :data:`POP_WINDOW`'s margins, as (from, to) in µs; a task with no received
+    neighbour on each side has none (its send bounds it: see :func:`classify_lost`).
+
+        >>> sent = {t: {"task": t, "t": n} for n, t in enumerate("abc", 1)}
+        >>> pop_windows(sent, [{"task": "a", "t": 4_000_000}, {"task": "c", "t": 5_000_000}])
+        {'b': (2900000, 6000000)}
+    """
+    first: Dict[str, int] = {}
+    for event in receipts:
+        task, moment = str(event.get("task")), int(event["t"])
+        first[task] = min(moment, first.get(task, moment))
+    order = sorted(sent.values(), key=lambda event: int(event["t"]))
+    windows: Dict[str, Tuple[int, int]] = {}
+    for index, event in enumerate(order):
+        if event["task"] in first:
+            continue
+        before = next((first[e["task"]] for e in reversed(order[:index])
+                       if e["task"] in first), None)
+        after = next((first[e["task"]] for e in order[index + 1:] if e["task"] in first),
+                     None)
+        if before is None or after is None:
+            continue
+        since = max(int(event["t"]), before - POP_WINDOW[1])
+        windows[str(event["task"])] = (since + POP_WINDOW[0], after + POP_WINDOW[1])
+    return windows
+
+
 def classify_lost(sent: Event, bodies: Sequence[Body], faults: Sequence[Event],
                   receipts: Sequence[Event] = (), accepts: Sequence[Event] = (),
-                  unacked: Iterable[str] = ()) -> str:
+                  unacked: Iterable[str] = (),
+                  popped: Optional[Tuple[int, int]] = None) -> str:
     """Why a task never reached a final state, from its bodies, the deliveries of its
     message that workers received (``receipts``) and accepted (``accepts``), and the
     tasks whose message was still in the broker's ``unacked`` hash once settled:
@@ -412,12 +451,15 @@ def classify_lost(sent: Event, bodies: Sequence[Body], faults: Sequence[Event],
                 worker with an event loop (prefork), but in a worker without one (gevent,
                 eventlet) only after a poll that found nothing to read
     ``transport`` no delivery of it was ever received, no body of it started, and a
-                worker was killed whole within :data:`POP_WINDOW` of its send: a message
-                taken off its queue by that worker's ``BRPOP`` and lost before
-                ``QoS.append`` wrote it to ``unacked`` (only in the killed process's
-                socket or memory then). Celery alone loses it too. (For a copy the
-                package sent, whose publish is not recorded, the history cannot show
-                this window: such a loss is ``lost``.)
+                worker was killed whole while its message may have been taken off the
+                queue: between the moments its neighbours in the queue bound
+                (``popped``, see :func:`pop_windows`), or without them within
+                :data:`POP_WINDOW` of its send (an idle worker's ``BRPOP`` is served at
+                the publish): a message taken off its queue by that worker's
+                ``BRPOP`` and lost before ``QoS.append`` wrote it to ``unacked`` (only
+                in the killed process's socket or memory then). Celery alone loses it
+                too. (For a copy the package sent, whose publish is not recorded, the
+                history cannot show this window: such a loss is ``lost``.)
     ``lost``    anything else (a defect)
     """
     task = sent["task"]
@@ -426,9 +468,10 @@ def classify_lost(sent: Event, bodies: Sequence[Body], faults: Sequence[Event],
     mine = [event for event in receipts if event.get("task") == task]
     if not mine:
         since = int(sent["t"])
-        popped = any(fault.get("worker") and since + POP_WINDOW[0] <= int(fault["t"])
-                     <= since + POP_WINDOW[1] for fault in faults)
-        return "transport" if popped and not bodies else "lost"
+        start, end = popped or (since + POP_WINDOW[0], since + POP_WINDOW[1])
+        killed = any(fault.get("worker") and start <= int(fault["t"]) <= end
+                     for fault in faults)
+        return "transport" if killed and not bodies else "lost"
     last = max(mine, key=lambda event: int(event["t"]))
     received = int(last["t"])
     kill = next((int(fault["t"]) for fault in faults
