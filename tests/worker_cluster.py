@@ -307,9 +307,11 @@ class WorkerCluster:
         """One ``ping`` round; none answered when the broker connection broke meanwhile.
 
         A connection of the client-side app may be closed under it while the machine is
-        loaded (seen once in CI, the broker's server still running): it is dropped and the
-        next round opens a fresh one. A broker server that exited is reported at once,
-        with its log.
+        loaded (seen once in CI, the broker's server still running): the pool's
+        connections are dropped and the next round opens a fresh one (the pool itself
+        stays open: ``force_close_all`` marks it closed, and every later round then
+        failed with "Acquire on closed pool"). A broker server that exited is reported
+        at once, with its log.
         """
         try:
             return self.app.control.ping(timeout=0.5) or []
@@ -318,7 +320,9 @@ class WorkerCluster:
             if broker is None or broker.process is None or broker.process.poll() is not None:
                 raise WorkerStartError(f"the broker's redis-server exited: {error}\n"
                                        f"{self._broker_log()}") from error
-            self.app.pool.force_close_all()
+            pool = self.app.pool
+            pool.force_close_all()
+            pool._closed = False  # reopened, empty (force_close_all marks it closed)
             return []
 
     def _broker_log(self) -> str:
