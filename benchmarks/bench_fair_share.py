@@ -171,6 +171,12 @@ PARTS = ("released", "movestart", "moved", "received", "admitted", "dispatched",
          "start")
 
 
+#: The parts of a hand-off to a standby: the freed slot's body end -> its worker's main
+#: process learned of it (``ended``) -> the standby took its slot, or asked for it
+#: (``swapped``) -> handed to the pool -> a pool process has it -> its body starts.
+STANDBY_PARTS = ("ended", "swapped", "dispatched", "prerun", "start")
+
+
 def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start: int,
                   end: int, slots: int) -> Dict[str, Any]:
     """The hand-offs within [start, end], each split into its parts (ms, median and
@@ -187,6 +193,8 @@ def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start:
     parts: Dict[str, List[float]] = {name: [] for name in PARTS}
     rows: List[List[float]] = []
     reported: List[float] = []  # body end → its worker's main process learned of it
+    by_standby: List[float] = []  # the gaps a standby took (``swapped``)
+    standby_parts: Dict[str, List[float]] = {name: [] for name in STANDBY_PARTS}
     for index in range(len(runs) - slots):
         freed, taker = ended[index], started[slots + index]
         if not start <= freed[3] <= end:
@@ -196,6 +204,13 @@ def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start:
         times = [freed[3], mine.get("released"), mine.get("movestart"), mine.get("moved"),
                  theirs.get("received"), theirs.get("admitted"), theirs.get("dispatched"),
                  theirs.get("prerun"), taker[2]]
+        if theirs.get("swapped") is not None:
+            by_standby.append(gaps[-1])
+            marks = [freed[3], mine.get("ended"), theirs.get("swapped"),
+                     theirs.get("dispatched"), theirs.get("prerun"), taker[2]]
+            if all(t is not None for t in marks):
+                for name, a, b in zip(STANDBY_PARTS, marks, marks[1:]):
+                    standby_parts[name].append((b - a) / 1000)  # type: ignore[operator]
         if mine.get("ended") is not None:
             reported.append((mine["ended"] - freed[3]) / 1000)
         if all(t is not None for t in times):
@@ -213,6 +228,10 @@ def handoff_parts(runs: Sequence[Run], traces: Dict[str, Dict[str, int]], start:
             **{f"to_{name}_ms_p50": q(v, 0.5) for name, v in parts.items()},
             **{f"to_{name}_ms_mean": sum(v) / len(v) if v else None
                for name, v in parts.items()}, "rows_ms": rows,
+            "by_standby": len(by_standby), "standby_gap_ms_p50": q(by_standby, 0.5),
+            "standby_gap_ms_mean": sum(by_standby) / len(by_standby) if by_standby else None,
+            **{f"standby_to_{name}_ms_mean": sum(v) / len(v) if v else None
+               for name, v in standby_parts.items()},
             "end_reported_ms_p50": q(reported, 0.5),
             "end_reported_ms_mean": sum(reported) / len(reported) if reported else None}
 
@@ -484,6 +503,12 @@ def report(data: Dict[str, Any]) -> str:
             f"utilisation of the global slots while runs waited "
             f"{b['utilisation']:.3f} (the issue asks >= 0.97).\n")
         h = b["handoff"]
+        if h.get("by_standby"):
+            parts.append(f"Hand-offs to a standby: {h['by_standby']} of {h['handoffs']}, gap "
+                         f"median {h['standby_gap_ms_p50']:.1f} ms, mean "
+                         f"{h['standby_gap_ms_mean']:.1f} ms; its parts' means (ms): "
+                         + ", ".join(f"→ {name} {h[f'standby_to_{name}_ms_mean'] or 0:.2f}"
+                                     for name in STANDBY_PARTS) + ".\n")
         if h["split"]:
             parts.append(f"Hand-offs: {h['handoffs']}, gap median {h['gap_ms_p50']:.1f} ms, "
                          f"mean {h['gap_ms_mean']:.1f} ms; its parts' means (ms): " + ", ".join(

@@ -15,7 +15,9 @@ delivery), ``admitted`` (the lock store's time of the admission), ``dispatched``
 main process hands it to the pool), ``prerun`` (a pool process has it), ``released``
 (the pool process gave the slot back, after the body), ``movestart`` and ``moved`` (its
 mover took up and did the move the release owed), ``ended`` (the main process learned of
-the run's end): the parts of each hand-off (see ``bench_fair_share.handoff_parts``).
+the run's end), ``swapped`` (a standby held there asks for the slot of a run that ended
+there; ``redislock_standby``, on here unless ``REDISLOCK_BENCH_STANDBY=0``): the
+parts of each hand-off (see ``bench_fair_share.handoff_parts``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ GLOBAL = "fair:global"
 RUNS = "bench:fair:runs"
 SLOTS = int(os.environ.get(SLOTS_ENV, "4"))
 GATE_ENV = "REDISLOCK_BENCH_GATE"
+STANDBY_ENV = "REDISLOCK_BENCH_STANDBY"
 TRACE_ENV = "REDISLOCK_BENCH_TRACE_DIR"
 
 app = Celery("fair_share_app", broker=os.environ.get(BROKER_ENV, "memory://"),
@@ -51,6 +54,8 @@ app.conf.update(redislock_url=os.environ.get(LOCK_ENV, "redis://localhost:6379/1
                                           "fair_by": "tenant:{tenant}", "lease": 60}]})
 if os.environ.get(GATE_ENV):
     app.conf.redislock_gate = os.environ[GATE_ENV]
+#: Standbys on unless ``REDISLOCK_BENCH_STANDBY=0`` (the package's default is off).
+app.conf.redislock_standby = os.environ.get(STANDBY_ENV, "1") == "1"
 
 _records: Dict[str, redis.Redis] = {}
 
@@ -157,6 +162,25 @@ def _trace_dispatch() -> None:
         return succeeded(self, *args, **kwargs)
 
     gate._RunEnd.succeeded = ended  # type: ignore[method-assign]
+
+    from celery_redislock.gate import standby
+
+    marked = standby.marked
+
+    def swapped(request: Any, call: Any) -> Any:
+        if request.id in standby._swaps:
+            _trace("swapped", request.id)
+        return marked(request, call)
+
+    standby.marked = swapped  # type: ignore[assignment]
+
+    take_slot = standby._take_slot
+
+    def taken(consumer: Any, store: Any, key: str, held: Any, *args: Any) -> Any:
+        _trace("swapped", held.request.id)
+        return take_slot(consumer, store, key, held, *args)
+
+    standby._take_slot = taken  # type: ignore[assignment]
 
 
 if os.environ.get(TRACE_ENV):

@@ -47,6 +47,11 @@
                            process, with no lock-store request (at most 8 runs in a row
                            per slot, within 0.5 s of its admission). ``False``: every
                            slot goes back through the lock store.
+``redislock_standby``      ``True``: with the async gate, a worker running runs of a
+                           parked line (one semaphore of cost 1) holds the line's next
+                           run as a *standby*, with no slot, and hands it the slot of
+                           such a run that ends there in one lock-store call (no move,
+                           no broker hop); see ``gate/standby.py``. Default ``False``.
 ``redislock_line``         Where a refused run waits: ``"broker"``, the only value (the
                            *parking line*: one message in a parking queue of the broker,
                            the lock store keeping only references). ``"store"``, the old
@@ -115,6 +120,9 @@ class Settings:
     #: ``redislock_hand_on``: an ended run's slot handed on in the worker (see
     #: :mod:`~..gate.hand_on`).
     hand_on: bool = True
+    #: ``redislock_standby``: the line's next run held in the worker as a standby (see
+    #: :mod:`~..gate.standby`).
+    standby: bool = False
     #: ``redislock_max_lease``: the longest lease (s) of any holder, at least; None: the
     #: longest lease of the app's limited tasks.
     max_lease: Optional[float] = None
@@ -151,6 +159,7 @@ def read_settings(app: Any) -> Settings:
                     admit_before_pool=_flag(conf, "redislock_admit_before_pool", True),
                     gate=_gate(conf), line=_line(conf),
                     hand_on=_flag(conf, "redislock_hand_on", True),
+                    standby=_flag(conf, "redislock_standby", False),
                     max_lease=_seconds(conf, "redislock_max_lease"))
 
 

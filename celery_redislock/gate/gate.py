@@ -77,7 +77,7 @@ from ..pool.attempt import ADMITTED, MAIN_RELEASES, PROMISED
 from ..pool.give_back import give_back_unstarted, release_for_pool
 from ..run.limited import limits_of, task_settings
 from ..run.waiting_run import carries_wait
-from . import hand_on, room
+from . import hand_on, room, standby
 from .hub_store import HubStore, hub_store
 from .main_process import (
     MAIN_PROCESS_TIMEOUT,
@@ -219,7 +219,7 @@ def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: roo
         answer = step()
         if isinstance(answer, Asking):
             store = _store_of(consumer, answer)
-            call = None if store is None else answer.call()
+            call = None if store is None else standby.marked(request, answer.call())
             if store is None or call is None:
                 answer = answer.blocking()
             else:
@@ -256,6 +256,8 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
     if (ahead and isinstance(answer, dict) and not spare and not room.pool_has_room(consumer)
             and not request.revoked() and _give_back_ahead(consumer, request, answer)):
         return room.wait_for_room(consumer, request, handle, hold, _gate_again)
+    if standby.hold_here(consumer, request, handle, answer, _STANDBY):
+        return None
     if isinstance(answer, Parked):
         return park(consumer, request, answer)
     if isinstance(answer, parked_deadline.GaveUpHere):  # it fails in the pool process
@@ -280,7 +282,7 @@ def _hold_for(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: r
 
 def _to_pool(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: room.Hold,
              limits: TaskLimits, answer: Optional[Dict[str, Any]],
-             handed_on: Optional[hand_on.MainRelease] = None) -> Any:
+             handed_on: Optional[Callable[[], None]] = None) -> Any:
     """Hand ``request`` to the pool with the lease its limits gave it (``answer``; None:
     the pool process decides), to be given back here at its end where this process can;
     a run revoked while its limits were asked gives the lease back and ends.
@@ -339,9 +341,10 @@ def _release_here(consumer: Any, request: Any, limits: TaskLimits,
     the run took the last free slot: someone is likely to wait for this release, which
     the pool process sends the moment the body ends, before the result goes back to
     this process)."""
-    if (getattr(consumer, "hub", None) is None or not handed.get("keys")
-            or handed.get("parts") or handed.get("contended") or handed.get("last")):
+    if getattr(consumer, "hub", None) is None or not handed.get("keys") or handed.get("parts"):
         return None
+    if handed.get("contended") or handed.get("last"):  # to a standby here, if any
+        return standby.release_for(consumer, request, limits, handed, _STANDBY)
     settings = task_settings(request.task)
     if settings.gate == "async":
         store = hub_store(consumer, redis_client(request.task._get_app(), settings),
@@ -513,3 +516,16 @@ def _gate_again(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> An
         return handle(request)
 
 
+def _standby_to_pool(consumer: Any, request: Any, handle: Callable[[Any], Any],
+                     handed: Dict[str, Any]) -> Any:
+    """Send ``request``, a standby (not revoked), to the pool under the lease ``handed``
+    of a run that ended here (see :mod:`.standby`)."""
+    limits = limits_of(request.task)
+    assert limits is not None
+    hold = room.unhold(request) or room.hold_of(request, limits)
+    release = standby.release_for(consumer, request, limits, handed, _STANDBY)
+    return _to_pool(consumer, request, handle, hold, limits, handed, handed_on=release)
+
+
+#: What the gate lends :mod:`.standby`.
+_STANDBY = standby.Gate(_gate_again, _standby_to_pool)
