@@ -527,5 +527,17 @@ def _standby_to_pool(consumer: Any, request: Any, handle: Callable[[Any], Any],
     return _to_pool(consumer, request, handle, hold, limits, handed, handed_on=release)
 
 
+def _ask_now(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
+    """Ask about ``request`` at once, a pool process being free for it (a standby taking
+    the slot of a run that ended here, see :mod:`.standby`), not after the runs waiting
+    here for a process."""
+    limits = limits_of(request.task)
+    assert limits is not None
+    hold = room.unhold(request) or room.hold_of(request, limits)
+    return _settle(consumer, request, handle, hold, limits, lambda: ask_before_pool(
+        request.task, limits, context_of(request), room=True, promises=hold.promises,
+        may_wait=hold.waits < SHORT_WAITS, loop=True))
+
+
 #: What the gate lends :mod:`.standby`.
-_STANDBY = standby.Gate(_gate_again, _standby_to_pool)
+_STANDBY = standby.Gate(_gate_again, _standby_to_pool, _ask_now)

@@ -92,10 +92,12 @@ class Gate(NamedTuple):
     """What the gate lends this module: ``again(consumer, request, handle)`` gates a
     request anew; ``to_pool(consumer, request, handle, handed)`` sends it to the pool
     under the lease ``handed`` (a :meth:`~..engine.admission.Lease.handover` record)
-    handed on to it."""
+    handed on to it; ``ask_now(consumer, request, handle)`` asks about it at once, a
+    pool process being free for it (not behind the runs waiting for one)."""
 
     again: Callable[[Any, Any, Handle], Any]
     to_pool: Callable[[Any, Any, Handle, Dict[str, Any]], Any]
+    ask_now: Callable[[Any, Any, Handle], Any]
 
 
 class Standby:
@@ -224,7 +226,7 @@ def _ended(consumer: Any, request: Any, store: Any, key: str, handed: Dict[str, 
         if _young(handed):  # to the pool process the run freed, as a slot handed on
             return _take_slot(consumer, store, key, standby, handed, gate, publish)
         _swaps[standby.request.id] = str(handed["member"])
-        gate.again(consumer, standby.request, standby.handle)
+        gate.ask_now(consumer, standby.request, standby.handle)  # the process it freed
         if _swaps.pop(standby.request.id, None) is None:
             return None  # it asked with the ended run's slot
     if not store.give_back(handed, publish):
