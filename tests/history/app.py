@@ -88,9 +88,25 @@ def is_copy(request: Any) -> bool:
         >>> is_copy(Context({"redislock_wait": {}})), is_copy(Context({"id": "x"}))
         (True, False)
     """
-    headers = getattr(request, "headers", None)
+    headers = message_headers(request)
     return any(getattr(request, name, None) is not None
-               or (isinstance(headers, dict) and name in headers) for name in COPY_HEADERS)
+               or (headers is not None and name in headers) for name in COPY_HEADERS)
+
+
+def message_headers(request: Any) -> Optional[Dict[str, Any]]:
+    """The message headers of ``request``: a task's context's ``headers``, or the
+    ``request_dict`` of a worker's ``Request`` (what ``task_received`` is sent), which
+    has no ``headers``.
+
+        >>> from celery.app.task import Context
+        >>> message_headers(Context({"headers": {"a": 1}})), message_headers(None)
+        ({'a': 1}, None)
+    """
+    for name in ("headers", "request_dict"):
+        headers = getattr(request, name, None)
+        if isinstance(headers, dict):
+            return headers
+    return None
 
 
 def weight(cost: int) -> int:
@@ -196,7 +212,7 @@ def _record_receipts(app: Celery, urls: AppUrls) -> None:
         recorder(urls.record).event(
             "received", task=request.id, worker=node(getattr(request, "hostname", None)),
             pid=os.getpid(), redelivered=bool(delivery.get("redelivered")),
-            copy=is_copy(request), move=move_of(getattr(request, "headers", None)))
+            copy=is_copy(request), move=move_of_request(request))
 
     celery_signals.task_received.connect(receive, weak=False)
 
@@ -209,6 +225,12 @@ def move_of(headers: Any) -> str:
     """
     wait = headers.get(WAIT_HEADER) if isinstance(headers, dict) else None
     return str(wait.get("move") or "") if isinstance(wait, dict) else ""
+
+
+def move_of_request(request: Any) -> str:
+    """The move id of the delivery ``request`` (a worker's ``Request`` or a task's
+    context): :func:`move_of` its message headers."""
+    return move_of(message_headers(request))
 
 
 def _record_moves(urls: AppUrls) -> None:
