@@ -5,10 +5,12 @@ private redis-server, with kombu's own consumer as the worker."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from typing import Any, Iterator, List
 
+import kombu
 import pytest
 import redis
 from celery import Celery
@@ -111,6 +113,34 @@ def test_a_copy_still_in_its_queue_is_late_not_lost(
         assert client.rpop("work") is not None  # popped, and its consumer died
         assert [queue for _, queue in broker.restore()] == [copy.queue]
         assert client.llen(copy.queue) == 1 and client.zcard(MOVING) == 0
+
+
+def test_a_copy_received_but_not_yet_claimed_is_not_put_back(
+        app: Celery, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A due backup whose copy a worker received (kombu keeps it in its ``unacked``
+    hash until acknowledged) but whose claim has not reached the broker (its mover is
+    slow) is dropped, not put back: put back, the copy would run twice should the lock
+    store have lost the reference that ends the second."""
+    monkeypatch.setattr(redis_line, "RESTORE_AFTER_MS", 0)
+    with app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        copy = park(app, broker, "received", "park-received")
+        assert broker.move(copy.queue, "move-received").done
+    got: List[Any] = []
+    with app.connection_for_read() as connection:
+        consumer = kombu.Consumer(connection, [kombu.Queue("work", routing_key="work")],
+                                  accept=["json"], on_message=got.append, prefetch_count=1)
+        with consumer:
+            def received() -> bool:
+                with contextlib.suppress(TimeoutError):
+                    connection.drain_events(timeout=0.2)
+                return bool(got)
+            wait_until(received, 10.0, what="the moved copy received")
+            assert client.hlen("unacked") == 1  # kombu keeps it, unacknowledged
+            assert broker.restore() == []
+            assert client.llen(copy.queue) == 0 and client.zcard(MOVING) == 0
+            assert broker.claimed(move_id(got[0])) is False  # its backup was dropped
+            got[0].ack()
 
 
 def test_a_message_parked_without_a_move_id_moves_without_a_backup(

@@ -30,7 +30,8 @@ payloads, so the moved message is exactly what kombu would have delivered:
   :meth:`RedisParking.claimed`). The workers' polls put back the backups due
   (``lua/restore.lua``, :meth:`RedisParking.restore`) whose copy is no longer in the
   queue it was moved to (one still there is late, not lost: looked for again a second
-  later), at the right end of their parking list, where the copy was: it keeps its
+  later) and not in kombu's ``unacked`` hash (a copy received whose claim is late),
+  at the right end of their parking list, where the copy was: it keeps its
   place. Each backup is taken whole by one script or the other: claimed or put back,
   never both. The message put back carries a copy id of its own (its move id and an
   ``r``), so that should the copy taken off its queue come back after all (kombu giving
@@ -150,7 +151,8 @@ class RedisParking:
     def restore(self, limit: int = RESTORE_BATCH) -> List[Tuple[str, str]]:
         """Put back the moved messages whose copies no worker received in time, each at
         the front of its parking queue: ``[(move id, parking queue)]``."""
-        found = self._restore(keys=[self.prefix + MOVING, self.prefix + REGISTRY],
+        found = self._restore(keys=[self.prefix + MOVING, self.prefix + REGISTRY,
+                                    self.prefix + self.channel.unacked_key],
                               args=[self.prefix + MOVED_PREFIX, limit, QUEUED_DEPTH,
                                     RECHECK_MS])
         return [(_text(found[i]), _text(found[i + 1]).removeprefix(self.prefix))

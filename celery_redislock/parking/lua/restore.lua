@@ -3,7 +3,8 @@
 -- before kombu kept it): each at the right end, the next to move, so it keeps its place.
 -- A copy still in its queue (among the last ARGV[3] entries at its right end, where it
 -- was pushed and only pops take from) is late, not lost: it is looked for again
--- ARGV[4] ms later.
+-- ARGV[4] ms later. A copy whose delivery tag is in kombu's unacked hash (KEYS[3]) was
+-- received and is kept by kombu until acknowledged (its claim is late): not put back.
 -- KEYS[1] the index of backups (sorted set: move id -> when it is restored, ms),
 -- KEYS[2] the registry hash (parking queue -> semaphore key).
 -- ARGV[1] the backups' key prefix (prefixed), ARGV[2] how many at most,
@@ -29,6 +30,13 @@ for _, move in ipairs(due) do
   local found = redis.call('HMGET', backup, 'q', 'm', 'n', 'k', 't')
   local queued = found[2] and found[5] and redis.call('TYPE', found[5]).ok == 'list'
     and redis.call('LPOS', found[5], found[2], 'RANK', -1, 'MAXLEN', tonumber(ARGV[3]))
+  local tag = nil  -- the copy's delivery tag: the payload's last, in its properties
+  for found_tag in string.gmatch(found[2] or '', '"delivery_tag": ?"([^"\\]+)"') do
+    tag = found_tag
+  end
+  if not queued and tag and redis.call('HEXISTS', KEYS[3], tag) == 1 then
+    found[1] = nil  -- received, and kombu keeps it until acknowledged: not lost
+  end
   if queued then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), move)
   else
