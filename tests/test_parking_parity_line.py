@@ -41,9 +41,17 @@ def ready(cluster: WorkerCluster, results: List[AsyncResult]) -> Callable[[], bo
     return done
 
 
+#: The pause between two sends of the max-wait test (s; a workload's shape, not a wait
+#: for anything): twenty runs due in the same poll are moved back one after another by
+#: one mover, and the last one's hop back is then twenty moves long, which the test's
+#: bound (one hop, as a send's) does not count (seen once in CI at load ~15: 0.08 s over).
+SPREAD = 0.05
+
+
 def test_max_wait_fails_parked_runs_on_time_with_the_line_long(start_cluster: Any) -> None:
-    """One slot held until every waiter failed, 20 runs parked behind it: each fails with
-    LockWaitTimeout within about a poll of its deadline, none runs, the holder ends.
+    """One slot held until every waiter failed, 20 runs parked behind it (sent over about
+    a second): each fails with LockWaitTimeout within about a poll of its deadline, none
+    runs, the holder ends.
     Each waiter is judged from its own send (its deadline counts from its first refusal,
     after that) to its failure as the worker stored it: sending 20 runs on a loaded
     machine takes a while, so the first ones are due before the last ones are sent. (A
@@ -56,9 +64,10 @@ def test_max_wait_fails_parked_runs_on_time_with_the_line_long(start_cluster: An
     wait_until(lambda: record.hexists("started", holder.id), TIMEOUT, "the holder's start")
     waiters, sent = [], []
     with line_polls(cluster) as polls:
-        for _ in range(20):
+        for _ in range(20):  # over ~1 s: a poll owes a few deadline moves, not twenty
             sent.append(time.time())  # the host's clock, as the worker's result date
             waiters.append(task.delay(0.05, key="mw"))
+            time.sleep(SPREAD)
         wait_until(ready(cluster, waiters), TIMEOUT, "the waiters' failures", interval=0.02)
     assert_failed_on_time(waiters, sent, MAX_WAIT, polls)
     assert [int(record.get(f"runs:{r.id}") or 0) for r in waiters] == [0] * len(waiters)
