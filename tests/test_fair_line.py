@@ -29,16 +29,24 @@ def ended(record: redis.Redis, results: List[AsyncResult]) -> List[int]:
     return sorted(int(record.hget("ended", result.id)) for result in results)
 
 
+def send_backlog_then_others(cluster: Any, record: redis.Redis
+                             ) -> Tuple[List[AsyncResult], List[AsyncResult]]:
+    """30 runs of tenant ``big`` of 0.1 s, then, once the first has started, 2 runs of
+    each of 4 other tenants: ``(backlog, others)``."""
+    task = cluster.app.tasks[FAIR]
+    backlog = [task.delay(0.1, tenant="big") for _ in range(30)]
+    wait_until(lambda: int(record.hlen("started")) >= 1, TIMEOUT, "the backlog's first")
+    others = [task.delay(0.1, tenant=f"t{n}") for n in range(4) for _ in range(2)]
+    return backlog, others
+
+
 def test_a_backlog_does_not_hold_back_other_tenants(start_cluster: Any) -> None:
     """30 runs of one tenant sent first, then 2 runs of each of 4 tenants: the others'
     runs end among the first of the backlog's, not after all of it (first come first
     served: after the 30)."""
     cluster = start_cluster()
     record = record_store(cluster)
-    task = cluster.app.tasks[FAIR]
-    backlog = [task.delay(0.1, tenant="big") for _ in range(30)]
-    wait_until(lambda: int(record.hlen("started")) >= 1, TIMEOUT, "the backlog's first")
-    others = [task.delay(0.1, tenant=f"t{n}") for n in range(4) for _ in range(2)]
+    backlog, others = send_backlog_then_others(cluster, record)
     wait_for_results(cluster, backlog + others)
     big, small = ended(record, backlog), ended(record, others)
     before = sum(1 for end in big if end < small[-1])

@@ -20,9 +20,10 @@ import pytest
 import redis
 from celery.result import AsyncResult
 from standby_app import ACCEPTED, HELD, KILL_ENV, KILLED
+from test_fair_line import ended, send_backlog_then_others
 from test_parking_line import _broker, _give_back_unacknowledged
 
-from cluster_checks import peaks, record_store, wait_until
+from cluster_checks import peaks, record_store, wait_for_results, wait_until
 from fair_app import FAIR, FAIR_SLOTS
 from parking_app import VISIBILITY_ENV
 
@@ -47,24 +48,14 @@ def runs_of(record: redis.Redis, results: List[AsyncResult]) -> List[int]:
 def test_runs_hand_their_slots_to_standbys(start_cluster: Any) -> None:
     cluster = start_cluster()
     record = record_store(cluster)
-    task = cluster.app.tasks[FAIR]
-    backlog = [task.delay(0.1, tenant="big") for _ in range(30)]
-    wait_until(lambda: int(record.hlen("started")) >= 1, TIMEOUT, "the backlog's first")
-    others = [task.delay(0.1, tenant=f"t{n}") for n in range(4) for _ in range(2)]
-
-    def done() -> bool:
-        cluster.check_running()
-        return all(result.ready() for result in backlog + others)
-
-    wait_until(done, TIMEOUT, "every run", interval=0.05)
-    assert [r.status for r in backlog + others] == ["SUCCESS"] * (len(backlog) + len(others))
+    backlog, others = send_backlog_then_others(cluster, record)
+    wait_for_results(cluster, backlog + others)
     assert runs_of(record, backlog + others) == [1] * (len(backlog) + len(others))
     assert max(peaks(record, "fair")) == FAIR_SLOTS
     held = record.lrange(HELD, 0, -1)
     print(f"\n{len(held)} standbys held over {len(backlog) + len(others)} runs")
     assert len(held) >= 5
-    big = sorted(int(record.hget("ended", r.id)) for r in backlog)
-    last_other = max(int(record.hget("ended", r.id)) for r in others)
+    big, last_other = ended(record, backlog), ended(record, others)[-1]
     assert sum(1 for end in big if end < last_other) <= 16  # as test_fair_line's
 
 
