@@ -17,6 +17,8 @@ One module per job:
 ``workers``    the three workers: start, SIGKILL whole and restart, SIGSTOP and SIGCONT
 ``faults``     a seed's fault schedule, and the injector that carries it out
 ``checker``    the model check over a history (pure: unit-tested on made-up histories)
+``leases``     the renewals of the bodies' leases, and a holder's lease that ran out
+               unrenewed: the known cause of a key taken past its slots
 ``table``      one table per run
 ``run``        one run: start everything, send, inject, settle, check
 ``cli``        ``python -m tests.history --seed 3 --tasks 300 --faults-for 90

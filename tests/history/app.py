@@ -13,13 +13,16 @@ a pool process (``accepted``, just before Celery acknowledges a default-acks run
 Redis broker every move of a parked message (``moved``: its parking queue, what the
 move did) and every moved message put back in its parking queue because no worker
 received its copy (``restored``: its new move id, its parking queue) are recorded where
-they happen.
+they happen. Every renewal of a run's lease (``renewal``: its key, fence and holder
+token, the lease's length, when it was sent and answered, and what came of it: renewed,
+lost, or an error) is recorded by the process that renews it, after its answer.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Any, Dict, Optional
@@ -28,6 +31,7 @@ from celery import Celery
 from celery import signals as celery_signals
 
 from celery_redislock import LimitedTask
+from celery_redislock.engine.admission import Lease
 from celery_redislock.gate.recovery import LimitedRequest
 from celery_redislock.integration import signals
 from celery_redislock.parking import RedisParking
@@ -139,6 +143,7 @@ def create_app(urls: AppUrls, line: Optional[str] = None,
     _record_receipts(app, urls)
     _record_ends_unrun(urls)
     _record_moves(urls)
+    _record_renewals(urls)
     return app
 
 
@@ -172,6 +177,7 @@ def _define(app: Celery, urls: AppUrls, kind: Kind, acks_late: bool,
         record = recorder(urls.record)
         record.started(run, os.getpid(), node(request.hostname), task=request.id,
                        fence=str(getattr(lease, "fence", "")),
+                       token=str(getattr(lease, "token", "") if lease is not None else ""),
                        admitted_ms=str(getattr(lease, "acquired_at_ms", "")),
                        redelivered=bool((request.delivery_info or {}).get("redelivered")),
                        copy=is_copy(request))
@@ -254,6 +260,58 @@ def _record_moves(urls: AppUrls) -> None:
     RedisParking.move = moved  # type: ignore[method-assign]
     RedisParking.restore = restored  # type: ignore[method-assign]
     RedisParking._history_recorded = True  # type: ignore[attr-defined]
+
+
+#: The outcomes of a renewal, as recorded.
+RENEWED, LOST, ERROR = "renewed", "lost", "error"
+
+_renewing = threading.local()
+
+
+def _record_renewals(urls: AppUrls) -> None:
+    """Record every renewal of a run's lease where it is made (the lease keeper's thread
+    of the process that runs the body): ``Lease.renew`` wrapped, its result and errors
+    passed on as they are. One event after the answer, whose ``t`` (the recorder's clock)
+    comes after it: ``sent_ago_us`` and ``answered_ago_us`` say how long before that write the
+    request was sent and its answer read (this process's monotonic clock), so
+    ``t - answered_ago_us`` is never before the answer. A renewal whose record cannot be
+    written is renewed all the same."""
+    if getattr(Lease, "_history_recorded", False):
+        return
+    renew = Lease.renew
+
+    def renewed(self: Lease) -> bool:
+        if getattr(_renewing, "inside", False):  # a part of a lease being renewed
+            return renew(self)
+        _renewing.inside = True
+        sent = time.monotonic()
+        outcome, error = ERROR, ""
+        try:
+            result = renew(self)
+            outcome = RENEWED if result else LOST
+            return result
+        except Exception as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            _renewing.inside = False
+            answered = time.monotonic()
+            _write_renewal(urls, self, outcome, error, sent, answered)
+
+    Lease.renew = renewed  # type: ignore[method-assign]
+    Lease._history_recorded = True  # type: ignore[attr-defined]
+
+
+def _write_renewal(urls: AppUrls, lease: Lease, outcome: str, error: str, sent: float,
+                   answered: float) -> None:
+    now = time.monotonic()
+    try:
+        recorder(urls.record).event(
+            "renewal", key=lease.name, fence=str(lease.fence), token=lease.token,
+            lease_s=lease.lease_seconds, outcome=outcome, error=error, pid=os.getpid(),
+            sent_ago_us=int((now - sent) * 1e6), answered_ago_us=int((now - answered) * 1e6))
+    except Exception:  # the record is lost, never the renewal
+        logging.getLogger(__name__).exception("history: a renewal was not recorded")
 
 
 class _EndsUnrun(logging.Filter):

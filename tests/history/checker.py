@@ -4,13 +4,13 @@ A history is a list of event dicts (see :mod:`.events`), each with ``kind`` and 
 (the recorder's server clock, µs). The kinds the checker reads:
 
 ``sent``     ``task``, ``name`` (the task kind), ``acks_late``, ``limits``: a list of
-             ``{"key", "slots", "cost"}``, ``rate``: ``{"key", "count", "period_us",
+             ``{"key", "slots", "cost", "lease_us"}``, ``rate``: ``{"key", "count", "period_us",
              "burst"}`` or None
 ``start``    a body began: ``task``, ``run`` (unique per body), ``pid``, ``worker``,
              ``admitted_ms`` (the admission's start on the lock store's clock, ms),
              ``redelivered`` (its message came back from the broker unacknowledged),
              ``copy`` (its message is one the package sent: it carries its headers;
-             false for the message the task was sent as)
+             false for the message the task was sent as), ``token`` (its lease's holder)
 ``end``      that body ended, however (``run``)
 ``fault``    ``fault`` (its kind), ``pids`` (processes it SIGKILLed), ``worker`` (a
              worker it killed whole), ``data_lost`` (a lock store restart that lost its
@@ -21,8 +21,11 @@ A history is a list of event dicts (see :mod:`.events`), each with ``kind`` and 
              parking line's leftovers: messages in parking lists, parked line counts),
              ``unacked_tasks`` (the tasks of the messages still in the broker's
              ``unacked`` hash: delivered, neither acknowledged nor restored)
-``run``      the run's set-up: ``persistence`` (``aof``: the lock store keeps its data)
+``run``      the run's set-up: ``persistence`` (``aof``: the lock store keeps its data),
+             ``renewals`` (the workers record every renewal)
 ``lease_lost`` a renewal found a running body's lease ended (the signal)
+``renewal``  a renewal of a body's lease (see :mod:`.leases`): a key taken past its slots
+             because a holder's lease ran out unrenewed is a known cause, not a defect
 ``served``   a delivery of ``task`` ended without running, another copy of its message
              having run it (the package's DEBUG line; read to say why a run was lost)
 ``received`` a worker's main process received a delivery of ``task`` (Celery's
@@ -42,7 +45,19 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+from .leases import (
+    LOST,
+    UNRENEWED_CAUSE,
+    Renewal,
+    collect_renewals,
+    last_written,
+    outcomes,
+    renewals_told,
+    stalls_of,
+    unrenewed_for,
+)
 
 Event = Mapping[str, Any]
 
@@ -103,6 +118,8 @@ class Body:
     copy: Optional[bool] = None
     #: When a fault SIGKILLed its process while it ran (µs), if one did.
     killed: Optional[int] = None
+    #: Its lease's holder token (None when not recorded).
+    token: Optional[str] = None
 
     @property
     def until(self) -> float:
@@ -125,6 +142,36 @@ class Peak:
     @property
     def over(self) -> bool:
         return self.most > self.slots
+
+
+@dataclass
+class Overlap:
+    """A body that started while its key's slots were all taken: ``taken`` of ``slots``
+    at ``at`` (µs), by ``runs``; ``unrenewed``: those whose lease had then been written
+    last longer than a lease before (run -> µs since), ``known`` when without them the
+    key held no more than its slots (:data:`~.leases.UNRENEWED_CAUSE`); ``evidence``:
+    each earlier holder's renewals, in words."""
+
+    key: str
+    slots: int
+    taken: int
+    at: int
+    runs: Tuple[str, ...]
+    unrenewed: Dict[str, int] = field(default_factory=dict)
+    known: bool = False
+    evidence: List[str] = field(default_factory=list)
+    #: ``at`` in seconds from the history's first event.
+    offset_s: float = 0.0
+
+    def told(self) -> str:
+        """This overlap in words."""
+        cause = f"{UNRENEWED_CAUSE}; " if self.known else ""
+        return (f"{self.key}: {self.taken} slots taken at once, of {self.slots} "
+                f"(runs {', '.join(self.runs)}): {cause}{self.evidence_told()}")
+
+    def evidence_told(self) -> str:
+        """When it began, and each earlier holder's renewals, in words."""
+        return f"at +{self.offset_s:.3f} s, " + "; ".join(self.evidence)
 
 
 @dataclass
@@ -191,11 +238,25 @@ class Verdict:
     restores: int = 0
     #: Tasks of which a copy put back was received again (by its new move id).
     restored_received: List[str] = field(default_factory=list)
+    #: Every body that started over its key's slots, whatever the cause.
+    overlaps: List[Overlap] = field(default_factory=list)
+    #: The workers recorded the renewals (without them no overlap is known).
+    renewals_recorded: bool = False
+    #: Renewals by outcome (renewed, lost, error).
+    renewals: Dict[str, int] = field(default_factory=dict)
+    #: ``lease_lost`` signals of a renewal sent after its lease had gone unrenewed for
+    #: longer than a lease (:data:`~.leases.UNRENEWED_CAUSE`).
+    lease_lost_unrenewed: int = 0
+
+    def known_overlaps(self) -> List[Overlap]:
+        """The overlaps of :data:`~.leases.UNRENEWED_CAUSE`: reported, not defects."""
+        return [overlap for overlap in self.overlaps if overlap.known]
 
     def defects(self) -> List[str]:
         """Every way this history breaks the model; empty when it holds."""
         found = [f"{peak.key}: {peak.most} slots taken at once, of {peak.slots} "
-                 f"(runs {', '.join(peak.runs)})" for peak in self.peaks if peak.over]
+                 f"(runs {', '.join(peak.runs)}){self._first_unknown(peak.key)}"
+                 for peak in self.peaks if peak.over and not self.over_known(peak.key)]
         found += [f"{rate.key}: {rate.most} admissions in one period, of {rate.allowed}"
                   for rate in self.rates if rate.over]
         found += [f"lost: task {task} never reached a final state"
@@ -204,8 +265,9 @@ class Verdict:
         found += [f"failed: task {task} ({error})" for task, error in self.failed.items()]
         found += [f"ran again, unexplained: {run}" for run in self.repeated_unexplained]
         found += [f"body {run} never ended, and no fault killed it" for run in self.unended]
-        if self.keeps_data and self.lease_lost:
-            found.append(f"{self.lease_lost} lease(s) lost though the lock store kept its data")
+        lost = self.lease_lost - self.lease_lost_unrenewed
+        if self.keeps_data and lost:
+            found.append(f"{lost} lease(s) lost though the lock store kept its data")
         found += [f"{key}: {count} slots still held once settled"
                   for key, count in self.held.items() if count]
         found += [f"{key}: lock store key without a time to live" for key in self.no_ttl]
@@ -214,6 +276,17 @@ class Verdict:
         if not self.settled:
             found.append("the history has no settle event (the run did not finish)")
         return found
+
+    def _first_unknown(self, key: str) -> str:
+        """The first overlap of ``key`` not of the known cause, in words, after "; "."""
+        first = next((overlap for overlap in self.overlaps
+                      if overlap.key == key and not overlap.known), None)
+        return f"; first not known {first.evidence_told()}" if first else ""
+
+    def over_known(self, key: str) -> bool:
+        """Whether every overlap of ``key`` is of the known cause."""
+        mine = [overlap for overlap in self.overlaps if overlap.key == key]
+        return bool(mine) and all(overlap.known for overlap in mine)
 
 
 def check(events: Iterable[Event]) -> Verdict:
@@ -226,6 +299,17 @@ def check(events: Iterable[Event]) -> Verdict:
     for event in faults:
         verdict.faults[event["fault"]] = verdict.faults.get(event["fault"], 0) + 1
     verdict.peaks = slot_peaks(sent, bodies)
+    verdict.renewals_recorded = any(event["kind"] == "run" and event.get("renewals")
+                                    for event in history)
+    renewals = collect_renewals(history)
+    verdict.renewals = outcomes(renewals)
+    origin = int(history[0]["t"]) if history else 0
+    verdict.overlaps = over_slots(sent, bodies)
+    for overlap in verdict.overlaps:
+        classify_overlap(overlap, sent, bodies, renewals, faults, origin,
+                         verdict.renewals_recorded)
+    verdict.lease_lost_unrenewed = lost_unrenewed(history, bodies, renewals, faults,
+                                                  verdict.renewals_recorded)
     verdict.rates = rate_peaks(sent, bodies, data_losses(faults))
     verdict.unended = [body.run for body in bodies if body.until == OPEN]
     verdict.lease_lost = sum(event["kind"] == "lease_lost" for event in history)
@@ -277,7 +361,8 @@ def collect_bodies(history: Sequence[Event], faults: Sequence[Event]) -> List[Bo
                 task=event["task"], run=event["run"], pid=int(event["pid"]),
                 worker=str(event.get("worker", "")), start=int(event["t"]),
                 admitted_ms=None if admitted in (None, "") else int(admitted),
-                redelivered=_flag(event.get("redelivered")), copy=_flag(event.get("copy")))
+                redelivered=_flag(event.get("redelivered")), copy=_flag(event.get("copy")),
+                token=str(event["token"]) if event.get("token") else None)
         elif event["kind"] == "end" and event["run"] in bodies:
             bodies[event["run"]].end = int(event["t"])
     for body in bodies.values():
@@ -298,8 +383,11 @@ def kill_time(body: Body, faults: Sequence[Event]) -> Optional[int]:
     return None
 
 
-def slot_peaks(sent: Mapping[str, Event], bodies: Sequence[Body]) -> List[Peak]:
-    """Per slot key, the most slots taken by bodies overlapping in time."""
+def slot_sweeps(sent: Mapping[str, Event], bodies: Sequence[Body]) -> Iterable[
+        Tuple[str, int, Iterable[Tuple[float, int, int, Tuple[str, ...]]]]]:
+    """Per slot key (sorted), its slots and each start or end of a body holding it, in
+    time order: (moment, change of the slots taken, slots taken after, runs holding).
+    At one instant an end comes before a start: a slot handed over is not overlap."""
     changes: Dict[str, List[Tuple[float, int, str]]] = defaultdict(list)
     slots: Dict[str, int] = {}
     for body in bodies:
@@ -308,18 +396,105 @@ def slot_peaks(sent: Mapping[str, Event], bodies: Sequence[Body]) -> List[Peak]:
             slots[key] = int(limit["slots"])
             changes[key].append((body.start, cost, body.run))
             changes[key].append((body.until, -cost, body.run))
-    peaks = []
-    for key in sorted(changes):
-        peak = Peak(key, slots[key], 0)
-        taken, running = 0, set()
-        # At one instant an end comes before a start: a slot handed over is not overlap.
+
+    def sweep(key: str) -> Iterable[Tuple[float, int, int, Tuple[str, ...]]]:
+        taken = 0
+        running: Set[str] = set()
         for moment, change, run in sorted(changes[key], key=lambda c: (c[0], c[1])):
             taken += change
             running.symmetric_difference_update({run})
+            yield moment, change, taken, tuple(sorted(running))
+
+    for key in sorted(changes):
+        yield key, slots[key], sweep(key)
+
+
+def slot_peaks(sent: Mapping[str, Event], bodies: Sequence[Body]) -> List[Peak]:
+    """Per slot key, the most slots taken by bodies overlapping in time."""
+    peaks = []
+    for key, slots, sweep in slot_sweeps(sent, bodies):
+        peak = Peak(key, slots, 0)
+        for moment, _, taken, running in sweep:
             if taken > peak.most:
-                peak.most, peak.at, peak.runs = taken, int(moment), tuple(sorted(running))
+                peak.most, peak.at, peak.runs = taken, int(moment), running
         peaks.append(peak)
     return peaks
+
+
+def over_slots(sent: Mapping[str, Event], bodies: Sequence[Body]) -> List[Overlap]:
+    """Every start of a body that left its key with more slots taken than it has."""
+    return [Overlap(key, slots, taken, int(moment), running)
+            for key, slots, sweep in slot_sweeps(sent, bodies)
+            for moment, change, taken, running in sweep if change > 0 and taken > slots]
+
+
+def lease_of(sent: Event, key: str) -> Optional[int]:
+    """The lease (µs) of ``key``'s limit of the task ``sent``, if recorded."""
+    for limit in sent.get("limits") or ():
+        if limit["key"] == key and limit.get("lease_us"):
+            return int(limit["lease_us"])
+    return None
+
+
+def classify_overlap(overlap: Overlap, sent: Mapping[str, Event], bodies: Sequence[Body],
+                     renewals: Mapping[str, Sequence[Renewal]], faults: Sequence[Event],
+                     origin: int, recorded: bool = True) -> None:
+    """Find the holders of ``overlap`` whose lease had gone unrenewed for longer than a
+    lease when it began (:func:`~.leases.unrenewed_for`): it is ``known``
+    (:data:`~.leases.UNRENEWED_CAUSE`) when without them the key held no more than its
+    slots, and the renewals were recorded. Each earlier holder's renewals go in its
+    ``evidence``."""
+    by_run = {body.run: body for body in bodies}
+    stalls = stalls_of(faults)
+    overlap.offset_s = (overlap.at - origin) / 1e6
+    unrenewed_cost = 0
+    for run in overlap.runs:
+        body = by_run[run]
+        if body.start >= overlap.at:
+            continue  # the body that started: its lease was just written
+        task = sent.get(body.task, {})
+        lease = lease_of(task, overlap.key)
+        held = renewals.get(body.token or "", ())
+        gap = unrenewed_for(body.start, body.token, lease, overlap.at, renewals, stalls)
+        written = last_written(body.start, held, overlap.at, stalls)
+        overlap.evidence.append(
+            f"{run} ({body.worker or '?'}, pid {body.pid}, from "
+            f"+{(body.start - origin) / 1e6:.3f} s) lease written last "
+            f"{(overlap.at - written) / 1e6:.3f} s before, lease "
+            f"{(lease or 0) / 1e6:g} s, {renewals_told(held, overlap.at, origin)}")
+        if gap is not None:
+            overlap.unrenewed[run] = gap
+            unrenewed_cost += next((int(limit.get("cost", 1)) for limit in
+                                    task.get("limits") or () if limit["key"] == overlap.key),
+                                   1)
+    overlap.known = recorded and overlap.taken - unrenewed_cost <= overlap.slots
+
+
+def lost_unrenewed(history: Sequence[Event], bodies: Sequence[Body],
+                   renewals: Mapping[str, Sequence[Renewal]], faults: Sequence[Event],
+                   recorded: bool = True) -> int:
+    """How many ``lease_lost`` signals came from a renewal that found its lease ended
+    after it had gone unrenewed for longer than a lease, before that renewal was sent
+    (:data:`~.leases.UNRENEWED_CAUSE`): a body still running then, not a defect."""
+    if not recorded:
+        return 0
+    stalls = stalls_of(faults)
+    count = 0
+    for event in history:
+        if event["kind"] != "lease_lost":
+            continue
+        for body in bodies:
+            if body.task != event.get("task") or not body.token:
+                continue
+            held = renewals.get(body.token, ())
+            if any(renewal.outcome == LOST and renewal.pid == int(event.get("pid") or 0)
+                   and body.start <= renewal.sent <= int(event["t"])
+                   and unrenewed_for(body.start, body.token, renewal.lease_us, renewal.sent,
+                                     renewals, stalls) is not None
+                   for renewal in held):
+                count += 1
+                break
+    return count
 
 
 def data_losses(faults: Sequence[Event]) -> List[int]:

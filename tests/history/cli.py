@@ -57,7 +57,10 @@ def summary(outcome: Outcome) -> str:
     verdict: Verdict = outcome.verdict
     facts = outcome.facts
     faults = sum(verdict.faults.values())
-    violations = sum(p.over for p in verdict.peaks) + sum(r.over for r in verdict.rates)
+    violations: object = sum(p.over for p in verdict.peaks) + sum(r.over for r in verdict.rates)
+    known = sum(p.over and verdict.over_known(p.key) for p in verdict.peaks)
+    if known:
+        violations = f"{violations} ({known} known: lease expired unrenewed)"
     cells = [facts["seed"], facts["persistence"], facts["line"], facts["pool"], verdict.tasks,
              faults,
              violations, len(verdict.lost),

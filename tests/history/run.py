@@ -69,7 +69,7 @@ def run(options: Options) -> Outcome:
         record = Recorder(servers.urls.record)
         record.event("run", seed=options.seed, persistence=options.persistence,
                      pool=options.pool, tasks=options.tasks, faults_for=options.faults_for,
-                     line=line_of(options), gate=gate_of(options))
+                     line=line_of(options), gate=gate_of(options), renewals=True)
         workers.start()
         app = create_app(servers.urls, options.line, options.gate)
         sent = drive(options, app, servers, workers, record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Mapping
 
 from .checker import AFTER_EMPTY_RESTART, KILLED_BEFORE_ACK, KNOWN_CAUSE, LOST_KNOWN_CAUSE, Verdict
+from .leases import ERROR, LOST, RENEWED, UNRENEWED_CAUSE
 
 
 def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
@@ -19,6 +20,8 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
         ("final states", ", ".join(f"{s} {n}" for s, n in sorted(verdict.states.items()))),
         ("limit violations", str(sum(p.over for p in verdict.peaks)
                                  + sum(r.over for r in verdict.rates))),
+        ("slots over the limit, known cause", f"{len(verdict.known_overlaps())} body "
+                                              f"start(s) ({UNRENEWED_CAUSE})"),
         ("runs lost", str(len(verdict.lost))),
         ("runs lost, known cause", f"{len(verdict.lost_known)} ({LOST_KNOWN_CAUSE})"),
         ("runs lost by Celery's default acks", str(len(verdict.lost_by_celery))),
@@ -31,7 +34,11 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
                                    f"{AFTER_EMPTY_RESTART}, "
                                    f"{_known(verdict, KILLED_BEFORE_ACK)} {KILLED_BEFORE_ACK})"),
         ("repeated bodies, unexplained", str(len(verdict.repeated_unexplained))),
-        ("lease_lost signals", str(verdict.lease_lost)),
+        ("lease_lost signals", f"{verdict.lease_lost} ({verdict.lease_lost_unrenewed} "
+                               "after a lease unrenewed)"),
+        ("renewals: renewed / lost / error",
+         " / ".join(str(verdict.renewals.get(outcome, 0)) for outcome in (RENEWED, LOST, ERROR))
+         + ("" if verdict.renewals_recorded else " (not recorded)")),
         ("slots held once settled", str(sum(verdict.held.values()))),
         ("keys without a TTL", str(len(verdict.no_ttl))),
         ("parking leftovers", str(sum(verdict.parked.values()))),
@@ -42,6 +49,11 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
     lines = [f"== {title} ==", *(f"  {name:<{width}}  {value}" for name, value in rows)]
     lines.append("  per key, most taken at once / limit:")
     lines += _peak_lines(verdict)
+    known = verdict.known_overlaps()
+    if known:
+        lines.append(f"  over the limit, known cause (not a defect of the package): "
+                     f"{len(known)}")
+        lines += [f"    - {overlap.told()}" for overlap in known]
     defects = verdict.defects()
     lines.append("  verdict: " + ("PASS" if not defects else f"{len(defects)} DEFECT(S)"))
     lines += [f"    - {defect}" for defect in defects]
@@ -54,6 +66,7 @@ def _known(verdict: Verdict, cause: str) -> int:
 
 def _peak_lines(verdict: Verdict) -> List[str]:
     cells = [f"{peak.key} {peak.most}/{peak.slots}{' OVER' if peak.over else ''}"
+             f"{' (known cause)' if peak.over and verdict.over_known(peak.key) else ''}"
              for peak in verdict.peaks]
     cells += [f"{rate.key} {rate.most}/{rate.allowed} per period"
               f"{' OVER' if rate.over else ''}"

@@ -51,10 +51,12 @@ class Kind:
         return self.key.format(key=index)
 
     def limits(self, index: int, cost: int) -> List[Dict[str, Any]]:
-        """The slot limits of a task of this kind on key ``index`` (for the checker)."""
+        """The slot limits of a task of this kind on key ``index`` (for the checker), with
+        the lease's length in µs."""
         if self.slots is None:
             return []
-        return [{"key": self.key_of(index), "slots": self.slots, "cost": cost}]
+        return [{"key": self.key_of(index), "slots": self.slots, "cost": cost,
+                 "lease_us": int(self.lease * 1e6)}]
 
     def rate_limit(self, index: int) -> Optional[Dict[str, Any]]:
         """The rate limit of a task of this kind on key ``index`` (for the checker)."""
