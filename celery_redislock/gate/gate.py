@@ -77,7 +77,7 @@ from ..pool.attempt import ADMITTED, MAIN_RELEASES, PROMISED
 from ..pool.give_back import give_back_unstarted, release_for_pool
 from ..run.limited import limits_of, task_settings
 from ..run.waiting_run import carries_wait
-from . import hand_on, room, standby
+from . import hand_on, room, standby, thin
 from .hub_store import HubStore, hub_store
 from .main_process import (
     MAIN_PROCESS_TIMEOUT,
@@ -201,6 +201,10 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any],
         return handle(request)
     go, ahead = where != room.PROBE, where == room.AHEAD
     if _hand_kept(consumer, request, handle, hold, go):
+        return None
+    slim = thin.thin_of(task, limits) if go else None
+    if slim is not None and thin.ask(slim, consumer, request, handle, hold, ahead,
+                                     hold.waits < SHORT_WAITS, _THIN):
         return None
     return _settle(consumer, request, handle, hold, limits, lambda: ask_before_pool(
         task, limits, context_of(request), room=go, promises=hold.promises,
@@ -538,6 +542,9 @@ def _ask_now(consumer: Any, request: Any, handle: Callable[[Any], Any]) -> Any:
         request.task, limits, context_of(request), room=True, promises=hold.promises,
         may_wait=hold.waits < SHORT_WAITS, loop=True))
 
+
+#: What the gate lends :mod:`.thin`.
+_THIN = thin.Gate(_act_on_answer, _settle)
 
 #: What the gate lends :mod:`.standby`.
 _STANDBY = standby.Gate(_gate_again, _standby_to_pool, _ask_now)

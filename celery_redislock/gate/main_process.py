@@ -161,18 +161,15 @@ def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool =
     """
     if not limits.rules:
         return None
-    setup = Setup.of(task, limits)
-    if not setup.settings.enabled:
+    if not Setup.of(task, limits).settings.enabled:
         return None
-    args, kwargs = tuple(request.args or ()), dict(request.kwargs or {})
-    attempt = Attempt.of(task, setup, args, kwargs, request, pid=None)  # unadopted
-    attempt.promises.update(promises or {})
-    if not loop and pool_park.parks_here(setup.settings, setup.client, attempt.limiters):
+    asking = asking_of(task, limits, request, room=room, promises=promises,
+                       may_wait=may_wait, loop=loop)
+    if asking is None:
         return None  # no event loop: it parks in the process (greenlet) that runs it
-    attempt.parking = setup.parks(attempt.limiters, loop, task.name)
+    attempt, args, kwargs = asking.attempt, asking.args, asking.kwargs
     if not _pause.asks(time.monotonic()):
         return _without_store(attempt, args, kwargs, None)
-    asking = Asking(attempt, args, kwargs, room, may_wait)
     try:
         if attempt.waited.follows and follows_on(attempt, args, kwargs):
             raise Ignore()  # it went back to follow the earlier run, or that run ended
@@ -181,6 +178,36 @@ def ask_before_pool(task: Any, limits: TaskLimits, request: Any, *, room: bool =
     except LockWaitTimeout:
         return None
     return asking
+
+
+def asking_of(task: Any, limits: TaskLimits, request: Any, *, room: bool,
+              promises: Optional[Mapping[str, int]], may_wait: bool,
+              loop: bool) -> Optional[Asking]:
+    """The :class:`Asking` of ``request`` (a task's context) under ``limits`` (an
+    enabled task's, with rules), as :func:`ask_before_pool` asks it; None when the run
+    parks in the process that runs it (no event loop, see :mod:`~..pool.pool_park`).
+    It does not look at the pause after a failure of the store (see
+    :func:`store_asked`)."""
+    setup = Setup.of(task, limits)
+    args, kwargs = tuple(request.args or ()), dict(request.kwargs or {})
+    attempt = Attempt.of(task, setup, args, kwargs, request, pid=None)  # unadopted
+    attempt.promises.update(promises or {})
+    if not loop and pool_park.parks_here(setup.settings, setup.client, attempt.limiters):
+        return None
+    attempt.parking = setup.parks(attempt.limiters, loop, task.name)
+    return Asking(attempt, args, kwargs, room, may_wait)
+
+
+def store_asked() -> bool:
+    """Whether the worker's main process may ask the lock store now (not paused after a
+    failure of the store: see :class:`_Pause`); if so, the ask is counted as sent (the
+    probe, after a failure)."""
+    return _pause.asks(time.monotonic())
+
+
+def store_answered() -> None:
+    """The lock store answered an ask of the main process: it is asked as before."""
+    _pause.answered()
 
 
 @dataclass
