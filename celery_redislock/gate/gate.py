@@ -11,7 +11,7 @@ their limits in the worker's main process, just before a request goes to the poo
   with the request (the request field :data:`~.attempt.ADMITTED`); the pool process
   runs under it as it stands (and renews it should the run last a third of a lease),
   and this process gives it back when the pool reports the run's end (see
-  :func:`_act_at_end`), with its next request to the lock store. On a worker with no
+  :class:`_RunEnd`), with its next request to the lock store. On a worker with no
   event loop (gevent, eventlet) the pool process adopts the lease (one script: renewed,
   and described with its own process id) and releases it at the end. A pool process
   lost before or after that has its slots freed by the main process, as before (see
@@ -107,13 +107,17 @@ def limited_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Call
     handler = default_strategy(task, app, gated, **options)
 
     def task_message_handler(message: Any, *args: Any, **kwargs: Any) -> Any:
-        gated.copy_of_a_wait = carries_wait(getattr(message, "headers", None))
+        headers = getattr(message, "headers", None)
+        if not carries_wait(headers):  # a newcomer, the common case: as Celery's own
+            return handler(message, *args, **kwargs)
+        moves.claim(app, headers)  # see _claiming
+        gated.copy_of_a_wait = True
         try:
             return handler(message, *args, **kwargs)
         finally:
             gated.copy_of_a_wait = False
 
-    return _claiming(app, task_message_handler)
+    return task_message_handler
 
 
 def _claiming(app: Any, handler: Callable[..., Any]) -> Callable[..., Any]:
@@ -303,7 +307,7 @@ def _to_pool(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: ro
             **answer, MAIN_RELEASES: True}
     elif hold.promises:
         request.request_dict[PROMISED] = hold.promises
-    _act_at_end(consumer, request, release, hold.copy)
+    _RunEnd(consumer, request, release, hold.copy)
     return handle(request)
 
 
@@ -370,9 +374,13 @@ def _release_on_hub(store: HubStore, task: Any, limits: TaskLimits,
         release_for_pool(task, limits, handed)
 
 
-def _act_at_end(consumer: Any, request: Any, release: Optional[Callable[[], None]],
-                copy: bool = False) -> None:
-    """Have the end of ``request``'s run, as the worker's main process learns of it,
+class _RunEnd:
+    """The wrappers of a request's ``on_success`` and ``on_failure``, put on it as it is
+    made (as bound methods of one object, not closures that refer to each other: such
+    closures are a reference cycle through the request, which only Python's garbage
+    collector frees).
+
+    They have the end of ``request``'s run, as the worker's main process learns of it,
     give back the slots the main process took for it (``release``), and serve the
     requests waiting for a free pool process at once, instead of leaving the process
     it frees idle until the queue's timer.
@@ -390,19 +398,6 @@ def _act_at_end(consumer: Any, request: Any, release: Optional[Callable[[], None
     process per run at 400 runs/s). The pool keeps the wrappers it was handed until it
     calls one of them. ``copy``: the request is a copy of a waiting run's message (its
     slots are never handed on, see :func:`_hand_on`)."""
-    end = _RunEnd(consumer, request, release, copy)
-    try:
-        request.on_success, request.on_failure = end.succeeded, end.failed
-    except AttributeError:  # a request class with __slots__ only: the timer serves
-        if release is not None:
-            request.request_dict[ADMITTED].pop(MAIN_RELEASES, None)
-
-
-class _RunEnd:
-    """The wrappers of a request's ``on_success`` and ``on_failure`` that
-    :func:`_act_at_end` puts on it (as bound methods of one object, not closures that
-    refer to each other: such closures are a reference cycle through the request, which
-    only Python's garbage collector frees)."""
 
     __slots__ = ("consumer", "copy", "ended_badly", "ended_well", "release", "request")
 
@@ -410,6 +405,11 @@ class _RunEnd:
                  copy: bool = False) -> None:
         self.consumer, self.request, self.release, self.copy = consumer, request, release, copy
         self.ended_well, self.ended_badly = request.on_success, request.on_failure
+        try:
+            request.on_success, request.on_failure = self.succeeded, self.failed
+        except AttributeError:  # a request class with __slots__ only: the timer serves
+            if release is not None:
+                request.request_dict[ADMITTED].pop(MAIN_RELEASES, None)
 
     def give_back(self) -> bool:
         """Give the run's slots back, or hand them on to the next run waiting here for a

@@ -350,8 +350,8 @@ def head_for_hand_on(consumer: Any, limits: TaskLimits) -> Optional[Entry]:
                 or hold.copy):
             return None
         free, ahead = capacity(consumer)
-        if free <= 0 and (free <= -ahead or not may_go_ahead(request, hold)):
-            return None
+        if free <= 0 and (free <= -ahead or not spare.get(request.task.name, False)):
+            return None  # (not a copy: see may_go_ahead)
         held.pop(request, None)
         room.served = time.monotonic()  # a hand-on serves the queue (see serve_now)
         return room.queue.popleft()
