@@ -76,6 +76,11 @@ def test_an_overlap_after_a_lease_expired_unrenewed_is_known_not_a_defect() -> N
     assert "verdict: PASS" in table and "OVER (known cause)" in table
     assert UNRENEWED_CAUSE in table and "renewed +149.790-149.800 s" in table
     assert re.search(r"renewals: renewed / lost / error +1 / 0 / 0\n", table)
+    # a1's longest span without a write: from its renewal's answer to its end.
+    assert verdict.longest_unwritten == ((A_END - 149_800_000) / LEASE, A_END - 149_800_000,
+                                         LEASE, "a1", "worker2")
+    assert re.search(r"longest a lease went unwritten +3.800 s of a 3 s lease \(1.27; a1, "
+                     r"worker2\)\n", table)
 
 
 def test_an_overlap_while_the_holder_renewed_is_a_defect() -> None:

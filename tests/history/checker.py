@@ -53,6 +53,7 @@ from .leases import (
     Renewal,
     collect_renewals,
     last_written,
+    longest_unwritten,
     outcomes,
     renewals_told,
     stalls_of,
@@ -247,6 +248,9 @@ class Verdict:
     #: ``lease_lost`` signals of a renewal sent after its lease had gone unrenewed for
     #: longer than a lease (:data:`~.leases.UNRENEWED_CAUSE`).
     lease_lost_unrenewed: int = 0
+    #: The longest a running body's lease went without a write (start, successful
+    #: renewals, end), as a share of its lease: (share, µs, lease µs, run, worker).
+    longest_unwritten: Tuple[float, int, int, str, str] = (0.0, 0, 0, "", "")
 
     def known_overlaps(self) -> List[Overlap]:
         """The overlaps of :data:`~.leases.UNRENEWED_CAUSE`: reported, not defects."""
@@ -310,6 +314,7 @@ def check(events: Iterable[Event]) -> Verdict:
                          verdict.renewals_recorded)
     verdict.lease_lost_unrenewed = lost_unrenewed(history, bodies, renewals, faults,
                                                   verdict.renewals_recorded)
+    verdict.longest_unwritten = longest_gap(sent, bodies, renewals)
     verdict.rates = rate_peaks(sent, bodies, data_losses(faults))
     verdict.unended = [body.run for body in bodies if body.until == OPEN]
     verdict.lease_lost = sum(event["kind"] == "lease_lost" for event in history)
@@ -468,6 +473,22 @@ def classify_overlap(overlap: Overlap, sent: Mapping[str, Event], bodies: Sequen
                                     task.get("limits") or () if limit["key"] == overlap.key),
                                    1)
     overlap.known = recorded and overlap.taken - unrenewed_cost <= overlap.slots
+
+
+def longest_gap(sent: Mapping[str, Event], bodies: Sequence[Body],
+                renewals: Mapping[str, Sequence[Renewal]]) -> Tuple[float, int, int, str, str]:
+    """Of the bodies that ended or were killed, the one whose lease went longest without
+    a write as a share of its lease (:func:`~.leases.longest_unwritten`): how near a run
+    came to :data:`~.leases.UNRENEWED_CAUSE`."""
+    longest: Tuple[float, int, int, str, str] = (0.0, 0, 0, "", "")
+    for body in bodies:
+        limits = sent.get(body.task, {}).get("limits") or ()
+        lease = lease_of(sent.get(body.task, {}), limits[0]["key"]) if limits else None
+        if not lease or not body.token or body.until == OPEN:
+            continue
+        gap, _ = longest_unwritten(body.start, int(body.until), renewals.get(body.token, ()))
+        longest = max(longest, (gap / lease, gap, lease, body.run, body.worker))
+    return longest
 
 
 def lost_unrenewed(history: Sequence[Event], bodies: Sequence[Body],

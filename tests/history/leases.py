@@ -153,6 +153,19 @@ def renewals_told(renewals: Sequence[Renewal], moment: int, origin: int) -> str:
             f"after: {len(after)}{' (' + ', '.join(after) + ')' if after else ''}")
 
 
+def longest_unwritten(start: int, until: int, renewals: Sequence[Renewal]) -> Span:
+    """The longest a body's lease went without a write while the body ran (µs), between
+    its start, the answers of its successful renewals and its end, and from when.
+
+        >>> answered = Renewal("k", "1", "ab", 3_000_000, RENEWED, 900_000, 1_000_000)
+        >>> longest_unwritten(0, 3_500_000, [answered])
+        (2500000, 1000000)
+    """
+    writes = sorted([start, *(renewal.answered for renewal in renewals
+                              if renewal.outcome == RENEWED and start < renewal.answered < until)])
+    return max((later - earlier, earlier) for earlier, later in zip(writes, [*writes[1:], until]))
+
+
 def outcomes(renewals: Mapping[str, Sequence[Renewal]]) -> Dict[str, int]:
     """How many renewals had each outcome."""
     counts = {RENEWED: 0, LOST: 0, ERROR: 0}

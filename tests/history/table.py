@@ -39,6 +39,7 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
         ("renewals: renewed / lost / error",
          " / ".join(str(verdict.renewals.get(outcome, 0)) for outcome in (RENEWED, LOST, ERROR))
          + ("" if verdict.renewals_recorded else " (not recorded)")),
+        ("longest a lease went unwritten", _longest(verdict)),
         ("slots held once settled", str(sum(verdict.held.values()))),
         ("keys without a TTL", str(len(verdict.no_ttl))),
         ("parking leftovers", str(sum(verdict.parked.values()))),
@@ -58,6 +59,13 @@ def render(title: str, verdict: Verdict, facts: Mapping[str, object]) -> str:
     lines.append("  verdict: " + ("PASS" if not defects else f"{len(defects)} DEFECT(S)"))
     lines += [f"    - {defect}" for defect in defects]
     return "\n".join(lines)
+
+
+def _longest(verdict: Verdict) -> str:
+    share, gap, lease, run, worker = verdict.longest_unwritten
+    if not run:
+        return "-"
+    return f"{gap / 1e6:.3f} s of a {lease / 1e6:g} s lease ({share:.2f}; {run}, {worker})"
 
 
 def _known(verdict: Verdict, cause: str) -> int:
