@@ -14,8 +14,10 @@ import pytest
 import redis
 from celery import Celery
 from celery.app.task import Context
+from test_gate_lookahead import _Consumer  # a prefork worker's consumer, on an event loop
 
 from celery_redislock import LimitedTask
+from celery_redislock.config.limit import TaskLimits
 from celery_redislock.engine.admission import declare_fresh
 from celery_redislock.gate import main_process, thin
 from celery_redislock.line.waiting import Parked
@@ -45,6 +47,12 @@ def _body(x: str) -> None:  # pragma: no cover - never run here
     return None
 
 
+def _limits(task: Any) -> TaskLimits:
+    limits = limits_of(task)
+    assert limits is not None
+    return limits
+
+
 class _Request:
     """A worker request as the gate reads it (the generic path reads its context)."""
 
@@ -62,7 +70,8 @@ class _Request:
 
 
 class _Hold:
-    copy, promises, booked, waits = False, {}, None, 0
+    copy, booked, waits = False, None, 0
+    promises: Dict[str, int] = {}
 
 
 class _Store:
@@ -103,7 +112,7 @@ def _thin_asks(app: Celery, client: Any, name: str, ids: List[str],
         act=lambda consumer, req, handle, hold, limits, answer, ahead: answers.append(answer),
         settle=lambda consumer, req, handle, hold, limits, step, ahead: answers.append(step()))
     task = app.tasks[name]
-    slim = thin.thin_of(task, limits_of(task))
+    slim = thin.thin_of(task, _limits(task))
     assert slim is not None
     for task_id in ids:
         assert thin.ask(slim, None, _Request(task, task_id, **request), print, _Hold(),
@@ -117,7 +126,7 @@ def _generic_asks(app: Celery, name: str, ids: List[str],
     task, answers, sent = app.tasks[name], [], []  # type: Any, List[Any], List[Any]
     for task_id in ids:
         asking = main_process.asking_of(
-            task, limits_of(task), _Request(task, task_id, **request)._context, room=True,
+            task, _limits(task), _Request(task, task_id, **request)._context, room=True,
             promises={}, may_wait=True, loop=True)
         assert asking is not None
         call = asking.call()
@@ -197,14 +206,14 @@ def test_the_thin_path_leaves_the_store_as_the_generic_path_does(
 def test_the_thin_path_is_taken_for_slots_only_tasks(redis_server: Any, name: str,
                                                      taken: bool) -> None:
     task = _app(redis_server.database_url(0)).tasks[name]
-    assert (thin.thin_of(task, limits_of(task)) is not None) is taken
+    assert (thin.thin_of(task, _limits(task)) is not None) is taken
 
 
 @pytest.mark.parametrize("conf", [{"redislock_gate": "blocking"},
                                   {"redislock_enabled": False}])
 def test_no_thin_path_without_the_async_gate(redis_server: Any, conf: Dict[str, Any]) -> None:
     task = _app(redis_server.database_url(0), **conf).tasks["slots"]
-    assert thin.thin_of(task, limits_of(task)) is None
+    assert thin.thin_of(task, _limits(task)) is None
 
 
 @pytest.mark.parametrize("hold,request_fields", [
@@ -213,7 +222,7 @@ def test_the_generic_path_asks_for_copies_redeliveries_and_held_runs(
         redis_server: Any, monkeypatch: Any, hold: Dict[str, Any],
         request_fields: Dict[str, Any]) -> None:
     task = _app(redis_server.database_url(0)).tasks["slots"]
-    slim = thin.thin_of(task, limits_of(task))
+    slim = thin.thin_of(task, _limits(task))
     assert slim is not None
     monkeypatch.setattr(thin.Thin, "on", lambda self, consumer: pytest.fail("asked"))
     held = _Hold()
@@ -221,3 +230,61 @@ def test_the_generic_path_asks_for_copies_redeliveries_and_held_runs(
         setattr(held, field, value)
     assert not thin.ask(slim, None, _Request(task, "t1", **request_fields), print, held,
                         False, True, thin.Gate(print, print))
+
+
+class _Sent:
+    """The worker's connection to the store, recording what is sent through it."""
+
+    def __init__(self, sent: List[str]) -> None:
+        self.sent = sent
+
+    def run_script(self, script: Any, keys: Any, args: Any, then: Any) -> None:
+        self.sent.append("thin")
+
+
+class _Message:
+    def __init__(self, headers: Dict[str, Any]) -> None:
+        self.headers = headers
+
+
+@pytest.mark.parametrize("name,headers,thin_path", [
+    ("slots", {}, True), ("priority", {}, True), ("rated", {}, False),
+    ("max_wait", {}, False), ("slots", {"redislock_wait": {"attempts": 1}}, False)])
+def test_the_gate_asks_slots_only_newcomers_through_the_thin_path(
+        redis_server: Any, monkeypatch: Any, name: str, headers: Dict[str, Any],
+        thin_path: bool) -> None:
+    from celery_redislock.gate import gate
+
+    asked: List[str] = []
+    monkeypatch.setattr(thin.Thin, "on", lambda self, consumer: _Sent(asked))
+    monkeypatch.setattr(gate, "_settle", lambda *args, **kwargs: asked.append("generic"))
+    task = _app(redis_server.database_url(0)).tasks[name]
+    request = _Request(task, "t1")
+    request.message = _Message(headers)  # type: ignore[attr-defined]
+    request.revoked = lambda: False  # type: ignore[attr-defined]
+    gate.gate(_Consumer(), request, pytest.fail)
+    assert asked == ["thin" if thin_path else "generic"]
+
+
+def test_a_failed_thin_ask_is_the_generic_paths_to_answer(redis_server: Any,
+                                                           monkeypatch: Any) -> None:
+    from redis.exceptions import ConnectionError
+
+    class _Failing:
+        def run_script(self, script: Any, keys: Any, args: Any, then: Any) -> None:
+            then(ConnectionError("lost the lock store"))
+
+    answers: List[Any] = []
+    monkeypatch.setattr(thin.Thin, "on", lambda self, consumer: _Failing())
+    gate = thin.Gate(act=pytest.fail, settle=lambda consumer, req, handle, hold, limits,
+                     step, ahead: answers.append(step()))
+    task = _app(redis_server.database_url(0)).tasks["slots"]
+    slim = thin.thin_of(task, _limits(task))
+    assert slim is not None
+    try:
+        assert thin.ask(slim, None, _Request(task, "t1"), print, _Hold(), False, True, gate)
+        assert not main_process.store_asked()  # paused after the failure, as the generic
+    finally:
+        main_process.store_answered()
+    assert [type(answer) for answer in answers] == [main_process.Later]
+    assert answers[0].seconds == main_process.STORE_HOLD

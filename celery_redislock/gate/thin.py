@@ -30,7 +30,7 @@ run, ends it, holds it or reports the failure exactly as it would have.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..config.limit import TaskLimits
 from ..engine.admission import new_token, owner_prefix
@@ -125,24 +125,38 @@ def ask(thin: Thin, consumer: Any, request: Any, handle: Callable[[Any], Any], h
     """Send the thin ask of ``request`` (not revoked, that a pool process or the
     look-ahead can take now), its reply acted on by ``gate``: True. False: the generic
     path asks (see the module). ``may_wait``: as the generic ask's, for its fallback."""
-    fields = request._request_dict
-    if hold.copy or hold.promises or hold.booked is not None or fields.get(
-            "delivery_info", {}).get("redelivered"):
+    try:
+        prepared = _prepared(thin, consumer, request, hold)
+    except Exception:  # the generic path asks, and reports what fails as it does
+        prepared = None
+    if prepared is None or not store_asked():  # paused: the generic path holds the run
         return False
-    store = thin.on(consumer)
-    if store is None:
-        return False
-    slots = thin.ask_of(priority_of(thin.limits.retry.priority, request, thin.low_first))
-    if slots is None or not store_asked():  # paused: the generic path holds the run
-        return False
-    task_id, worker = request.id, request.hostname
-    token = owner_prefix(worker or "", task_id or "", this_start(worker)) + new_token()
-    description = _describe(thin.name, worker, task_id, pid=None, args=_args_of(request))
-    args = slots.args(token, description, run_id(task_id, fields.get("retries") or 0))
+    store, slots, token, description, args = prepared
     store.run_script(slots.script, slots.keys, args, _Reply(
         thin, consumer, request, handle, hold, ahead, may_wait, gate, slots, token,
         description, args))
     return True
+
+
+def _prepared(thin: Thin, consumer: Any, request: Any,
+              hold: Any) -> Optional[Tuple[HubStore, SlotsAsk, str, str, List[Any]]]:
+    """The connection, the ask and the holder token, description and script arguments of
+    ``request`` held as ``hold``; None when the generic path asks (see the module)."""
+    fields = request._request_dict
+    if hold.copy or hold.promises or hold.booked is not None or fields.get(
+            "delivery_info", {}).get("redelivered"):
+        return None
+    store = thin.on(consumer)
+    if store is None:
+        return None
+    slots = thin.ask_of(priority_of(thin.limits.retry.priority, request, thin.low_first))
+    if slots is None:
+        return None
+    task_id, worker = request.id, request.hostname
+    token = owner_prefix(worker or "", task_id or "", this_start(worker)) + new_token()
+    description = _describe(thin.name, worker, task_id, pid=None, args=_args_of(request))
+    return store, slots, token, description, slots.args(
+        token, description, run_id(task_id, fields.get("retries") or 0))
 
 
 class _Reply:
