@@ -452,9 +452,9 @@ def capacity(consumer: Any) -> Tuple[int, int]:
     processes = getattr(pool, "num_processes", None) or 0
     if processes <= 0:
         return 1 << 30, 0
-    reserved = len(worker_state.reserved_requests.data)
-    holding: int = len(held.data)  # type: ignore[attr-defined]
-    free = processes - (reserved - min(holding, reserved))
+    # The reserved requests not held here (never fewer than none), without min().
+    busy: int = len(worker_state.reserved_requests.data) - len(held.data)  # type: ignore[attr-defined]
+    free = processes - busy if busy > 0 else processes
     prefork = _prefork.get(type(pool))
     if prefork is None:
         prefork = _looks_ahead(consumer, pool)
