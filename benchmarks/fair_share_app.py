@@ -167,10 +167,12 @@ def _trace_dispatch() -> None:
 
     marked = standby.marked
 
-    def swapped(request: Any, call: Any) -> Any:
-        if request.id in standby._swaps:
+    def swapped(consumer: Any, request: Any, call: Any) -> Any:
+        mine = standby.standbys_of(consumer, make=False)
+        held = mine.copies.get(request.id) if mine is not None else None
+        if held is not None and held.state is standby.State.SWAPPING:
             _trace("swapped", request.id)
-        return marked(request, call)
+        return marked(consumer, request, call)
 
     standby.marked = swapped  # type: ignore[assignment]
 

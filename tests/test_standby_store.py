@@ -112,3 +112,36 @@ def test_a_standby_handed_a_slot_without_waiting_is_claimed_by_its_holder(redis_
 
     assert RELEASE.run(redis_client, [key], [member, 0, 0])[0] == 1  # as a worker releases
     assert redis_client.hget(key.replace("}:s:", "}:pr:"), run_id("a1", 0)).startswith(b"s")
+
+
+def test_a_claim_renews_the_lease_a_chain_of_standbys_passes_on(redis_client):
+    """A chain of standbys runs under one lease, handed on from run to run: the claim
+    sent at each hand-off renews it from the server's now, so it never grows old."""
+    from celery_redislock.engine.standby import claim_standby
+
+    holder, a1, _, _ = line(redis_client)  # lease 30 s
+    key, member = holder.handover()["keys"][0], holder.handover()["member"]
+    ask_standby(redis_client, key)
+    held = ask(redis_client, "a1", a1, "tenant:a")
+    seconds, micros = redis_client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    claimed, _ = claim_standby(redis_client, key, member, run_id("a1", 0), held.park.park_id,
+                               lease=60)
+    assert claimed
+    assert float(redis_client.zscore(key, member)) >= now_ms + 60_000  # renewed: 30 s before
+    assert redis_client.pttl(key) >= 59_000  # the key lives as long
+    claim_end = redis_client.zscore(key.replace("}:s:", "}:pe:"), holder.token)
+    assert float(claim_end) >= now_ms + 60_000  # the standby's reference: claimed as long
+
+
+def test_a_claim_for_a_holder_gone_renews_nothing(redis_client):
+    from celery_redislock.engine.standby import claim_standby
+
+    holder, a1, _, _ = line(redis_client)
+    key, member = holder.handover()["keys"][0], holder.handover()["member"]
+    ask_standby(redis_client, key)
+    held = ask(redis_client, "a1", a1, "tenant:a")
+    assert holder.release()
+    claimed, _ = claim_standby(redis_client, key, member, run_id("a1", 0), held.park.park_id,
+                               lease=60)
+    assert not claimed and redis_client.zscore(key, member) is None

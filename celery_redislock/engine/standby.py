@@ -15,7 +15,9 @@ receiving the moved copy, its admission. A *standby* takes those hops ahead of t
 * when a run of the same key ends in that worker, the standby goes to the pool under
   that run's lease, as a slot handed on does (the store sees one holder throughout), and
   :data:`STANDBY_CLAIM`, sent without waiting, claims the standby's reference for that
-  holder and owes the next standby (:func:`claim_standby`). Or, the lease too old to be
+  holder, renews that holder's lease (so that a chain of standbys, which passes one
+  lease on from run to run, keeps it young) and owes the next standby
+  (:func:`claim_standby`). Or, the lease too old to be
   handed on, the standby asks again with that run's holder member (:func:`standby_call`
   ``swap=``): in one script the holder is removed (its claim served, as a release), its
   slot reserved for the line and taken by the standby at once, and the next standby
@@ -38,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List, Optional, Tuple
 
-from .admission import SlotLimit, handoffs_of
+from .admission import SlotLimit, handoffs_of, milliseconds
 from .parking import ParkAdmitCall
 from .scripts import LINE, PARKED, LuaScript
 
@@ -101,17 +103,21 @@ def ask_standby(client: Any, key: str) -> List[Any]:
     return handoffs_of(STANDBY_ASK.run(client, [key], []))
 
 
-def claim_args(member: str, run: str, park_id: str) -> List[Any]:
+def claim_args(member: str, run: str, park_id: str, lease: Optional[float] = None
+               ) -> List[Any]:
     """The arguments of :data:`STANDBY_CLAIM`: the standby of run ``run`` (its park id
     ``park_id``, as :func:`is_standby` read it, mark and all) runs under the slot of
-    holder ``member``."""
-    return [member, run, park_id[len(STANDBY_MARK):] if is_standby(park_id) else park_id]
+    holder ``member``, whose lease is renewed for ``lease`` seconds from now (None: not
+    renewed)."""
+    plain = park_id[len(STANDBY_MARK):] if is_standby(park_id) else park_id
+    return [member, run, plain, *(() if lease is None else (milliseconds(lease),))]
 
 
-def claim_standby(client: Any, key: str, member: str, run: str, park_id: str
-                  ) -> Tuple[bool, List[Any]]:
+def claim_standby(client: Any, key: str, member: str, run: str, park_id: str,
+                  lease: Optional[float] = None) -> Tuple[bool, List[Any]]:
     """Claim the standby's reference for holder ``member`` of ``key``, whose slot it was
-    handed in its worker (blocking; the worker sends :data:`STANDBY_CLAIM` on its event
-    loop without waiting): whether it was claimed, and the moves owed (the next standby)."""
-    reply = STANDBY_CLAIM.run(client, [key], claim_args(member, run, park_id))
+    handed in its worker, and renew that holder's lease for ``lease`` seconds (blocking;
+    the worker sends :data:`STANDBY_CLAIM` on its event loop without waiting): whether
+    it was claimed, and the moves owed (the next standby)."""
+    reply = STANDBY_CLAIM.run(client, [key], claim_args(member, run, park_id, lease))
     return bool(int(reply[0])), handoffs_of(reply[1:])

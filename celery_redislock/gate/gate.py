@@ -227,7 +227,7 @@ def _settle(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: roo
         answer = step()
         if isinstance(answer, Asking):
             store = _store_of(consumer, answer)
-            call = None if store is None else standby.marked(request, answer.call())
+            call = None if store is None else standby.marked(consumer, request, answer.call())
             if store is None or call is None:
                 answer = answer.blocking()
             else:

@@ -11,13 +11,16 @@ leaves its release to this process (:func:`release_for`). When it ends:
 * a standby of its key is held here: the standby goes at once to the pool process the
   run freed, under the ended run's lease, as a slot handed on does (:mod:`.hand_on`:
   the store sees one holder throughout), and the script that claims the standby's
-  reference for that holder and owes the next standby is sent without waiting
-  (:func:`_take_slot`). A lease older than a third of a lease is not handed so: the
-  standby asks with the ended run's holder member instead (:func:`marked`), and one
-  script moves the slot to it (never free, never two holders) and owes the next;
+  reference for that holder, renews that lease and owes the next standby is sent
+  without waiting (:func:`_take_slot`). So a chain of standbys passes one lease on from
+  run to run, kept young by those renewals: a lease whose last renewal this process
+  has not seen answered within a third of a lease (the store did not answer, or the
+  holder was gone) is not handed so: the standby asks with the ended run's holder
+  member instead (:data:`State.SWAPPING`), and one script moves the slot to it (never
+  free, never two holders) and owes the next;
 * none is: the slot is given back as any release (handed to the line), and a standby is
   asked for (:func:`~..engine.standby.ask_standby`, on the event loop, at most every
-  :data:`ASK_EVERY`).
+  :data:`ASK_EVERY` per key).
 
 A moved copy of such a line that arrives while this worker holds fewer standbys of its
 key than :data:`HOLD_PER_RUN` per run of it that it runs asks with the standby's mark:
@@ -31,16 +34,24 @@ about the messages behind it. A worker killed with a standby loses nothing (its 
 is unacknowledged: the broker gives it back, and it asks as any moved copy) and runs
 nothing twice (it holds no slot, and its one message is the run).
 
-    >>> Standby.__slots__
-    ('handle', 'holds', 'key', 'park_id', 'request', 'run')
+Each worker (its consumer) follows its copies' lives in one :class:`Standbys`: per
+copy a :class:`Standby` in one :class:`State`, per key a :class:`Line`.
+
+    >>> [state.name for state in State]
+    ['ASKING', 'HELD', 'SWAPPING', 'AGAIN']
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import functools
 import logging
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
+import weakref
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional
 
 from ..config.limit import TaskLimits
 from ..config.settings import redis_client
@@ -81,11 +92,13 @@ HOLD_PER_RUN = 2
 #: At most one standby asked for per key per this many s by one worker.
 ASK_EVERY = 0.05
 
-#: The most entries the bookkeeping below keeps (the ids of runs whose end or answer
-#: never came back here, a pool process lost: dropped past it).
+#: The most copies, and runs per key, one worker follows: past it the oldest is
+#: forgotten (a copy whose answer, or a run whose end, never came back here: its pool
+#: process lost).
 _KEPT = 1000
 
 Handle = Callable[[Any], Any]
+Publish = Callable[[Any], Any]
 
 
 class Gate(NamedTuple):
@@ -100,36 +113,104 @@ class Gate(NamedTuple):
     ask_now: Callable[[Any, Any, Handle], Any]
 
 
+class State(enum.Enum):
+    """Where a moved copy is in its life as a standby of this worker.
+
+    * ``ASKING``: it asked with the standby's mark (:func:`marked`); its answer holds it
+      here (``HELD``), or it is forgotten (admitted, parked again...);
+    * ``HELD``: held here for a run of its key to end here; then forgotten (it went to
+      the pool under that run's lease), or ``SWAPPING`` (that lease too old to be handed
+      on), or after :data:`RECHECK` ``AGAIN``;
+    * ``SWAPPING``: to ask with the ended run's holder member; asked: ``ASKING``;
+    * ``AGAIN``: it asks again (``ASKING``), or as any moved copy (forgotten).
+    """
+
+    ASKING = "asking"
+    HELD = "held"
+    SWAPPING = "swapping"
+    AGAIN = "again"
+
+
+def _unheld(request: Any) -> Any:
+    """The handle of a copy not held yet (never called: only held copies are handed on)."""
+    raise RuntimeError(f"standby {request.id} was never held")
+
+
+@dataclass(eq=False)
 class Standby:
-    """A copy held here as the standby of semaphore ``key``: its run and park id."""
+    """One moved copy's life as a standby of semaphore ``key`` here: its ``state``,
+    how many times in a row it was held (``holds``), the run and park id it asked with,
+    and (``SWAPPING``) the holder member whose slot it asks for."""
 
-    __slots__ = ("handle", "holds", "key", "park_id", "request", "run")
-
-    def __init__(self, key: str, request: Any, handle: Handle, holds: int, run: str,
-                 park_id: str) -> None:
-        self.key, self.request, self.handle, self.holds = key, request, handle, holds
-        self.run, self.park_id = run, park_id
-
-
-#: The standbys held for each key, oldest first (at most :data:`HOLD_PER_RUN` per run of
-#: the key running here, but asks on their way may add one more).
-_held: Dict[str, List[Standby]] = {}
-#: Per key, the task ids of runs sent to the pool whose release is this process's.
-_running: Dict[str, Set[str]] = {}
-#: Task id -> the holder member whose slot the standby's next ask takes.
-_swaps: Dict[str, str] = {}
-#: Task id -> how many times in a row a standby asking again was held (until its answer).
-_holds: Dict[str, int] = {}
-#: Task id -> the run ('<task id>:<attempt>') of a copy that asked with the mark.
-_asks: Dict[str, str] = {}
-#: Key -> when a standby was last asked for (monotonic).
-_asked: Dict[str, float] = {}
+    key: str
+    request: Any
+    handle: Handle = _unheld
+    state: State = State.ASKING
+    holds: int = 0
+    run: str = ""
+    park_id: str = ""
+    swap: Optional[str] = None
 
 
-def _keep(entries: Dict[str, Any], task_id: str, value: Any) -> None:
-    if len(entries) >= _KEPT:
-        entries.clear()
+@dataclass
+class Line:
+    """One key's standbys in one worker: those held (oldest first), the runs sent to the
+    pool whose release is this process's, and when a standby was last asked for."""
+
+    held: Deque[Standby] = field(default_factory=deque)
+    running: Dict[str, None] = field(default_factory=OrderedDict)
+    asked_at: float = float("-inf")
+
+    def has_room(self) -> bool:
+        """Whether one more standby may be held (:data:`HOLD_PER_RUN` per run)."""
+        return len(self.held) < HOLD_PER_RUN * len(self.running)
+
+
+class Standbys:
+    """One worker's standbys: each copy's :class:`Standby` by task id, each key's
+    :class:`Line`."""
+
+    __slots__ = ("copies", "lines")
+
+    def __init__(self) -> None:
+        self.copies: Dict[str, Standby] = OrderedDict()
+        self.lines: Dict[str, Line] = {}
+
+    def line(self, key: str) -> Line:
+        line = self.lines.get(key)
+        if line is None:
+            line = self.lines[key] = Line()
+        return line
+
+    def follow(self, standby: Standby) -> None:
+        """Follow ``standby`` (its request's task id), the oldest forgotten past
+        :data:`_KEPT`."""
+        _bounded(self.copies, standby.request.id, standby)
+
+    def forget(self, standby: Standby) -> None:
+        self.copies.pop(standby.request.id, None)
+
+
+def _bounded(entries: Dict[str, Any], task_id: str, value: Any) -> None:
+    """``entries[task_id] = value``, dropping the oldest entry past :data:`_KEPT`."""
     entries[task_id] = value
+    if len(entries) > _KEPT:
+        entries.pop(next(iter(entries)))
+
+
+#: Each worker's :class:`Standbys` where its consumer cannot keep them (``__slots__``).
+_registry: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ATTRIBUTE = "_redislock_standbys"
+
+
+def standbys_of(consumer: Any, make: bool = True) -> Optional[Standbys]:
+    """``consumer``'s :class:`Standbys` (made on first use with ``make``, else None)."""
+    mine = getattr(consumer, _ATTRIBUTE, None) or _registry.get(consumer)
+    if mine is None and make:
+        mine = _registry[consumer] = Standbys()
+        with contextlib.suppress(AttributeError):
+            setattr(consumer, _ATTRIBUTE, mine)
+    return mine
 
 
 def enabled(request: Any) -> bool:
@@ -137,29 +218,44 @@ def enabled(request: Any) -> bool:
     return task_settings(request.task).standby
 
 
-def marked(request: Any, call: Any) -> Any:
+def marked(consumer: Any, request: Any, call: Any) -> Any:
     """``call``, the admission of ``request``, with the standby's mark when it is a
     moved copy that may be held here or is to take an ended run's slot; else as is."""
-    if not isinstance(call, ParkAdmitCall) or not may_stand_by(call):
+    if not (isinstance(call, ParkAdmitCall) and may_stand_by(call) and enabled(request)):
         return call
-    swap = _swaps.pop(request.id, None)
-    key = call.keys[0]
-    if swap is None and (len(_held.get(key) or ()) >= HOLD_PER_RUN * len(_running.get(key) or ())
-                         or _holds.get(request.id, 0) >= MAX_HOLDS or not enabled(request)):
+    mine = standbys_of(consumer)
+    assert mine is not None
+    standby = mine.copies.get(request.id)
+    swap = standby.swap if standby is not None and standby.state is State.SWAPPING else None
+    if swap is None and not _may_hold(mine, call.keys[0], standby):
+        if standby is not None:
+            mine.forget(standby)
         return call
-    _keep(_asks, request.id, str(call.args[3]))
+    standby = standby or Standby(call.keys[0], request)
+    standby.state, standby.run, standby.swap = State.ASKING, str(call.args[3]), None
+    mine.follow(standby)
     return standby_call(call, swap)
+
+
+def _may_hold(mine: Standbys, key: str, standby: Optional[Standby]) -> bool:
+    """Whether a copy (``standby``: its life so far) may ask to be held as a standby of
+    ``key`` here."""
+    return mine.line(key).has_room() and (standby is None or standby.holds < MAX_HOLDS)
 
 
 def hold_here(consumer: Any, request: Any, handle: Handle, answer: Any, gate: Gate) -> bool:
     """Hold ``request`` as its key's standby when its admission's ``answer`` says so
     (True); else False."""
-    holds = _holds.pop(request.id, 0) + 1 if _holds else 1
-    run = _asks.pop(request.id, None) if _asks else None
-    if not (isinstance(answer, Parked) and is_standby(answer.ref.park_id)) or run is None:
+    mine = standbys_of(consumer, make=False)
+    standby = mine.copies.get(request.id) if mine is not None else None
+    if mine is None or standby is None or standby.state is not State.ASKING:
         return False
-    standby = Standby(answer.ref.key, request, handle, holds, run, answer.ref.park_id)
-    _held.setdefault(standby.key, []).append(standby)
+    if not (isinstance(answer, Parked) and is_standby(answer.ref.park_id)):
+        mine.forget(standby)
+        return False
+    standby.state, standby.handle, standby.holds = State.HELD, handle, standby.holds + 1
+    standby.key, standby.park_id = answer.ref.key, answer.ref.park_id
+    mine.line(standby.key).held.append(standby)
     with room.held_lock:  # held here: it takes no pool process (room.capacity)
         room.held[request] = room.hold_of(request, limits_of(request.task))
     _prefetch(consumer, +1)
@@ -179,11 +275,14 @@ def _prefetch(consumer: Any, change: int) -> None:
 
 def _recheck(consumer: Any, standby: Standby, gate: Gate) -> None:
     """A standby held :data:`RECHECK` with no run of its key ended here: it asks again."""
-    held = _held.get(standby.key)
-    if held and standby in held:
+    mine = standbys_of(consumer)
+    assert mine is not None
+    held = mine.line(standby.key).held
+    if standby.state is State.HELD and standby in held:
         held.remove(standby)
         _prefetch(consumer, -1)
-        _keep(_holds, standby.request.id, standby.holds)
+        standby.state = State.AGAIN
+        mine.follow(standby)
         gate.again(consumer, standby.request, standby.handle)
 
 
@@ -203,10 +302,9 @@ def release_for(consumer: Any, request: Any, limits: TaskLimits, handed: Dict[st
                       MAIN_PROCESS_TIMEOUT)
     if store is None:
         return None
-    running = _running.setdefault(keys[0], set())
-    if len(running) >= _KEPT:
-        running.clear()
-    running.add(request.id)
+    mine = standbys_of(consumer)
+    assert mine is not None
+    _bounded(mine.line(keys[0]).running, request.id, None)
     return functools.partial(_ended, consumer, request, store, keys[0], handed, gate)
 
 
@@ -214,20 +312,19 @@ def _ended(consumer: Any, request: Any, store: Any, key: str, handed: Dict[str, 
            gate: Gate) -> None:
     """A run that holds ``handed`` of ``key`` ended here: its slot goes to the standby
     held for ``key``, or back to the store (and a standby is asked for)."""
-    running = _running.get(key)
-    if running is not None:
-        running.discard(request.id)
-    held = _held.get(key)
-    standby = held.pop(0) if held else None
+    mine = standbys_of(consumer)
+    assert mine is not None
+    line = mine.line(key)
+    line.running.pop(request.id, None)
+    standby = line.held.popleft() if line.held else None
     if standby is not None:
         _prefetch(consumer, -1)
+        mine.forget(standby)
     publish = functools.partial(handoff.publish, request.task.app)
     if standby is not None and not standby.request.revoked():
         if _young(handed):  # to the pool process the run freed, as a slot handed on
             return _take_slot(consumer, store, key, standby, handed, gate, publish)
-        _swaps[standby.request.id] = str(handed["member"])
-        gate.ask_now(consumer, standby.request, standby.handle)  # the process it freed
-        if _swaps.pop(standby.request.id, None) is None:
+        if _swap(consumer, mine, standby, str(handed["member"]), gate):
             return None  # it asked with the ended run's slot
     if not store.give_back(handed, publish):
         logger.warning("celery-redislock: task %s[%s]: its slot could not be given back "
@@ -235,46 +332,67 @@ def _ended(consumer: Any, request: Any, store: Any, key: str, handed: Dict[str, 
                        request.id)
     if standby is not None and standby.request.revoked():  # it ends as a revoked request
         gate.again(consumer, standby.request, standby.handle)
-    _ask(store, key, publish)
+    _ask(store, line, key, publish)
     return None
 
 
 def _young(handed: Dict[str, Any]) -> bool:
-    """Whether the lease ``handed`` is younger than a third of a lease (a pool process
-    adopts it without waiting, and renews it before it could end)."""
+    """Whether the lease ``handed`` was taken, or last renewed as this process saw
+    answered, less than a third of a lease ago (a pool process adopts it without
+    waiting, and renews it before it could end)."""
     age = time.monotonic() - float(handed.get("taken") or "-inf")
     return age < float(handed["lease"]) / 3
 
 
+def _swap(consumer: Any, mine: Standbys, standby: Standby, member: str, gate: Gate) -> bool:
+    """Have ``standby`` ask at once for the slot of holder ``member`` (a run that ended
+    here, its lease too old to hand on): True when it asked so; False when its answer
+    needed no store (the caller gives the slot back)."""
+    standby.state, standby.swap = State.SWAPPING, member
+    mine.follow(standby)
+    gate.ask_now(consumer, standby.request, standby.handle)  # the process it freed
+    if standby.state is State.SWAPPING:
+        mine.forget(standby)
+        return False
+    return True
+
+
 def _take_slot(consumer: Any, store: Any, key: str, standby: Standby, handed: Dict[str, Any],
-               gate: Gate, publish: Callable[[Any], Any]) -> None:
+               gate: Gate, publish: Publish) -> None:
     """Send ``standby`` to the pool under the ended run's lease ``handed``, and (without
-    waiting) claim its reference for that holder and owe the next standby."""
+    waiting) claim its reference for that holder, renew its lease and owe the next
+    standby."""
     record = hand_on.handed_on(handed)
     hand_on.note(standby.request.id, record)
-
-    def replied(reply: Any) -> None:
-        if isinstance(reply, list):
-            moves = handoffs_of(reply[1:])
-            if moves:
-                publish(moves)
-
-    store.run_script(STANDBY_CLAIM, [key],
-                     claim_args(str(handed["member"]), standby.run, standby.park_id), replied)
+    args = claim_args(str(handed["member"]), standby.run, standby.park_id,
+                      float(handed["lease"]))
+    store.run_script(STANDBY_CLAIM, [key], args, functools.partial(
+        _claimed, record, time.monotonic(), publish))
     gate.to_pool(consumer, standby.request, standby.handle, record)
 
 
-def _ask(store: Any, key: str, publish: Callable[[Any], Any]) -> None:
+def _claimed(record: Dict[str, Any], sent: float, publish: Publish, reply: Any) -> None:
+    """The answer to :data:`STANDBY_CLAIM` for the lease ``record`` handed on, sent at
+    ``sent`` (monotonic): claimed, the lease was renewed for a lease from then at least
+    (the store applied it after), so it counts as taken then (see :func:`_young`); not
+    (the holder gone, or no answer), it is never handed on again."""
+    claimed = isinstance(reply, list) and bool(reply) and int(reply[0]) == 1
+    record["taken"] = sent if claimed else float("-inf")
+    _publish_moves(publish, 1, reply)
+
+
+def _ask(store: Any, line: Line, key: str, publish: Publish) -> None:
     """Ask for a standby of ``key`` on the event loop (at most every :data:`ASK_EVERY`)."""
     now = time.monotonic()
-    if now - _asked.get(key, float("-inf")) < ASK_EVERY:
+    if now - line.asked_at < ASK_EVERY:
         return
-    _asked[key] = now
+    line.asked_at = now
+    store.run_script(STANDBY_ASK, [key], [], functools.partial(_publish_moves, publish, 0))
 
-    def replied(reply: Any) -> None:
-        if isinstance(reply, list):
-            moves = handoffs_of(reply)
-            if moves:
-                publish(moves)
 
-    store.run_script(STANDBY_ASK, [key], [], replied)
+def _publish_moves(publish: Publish, first: int, reply: Any) -> None:
+    """Publish the moves a script's ``reply`` owes, from its element ``first`` on."""
+    if isinstance(reply, list):
+        moves = handoffs_of(reply[first:])
+        if moves:
+            publish(moves)
