@@ -21,7 +21,10 @@ Printed per line and N:
   store's CPU per 1,000 hand-offs and commands per hand-off, and the broker's pushes per
   run drained (``LPUSH`` + ``RPUSH``: the moves, the parks, and this benchmark's record
   of each body's end, on the same server; without a run parked twice: 2.00 on one key,
-  about (keys + hand-offs) / drained + 1 over many keys, each released slot moving one);
+  about (keys + hand-offs) / drained + 1 over many keys, each released slot moving one),
+  and, from the lock store's counts over every key, the parks per run drained beyond
+  the first (a run parked again) and the slots handed to the line per run drained (1.00
+  without churn: each run moved once);
 * another tenant (``--tenant`` runs of a task on its own key, which has no line, sent one
   at a time): each run's start after its send, p50 / p95 (ms), before the line is parked
   and while it is;
@@ -154,6 +157,7 @@ def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: 
     calls, broker_calls = command_calls(servers.lock), command_calls(servers.broker)
     usec = {"lock": command_usec(servers.lock), "broker": command_usec(servers.broker)}
     cpu, released_us = cpu_seconds(servers.lock), _server_us(servers.records)
+    counted = line_counts(servers.lock)
     for lease in held:  # as a worker's release: the next run moved at once
         lease.release()
         moves.owe(bench.app, lease.handoffs)
@@ -161,6 +165,7 @@ def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: 
              f"{case.drained} runs to drain", workers)
     runs = [tuple(map(int, value.split()))
             for value in servers.records.lrange(bench.ENDS, 0, case.drained - 1)]
+    parks, handed = (now - before for now, before in zip(line_counts(servers.lock), counted))
     seconds = (max(end for _, _, end in runs) - released_us) / 1e6
     lock_calls = sum(calls_delta(calls, command_calls(servers.lock)).values())
     publishes = calls_delta(broker_calls, command_calls(servers.broker))
@@ -170,7 +175,8 @@ def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: 
     return {"line": case.line, "size": case.size, "keys": case.keys, **parked,
             "drained": case.drained, "drain_seconds": seconds, "rate": case.drained / seconds,
             "handoff_p50_ms": percentile(handoffs, 50), "handoff_p95_ms": percentile(handoffs, 95),
-            "handoffs": len(handoffs),
+            "handoffs": len(handoffs), "parks_per_run": parks / case.drained,
+            "handed_per_run": handed / case.drained,
             "drain_us_per_run": {server: {name: us / case.drained for name, us in
                                           sorted(by.items(), key=lambda kv: -kv[1])[:6]}
                                  for server, by in spent.items()},
@@ -182,6 +188,16 @@ def _park_and_drain(bench: Any, workers: Sequence[Worker], case: Case, servers: 
             "tenant_idle_p95_ms": percentile(tenant_idle, 95),
             "tenant_parked_p50_ms": percentile(tenant_parked, 50),
             "tenant_parked_p95_ms": percentile(tenant_parked, 95)}
+
+
+def line_counts(lock: redis.Redis) -> Tuple[int, int]:
+    """Over every key's parked line: how many parks (a run parked again counts again)
+    and how many slots were handed to the line (reservations), so far."""
+    parks = handed = 0
+    for name in lock.scan_iter("*}:pn:*", count=1000):
+        n, v = lock.hmget(name, "n", "v")
+        parks, handed = parks + int(n or 0), handed + int(v or 0)
+    return parks, handed
 
 
 def _tenant_ms(bench: Any, servers: Servers, workers: Sequence[Worker], runs: int,
@@ -311,6 +327,7 @@ def report(results: List[Dict[str, Any]]) -> str:
              f"{r['rate']:.1f}", r["handoffs"], f"{r['handoff_p50_ms']:.2f}",
              f"{r['handoff_p95_ms']:.2f}",
              f"{r['commands_per_handoff']:.1f}", f"{r['publishes_per_task']:.2f}",
+             f"{r['parks_per_run']:.2f}", f"{r['handed_per_run']:.2f}",
              f"{r['tenant_idle_p50_ms']:.1f} / {r['tenant_idle_p95_ms']:.1f}",
              f"{r['tenant_parked_p50_ms']:.1f} / {r['tenant_parked_p95_ms']:.1f}")
             for r in results]
@@ -318,7 +335,7 @@ def report(results: List[Dict[str, Any]]) -> str:
         ("line", "N", "keys", "drain timed over", "worker MB beyond idle", "broker MB",
          "lock store MB", "broker cmd/s parked", "lock store cmd/s parked", "drain /s",
          "hand-offs", "hand-off p50 ms", "hand-off p95 ms", "lock-store commands per hand-off",
-         "publishes per task",
+         "publishes per task", "parks again per run", "slots handed per run",
          "other tenant ms p50 / p95, no line", "other tenant ms p50 / p95, line parked"),
         rows) + "".join(_by_command(r) for r in results)
 

@@ -16,6 +16,7 @@ May import: the standard library, redis-py's public API, ``celery_redislock.erro
 ``channel``        one connection per thread for the commands on every run's path
 ``hub_store``      one connection driven by an event loop (kombu's ``Hub``), never blocking it
 ``standby``        a parked line's next run held with no slot, handed a holder's slot
+``late``           a moved copy still queued keeps the slot reserved for it (bounded)
 ``scripts``        the Lua scripts, loaded from ``lua/``, and hash-slot grouping
 ``holder``         a holder's entry in a semaphore
 ``keys``           the Redis keys of limit names

@@ -139,6 +139,7 @@ MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=PARKED)
 STARTED = LuaScript.load("started.lua", after=PARKED)
 PARKED_SENT = LuaScript.load("parked_sent.lua", after=[*PARKED, "parked_unsent.lua"])
 LEAVE_PARKED = LuaScript.load("leave_parked.lua", after=LINE)
+KEEP_LATE = LuaScript.load("keep_late.lua", after=["units.lua", "parked_names.lua"])
 
 
 def is_cluster(client: Any) -> bool:

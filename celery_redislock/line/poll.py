@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from celery.apps.worker import Worker as CommandWorker
 from celery.bootsteps import CLOSE, RUN, TERMINATE
@@ -23,8 +23,10 @@ from ..config.settings import read_settings, redis_client
 from ..engine import parking as store
 from ..engine import parking_rate
 from ..engine.admission import ParkedMove
+from ..engine.late import keep_late
 from ..errors import LockConfigurationError
 from ..parking import broker_for, key_of_line, parked_lengths, recount
+from ..parking.redis_line import RESTORE_BATCH
 from . import moves
 
 logger = logging.getLogger(__name__)
@@ -45,6 +47,9 @@ POLL_KEYS = 100
 #: time: one broker script; a backup is due 8 s after its move, so that it is back
 #: before the move's reservation lapses (10 s).
 RESTORE_EVERY = 1.0
+
+#: How many rounds of backups due one poll looks at, at most (each one broker script).
+RESTORE_ROUNDS = 50
 
 
 def pause_after(keys: int) -> float:
@@ -107,7 +112,7 @@ class Poll:
         client, prefix = redis_client(self.app, settings), settings.prefix
         if time.monotonic() >= self.next_restore:
             self.next_restore = time.monotonic() + RESTORE_EVERY
-            restore(broker)
+            restore(broker, client)
         if time.monotonic() < self.next_visit:
             return self._rates_only(broker, client, prefix)
         counted = recount(broker)
@@ -134,12 +139,22 @@ class Poll:
         return owed
 
 
-def restore(broker: Any) -> None:
+def restore(broker: Any, client: Any) -> None:
     """Put back the moved messages no worker received in time (logged: each is a copy
-    lost in kombu's pop window, or one still in its queue when its time came)."""
-    for move, queue in broker.restore():
-        logger.warning("celery-redislock: a moved copy (%s) was not received in time; "
-                       "its message is back at the front of %s", move, queue)
+    lost in kombu's pop window), in rounds of the broker's batch while rounds come full
+    (:data:`RESTORE_ROUNDS` at most), and keep the reservations of the copies still in
+    their queue (late, not lost: :func:`~celery_redislock.engine.late.keep_late`)."""
+    late: List[Tuple[str, str]] = []
+    for _ in range(RESTORE_ROUNDS):
+        found = broker.restore()
+        for move, queue in found.put_back:
+            logger.warning("celery-redislock: a moved copy (%s) was not received in time; "
+                           "its message is back at the front of %s", move, queue)
+        late += [(key_of_line(line), move) for move, line in found.late]
+        if found.due < RESTORE_BATCH:
+            break
+    if late:
+        keep_late(client, late)
 
 
 def by_key(lines: Dict[str, int], prefix: str) -> Dict[str, int]:

@@ -27,10 +27,10 @@ The contract, for the main process's gate and the poll:
   (``done`` False: the parking queue was empty, or its head had nowhere to go and was
   set aside: the caller gives the reservation back), ``lengths(queues) -> {queue: n}``,
   ``registry(max_age) -> {queue: semaphore key}``, ``claimed(move id) -> bool`` (a
-  worker received that moved copy: its backup is dropped) and ``restore() -> [(move id,
-  queue)]`` (the backups of moved copies no worker received in time put back at the
-  front of their parking queues; Redis broker only: see :mod:`.redis_line`; RabbitMQ
-  keeps none, having no pop window). ``broker_for(connection)``
+  worker received that moved copy: its backup is dropped) and ``restore() -> Restored`` (the
+  backups of moved copies no worker received in time put back at the front of their
+  parking queues, and the copies still queued, late; Redis broker only: see
+  :mod:`.redis_line`; RabbitMQ keeps none, having no pop window). ``broker_for(connection)``
   (``transport``; one per connection) picks :class:`RedisParking` (every step one Lua
   script on the broker's Redis, exactly once even when retried; moved to the front of
   the queue's list for its priority) or :class:`AmqpParking` (RabbitMQ: mandatory
@@ -58,7 +58,7 @@ clients) and ``celery_redislock.errors``; never Celery, the engine or the integr
 """
 
 from .amqp_line import AmqpParking
-from .broker import Outcome, ParkingBroker
+from .broker import Outcome, ParkingBroker, Restored
 from .hop import LoopHop
 from .lengths import parked_lengths, recount
 from .mover import Done, Mover
@@ -89,6 +89,7 @@ __all__ = [
     "ParkingBroker",
     "ParkingQueues",
     "RedisParking",
+    "Restored",
     "Route",
     "broker_for",
     "is_parking_queue",

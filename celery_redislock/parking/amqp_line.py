@@ -35,7 +35,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from amqp.exceptions import NotFound
 
-from .broker import Outcome
+from .broker import Outcome, Restored
 from .naming import REGISTRY, ROUTE_HEADER, UNROUTABLE
 from .parked_copy import ParkedCopy, Route, stamped
 
@@ -157,9 +157,9 @@ class AmqpParking:
         back to its queue when its consumer's channel closes), so no backup is kept."""
         return False
 
-    def restore(self, limit: int = 0) -> List[Tuple[str, str]]:
+    def restore(self, limit: int = 0) -> Restored:
         """Nothing to put back (see :meth:`claimed`)."""
-        return []
+        return Restored()
 
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         return {queue: self._count(queue) or 0 for queue in queues}

@@ -7,7 +7,7 @@ one for a kombu connection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Protocol, Tuple
 
 from .parked_copy import ParkedCopy
@@ -35,6 +35,22 @@ class Outcome:
     doubt: bool = False
 
 
+@dataclass(frozen=True)
+class Restored:
+    """What one put-back round of moved copies' backups found (Redis broker):
+
+    * ``put_back``: ``[(new move id, parking queue)]``, the copies no worker received in
+      time, back at the front of their parking queues;
+    * ``late``: ``[(move id, line)]``, the copies still in the queue they were moved to
+      (the workers are busy): late, not lost; the poll keeps their reservations;
+    * ``due``: how many backups were due (as many as asked for: more may be).
+    """
+
+    put_back: List[Tuple[str, str]] = field(default_factory=list)
+    late: List[Tuple[str, str]] = field(default_factory=list)
+    due: int = 0
+
+
 class ParkingBroker(Protocol):
     """The broker side of the parking line on one connection (see the package doc)."""
 
@@ -50,10 +66,10 @@ class ParkingBroker(Protocol):
         """A worker received the moved copy ``move`` (its move id; kombu holds it now):
         its backup is dropped (Redis; True if it was there). RabbitMQ keeps none."""
 
-    def restore(self, limit: int = ...) -> List[Tuple[str, str]]:
+    def restore(self, limit: int = ...) -> Restored:
         """Put back at the front of their parking queues the moved messages whose copy
-        no worker received in time: ``[(move id, parking queue)]`` (Redis; RabbitMQ:
-        none)."""
+        no worker received in time, and say which copies are late (Redis; RabbitMQ:
+        nothing)."""
 
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         """How many messages each parking queue holds (0 for one that does not exist)."""

@@ -58,7 +58,7 @@ from typing import Any, Dict, Iterable, List, Tuple
 import redis
 from kombu.utils.json import dumps
 
-from .broker import Outcome
+from .broker import Outcome, Restored
 from .naming import (
     DONE_PREFIX,
     MOVED_PREFIX,
@@ -80,10 +80,16 @@ MOVE_FIELD = "redislock_move"
 MARKER_LIFE = 600
 
 #: How long (ms, the broker's clock) a moved message's backup waits for a worker to
-#: receive its copy before it is put back in its parking queue: less than the lock
-#: store's reservation for it (``engine.parking.RESERVE_MS``, 10 s), so that the slot
-#: handed over again when that lapses moves the message put back.
+#: receive its copy before it is put back in its parking queue (when the copy is no
+#: longer in its queue): less than the lock store's reservation for it
+#: (``engine.parking.RESERVE_MS``, 10 s), so that the slot handed over again when that
+#: lapses moves the message put back.
 RESTORE_AFTER_MS = 8000
+
+#: When (ms after its move) a backup not yet claimed is first looked at: a copy still
+#: in its queue then is late (the workers are busy), and the poll keeps its reservation
+#: from then on, well before that lapses.
+FIRST_LOOK_MS = 2000
 
 #: How long a backup lives at most (s): the polls put it back long before.
 BACKUP_LIFE = 7 * 24 * 3600
@@ -92,11 +98,14 @@ BACKUP_LIFE = 7 * 24 * 3600
 RESTORE_BATCH = 100
 
 #: How far (entries) from its queue's right end a due backup's copy is looked for: one
-#: still there is late (the workers are busy), not lost, and is not put back.
+#: still there is late (the workers are busy), not lost, and is not put back. In a
+#: longer queue it is not looked for and counts as still there (put back, if lost, once
+#: the queue is shorter): each look costs at most this many entries.
 QUEUED_DEPTH = 1000
 
-#: When (ms) a copy found still in its queue is looked for again.
-RECHECK_MS = 1000
+#: When (ms) a copy found still in its queue is looked for again (its reservation is
+#: kept ``engine.late.KEEP_MS`` from each look).
+RECHECK_MS = 2000
 
 #: How long the queues bound to an exchange and routing key are remembered (s).
 ROUTE_MEMORY = 30.0
@@ -133,8 +142,8 @@ class RedisParking:
                                  self.prefix + UNROUTABLE, self.prefix + MOVING,
                                  self.prefix + REGISTRY],
                            args=[self.prefix, self.channel.sep, MARKER_LIFE,
-                                 self.prefix + MOVED_PREFIX, RESTORE_AFTER_MS, BACKUP_LIFE,
-                                 queue])
+                                 self.prefix + MOVED_PREFIX,
+                                 min(FIRST_LOOK_MS, RESTORE_AFTER_MS), BACKUP_LIFE, queue])
         text = reply.decode() if isinstance(reply, bytes) else str(reply)
         again = text.startswith("again ")
         what, _, target = text.removeprefix("again ").partition(" ")
@@ -148,15 +157,17 @@ class RedisParking:
         return bool(self._claimed(keys=[self.prefix + MOVING,
                                         self.prefix + MOVED_PREFIX + move], args=[move]))
 
-    def restore(self, limit: int = RESTORE_BATCH) -> List[Tuple[str, str]]:
+    def restore(self, limit: int = RESTORE_BATCH) -> Restored:
         """Put back the moved messages whose copies no worker received in time, each at
-        the front of its parking queue: ``[(move id, parking queue)]``."""
-        found = self._restore(keys=[self.prefix + MOVING, self.prefix + REGISTRY,
+        the front of its parking queue, and say which copies are still in their queue."""
+        put_back, late, due = self._restore(keys=[self.prefix + MOVING, self.prefix + REGISTRY,
                                     self.prefix + self.channel.unacked_key],
                               args=[self.prefix + MOVED_PREFIX, limit, QUEUED_DEPTH,
-                                    RECHECK_MS])
-        return [(_text(found[i]), _text(found[i + 1]).removeprefix(self.prefix))
-                for i in range(0, len(found), 2)]
+                                    RECHECK_MS, RESTORE_AFTER_MS])
+        return Restored([(_text(put_back[i]), _text(put_back[i + 1]).removeprefix(self.prefix))
+                         for i in range(0, len(put_back), 2)],
+                        [(_text(late[i]), _text(late[i + 1])) for i in range(0, len(late), 2)],
+                        int(due))
 
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         names = list(queues)

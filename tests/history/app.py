@@ -253,7 +253,7 @@ def _record_moves(urls: AppUrls) -> None:
 
     def restored(self: RedisParking, limit: int = RESTORE_BATCH) -> Any:
         found = restore(self, limit)
-        for again, queue in found:
+        for again, queue in found.put_back:
             recorder(urls.record).event("restored", move=again, queue=queue, pid=os.getpid())
         return found
 

@@ -6,7 +6,7 @@
 -- KEYS[5] the registry hash (parking queue -> semaphore key).
 -- ARGV[1] the broker's global key prefix, ARGV[2] kombu's priority separator,
 -- ARGV[3] the marker's life (s), ARGV[4] the backups' key prefix (prefixed),
--- ARGV[5] how long an unclaimed backup waits before it is restored (ms),
+-- ARGV[5] when (ms after the move) restore.lua first looks at an unclaimed backup,
 -- ARGV[6] a backup's life (s), ARGV[7] the parking queue's name (unprefixed).
 -- A parking list is pushed on the left, so its oldest message is on the right; kombu's
 -- Redis transport takes a queue's next message with BRPOP (the right end): the message
@@ -55,7 +55,7 @@ if raw then
       local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
       local backup = ARGV[4] .. move
       redis.call('HSET', backup, 'q', KEYS[1], 'm', raw, 'n', ARGV[7], 't', target,
-                 'k', redis.call('HGET', KEYS[5], ARGV[7]) or '')
+                 'k', redis.call('HGET', KEYS[5], ARGV[7]) or '', 'a', now)
       redis.call('EXPIRE', backup, ARGV[6])
       redis.call('ZADD', KEYS[4], now + tonumber(ARGV[5]), move)
     end

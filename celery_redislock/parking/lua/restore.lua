@@ -1,15 +1,22 @@
--- Put back in their parking lists the moved messages no worker claimed in time and
--- that are no longer in the queue they were moved to (a worker popped the copy and died
--- before kombu kept it): each at the right end, the next to move, so it keeps its place.
--- A copy still in its queue (among the last ARGV[3] entries at its right end, where it
--- was pushed and only pops take from) is late, not lost: it is looked for again
--- ARGV[4] ms later. A copy whose delivery tag is in kombu's unacked hash (KEYS[3]) was
--- received and is kept by kombu until acknowledged (its claim is late): not put back.
--- KEYS[1] the index of backups (sorted set: move id -> when it is restored, ms),
+-- Look at the moved messages' backups due (move.lua; claimed.lua drops a backup once a
+-- worker received its copy). A copy still in the queue it was moved to is late, not
+-- lost: looked for again ARGV[4] ms later, and named in the reply, so that the poll
+-- keeps its reservation. It is looked for among the last ARGV[3] entries at the queue's
+-- right end, where it was pushed and only pops take from; in a queue longer than that it
+-- is not looked for (the scan would grow with the queue) and counts as still there: a
+-- lost one is put back once the queue is shorter. A copy whose delivery tag is in
+-- kombu's unacked hash (KEYS[3]) was received and is kept by kombu until acknowledged
+-- (its claim is late): its backup is dropped. A copy neither queued nor received is
+-- lost (a worker popped it and died before kombu kept it) once ARGV[5] ms passed since
+-- its move or since it was last seen in its queue (a late copy's claim is as late as a
+-- fresh one's: looked at again then, if sooner): its message is put back at the right
+-- end of its parking list, the next to move, so it keeps its place.
+-- KEYS[1] the index of backups (sorted set: move id -> when it is looked at, ms),
 -- KEYS[2] the registry hash (parking queue -> semaphore key).
 -- ARGV[1] the backups' key prefix (prefixed), ARGV[2] how many at most,
 -- ARGV[3] how far from its queue's right end a copy is looked for,
--- ARGV[4] when a copy still in its queue is looked for again (ms).
+-- ARGV[4] when a copy still in its queue is looked for again (ms),
+-- ARGV[5] how long (ms) after its move a copy not received is lost.
 -- Each backup is taken whole in this one script (claimed.lua takes it otherwise): a
 -- copy received later finds it gone, and the lock store's reference decides which copy
 -- runs. The message put back is given a copy id of its own (its move id, written where
@@ -19,40 +26,67 @@
 -- unrun. (A move id is 16 random hex digits, or such an id with 'r's: found nowhere
 -- else in the message.) A parking list that is another type now is left alone (the
 -- backup is dropped).
--- Returns new move id, parking list, ... of those put back.
+-- Returns {{new move id, parking list, ... of those put back}, {move id, line, ... of
+-- the copies still in their queue}, how many backups were due}.
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
-local out = {}
+local out, late = {}, {}
+local depth = tonumber(ARGV[3])
+
+-- Whether the copy backed up in `backup` is still in `target`, the queue it was moved
+-- to: looked for among its last `depth` entries; a longer queue counts as holding it.
+local function still_queued(target, backup)
+  if not (target and redis.call('TYPE', target).ok == 'list') then return false end
+  if redis.call('LLEN', target) > depth then return true end
+  local message = redis.call('HGET', backup, 'm')
+  return message and redis.call('LPOS', target, message, 'RANK', -1, 'MAXLEN', depth)
+end
+
+-- Whether kombu received the copy `message` and keeps it until acknowledged.
+local function received(message)
+  local tag = nil  -- the copy's delivery tag: the payload's last, in its properties
+  for found_tag in string.gmatch(message or '', '"delivery_tag": ?"([^"\\]+)"') do
+    tag = found_tag
+  end
+  return tag and redis.call('HEXISTS', KEYS[3], tag) == 1
+end
+
+-- Put `message` (moved as `move`) back at the right end of parking list `parking`
+-- (queue `queue` of line `line`), under a copy id of its own.
+local function put_back(move, message, parking, queue, line)
+  local kind = redis.call('TYPE', parking).ok
+  if kind ~= 'list' and kind ~= 'none' then return end
+  local again = move .. 'r'
+  redis.call('RPUSH', parking, (string.gsub(message, move, again)))
+  if queue and line and line ~= '' then redis.call('HSET', KEYS[2], queue, line) end
+  out[#out + 1] = again
+  out[#out + 1] = parking
+end
+
 for _, move in ipairs(due) do
   redis.call('ZREM', KEYS[1], move)
   local backup = ARGV[1] .. move
-  local found = redis.call('HMGET', backup, 'q', 'm', 'n', 'k', 't')
-  local queued = found[2] and found[5] and redis.call('TYPE', found[5]).ok == 'list'
-    and redis.call('LPOS', found[5], found[2], 'RANK', -1, 'MAXLEN', tonumber(ARGV[3]))
-  local tag = nil  -- the copy's delivery tag: the payload's last, in its properties
-  for found_tag in string.gmatch(found[2] or '', '"delivery_tag": ?"([^"\\]+)"') do
-    tag = found_tag
-  end
-  if not queued and tag and redis.call('HEXISTS', KEYS[3], tag) == 1 then
-    found[1] = nil  -- received, and kombu keeps it until acknowledged: not lost
-  end
-  if queued then
+  local found = redis.call('HMGET', backup, 'q', 'n', 'k', 't', 'a')
+  local parking, queue, line, target = found[1], found[2], found[3], found[4]
+  local lost_at = tonumber(found[5] or '') and tonumber(found[5]) + tonumber(ARGV[5])
+  if still_queued(target, backup) then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), move)
+    redis.call('HSET', backup, 'a', now)  -- seen: lost only ARGV[5] ms after this
+    if line and line ~= '' then
+      late[#late + 1] = move
+      late[#late + 1] = line
+    end
   else
-    redis.call('DEL', backup)
-  end
-  if found[1] and found[2] and not queued then
-    local kind = redis.call('TYPE', found[1]).ok
-    if kind == 'list' or kind == 'none' then
-      local again = move .. 'r'
-      redis.call('RPUSH', found[1], (string.gsub(found[2], move, again)))
-      if found[3] and found[4] and found[4] ~= '' then
-        redis.call('HSET', KEYS[2], found[3], found[4])
-      end
-      out[#out + 1] = again
-      out[#out + 1] = found[1]
+    local message = redis.call('HGET', backup, 'm')
+    if received(message) then  -- kombu keeps it until acknowledged: not lost
+      redis.call('DEL', backup)
+    elseif lost_at and lost_at > now then  -- not lost yet: looked at again then
+      redis.call('ZADD', KEYS[1], lost_at, move)
+    else
+      redis.call('DEL', backup)
+      if parking and message then put_back(move, message, parking, queue, line) end
     end
   end
 end
-return out
+return {out, late, #due}
