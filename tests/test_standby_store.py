@@ -145,3 +145,15 @@ def test_a_claim_for_a_holder_gone_renews_nothing(redis_client):
     claimed, _ = claim_standby(redis_client, key, member, run_id("a1", 0), held.park.park_id,
                                lease=60)
     assert not claimed and redis_client.zscore(key, member) is None
+
+
+def test_a_fair_line_whose_parked_runs_are_all_owed_a_move_owes_no_standby(redis_client):
+    """Every run parked in a fair line is owed a move: a standby asked for then owes none
+    (a move from the line's own queue would take one of those runs a second time, and
+    its sub-line's move, finding nothing, would leave it counted as waiting for ever)."""
+    holder, _, _, _ = line(redis_client)  # tenant a: 2 runs parked, tenant b: 1
+    key = holder.handover()["keys"][0]
+    owed = [move for _ in range(5) for move in ask_standby(redis_client, key)
+            if isinstance(move, ParkedMove)]
+    assert sorted(move.sub.split("\x1e")[0] for move in owed) == [
+        "tenant:a", "tenant:a", "tenant:b"]
