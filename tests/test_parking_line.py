@@ -23,7 +23,7 @@ from kombu.serialization import dumps
 from celery_redislock.config.settings import read_settings
 from celery_redislock.engine.keys import companion_key, semaphore_key
 from celery_redislock.errors import LockConfigurationError
-from celery_redislock.parking import parking_queue
+from celery_redislock.parking import Restored, parking_queue
 
 from cluster_checks import (
     lock_store,
@@ -494,8 +494,8 @@ class _Broker:
     def lengths(self, queues: Any) -> dict:
         return {queue: 1 if queue == parking_queue(self.key) else 0 for queue in queues}
 
-    def restore(self, limit: int = 0) -> list:
-        return []
+    def restore(self, limit: int = 0) -> Restored:
+        return Restored()
 
 
 def test_the_poll_hands_over_a_slot_freed_without_a_release(

@@ -19,7 +19,7 @@ from celery_redislock.engine import parking_rate
 from celery_redislock.engine.admission import Busy, SlotLimit
 from celery_redislock.line import moves as line_moves
 from celery_redislock.line import poll as line_poll
-from celery_redislock.parking import parking_queue
+from celery_redislock.parking import Restored, parking_queue
 
 PREFIX = "redislock:"
 
@@ -36,8 +36,8 @@ class _Broker:
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         return {queue: 1 if queue in self.queues else 0 for queue in queues}
 
-    def restore(self, limit: int = 0) -> list:
-        return []
+    def restore(self, limit: int = 0) -> Restored:
+        return Restored()
 
 
 def _park_lines(client: redis.Redis, count: int) -> List[str]:
