@@ -127,7 +127,9 @@ def test_two_limits_are_taken_together(cluster: WorkerCluster) -> None:
     held = blocker.acquire(blocking=False)
     with lua_commands(cluster) as commands:
         blocked = [task.delay(1, amount) for amount in range(4)]
-        free = [task.delay(2 + amount % 3, amount, seconds=0.05) for amount in range(15)]
+        # 25 charges (2.5 s at the rate): a loaded machine that receives the first few
+        # slower than the rate still leaves a backlog whose starts are promised in a row.
+        free = [task.delay(2 + amount % 3, amount, seconds=0.05) for amount in range(25)]
         wait_for_results(cluster, free)
 
     record = record_store(cluster)

@@ -85,8 +85,9 @@ def test_a_wait_is_not_a_run(cluster: WorkerCluster) -> None:
     run began (a wait stored STARTED before). (Busy pools and rate limits: test_gate.)"""
     record = record_store(cluster)
     ids = [cluster.app.send_task(TRACKED, (0.3,)).id for _ in range(5)]
-    wait_until(lambda: len(record.hkeys("ended")) == 5 and settled(cluster, "tracked"), 60,
-               "five runs")
+    # task_postrun's record is written after the slot is given back: wait for it too.
+    wait_until(lambda: len(record.hkeys("ended")) == 5 and record.hlen("postrun") == 5
+               and settled(cluster, "tracked"), 60, "five runs")
     assert runs_of(record, ids) == dict.fromkeys(ids, 1)
     assert record.hgetall("prerun") == dict.fromkeys(ids, "1")
     assert record.hgetall("postrun") == dict.fromkeys(ids, "1")
