@@ -143,3 +143,19 @@ def test_a_visit_asks_the_store_in_short_scripts(
     monkeypatch.setattr(store, "DUE", _Counted())
     assert store.due(redis_client, {key: 1 for key in keys}) == []  # every slot held
     assert sent == [store.DUE_BATCH, store.DUE_BATCH, 120 - 2 * store.DUE_BATCH]
+
+
+def test_a_refused_keep_late_does_not_stop_the_poll(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The script that keeps late copies' reservations refused (an ACL user without
+    HSETNX): the put-back round still ends, the refusal is logged, nothing is raised."""
+    class _Late(_Broker):
+        def restore(self, limit: int = 0) -> Restored:
+            return Restored(late=[("m1", "redislock:k")], due=1)
+
+    def refused(client: Any, late: Any) -> None:
+        raise redis.ResponseError("NOPERM this user has no permissions to run 'hsetnx'")
+
+    monkeypatch.setattr(line_poll, "keep_late", refused)
+    line_poll.restore(_Late([]), None)
+    assert "reservations were not kept" in caplog.text

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Dict, List, Tuple
 
+import redis
 from celery.apps.worker import Worker as CommandWorker
 from celery.bootsteps import CLOSE, RUN, TERMINATE
 from celery.signals import worker_init, worker_process_shutdown, worker_ready, worker_shutdown
@@ -154,7 +155,11 @@ def restore(broker: Any, client: Any) -> None:
         if found.due < RESTORE_BATCH:
             break
     if late:
-        keep_late(client, late)
+        try:
+            keep_late(client, late)
+        except redis.RedisError as exc:  # e.g. an ACL user without HSETNX: the moves go on
+            logger.warning("celery-redislock: the late moved copies' reservations were not "
+                           "kept (they lapse as any reservation): %r", exc)
 
 
 def by_key(lines: Dict[str, int], prefix: str) -> Dict[str, int]:
