@@ -37,7 +37,7 @@ from ..engine.admission import new_token, owner_prefix
 from ..engine.parking import run_id
 from ..engine.slots_ask import SlotsAsk, thin_limiter
 from ..line.priority import priority_of
-from ..pool.attempt import Setup, _args_of, _describe
+from ..pool.attempt import Setup, describe_holder, shown_args
 from ..run.limited import this_start
 from .hub_store import HubStore, hub_store
 from .main_process import MAIN_PROCESS_TIMEOUT, asking_of, store_answered, store_asked
@@ -154,7 +154,8 @@ def _prepared(thin: Thin, consumer: Any, request: Any,
         return None
     task_id, worker = request.id, request.hostname
     token = owner_prefix(worker or "", task_id or "", this_start(worker)) + new_token()
-    description = _describe(thin.name, worker, task_id, pid=None, args=_args_of(request))
+    description = describe_holder(thin.name, worker, task_id, pid=None,
+                                  args=shown_args(request))
     return store, slots, token, description, slots.args(
         token, description, run_id(task_id, fields.get("retries") or 0))
 

@@ -41,9 +41,17 @@ _json_string = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined
 ARGS_SHOWN = 200
 
 
-def _args_of(request: Any) -> Optional[str]:
+def shown_args(request: Any) -> Optional[str]:
     """A run's arguments as Celery wrote them for people (``argsrepr``, then
-    ``kwargsrepr`` unless empty), cut to :data:`ARGS_SHOWN`; None when it has none."""
+    ``kwargsrepr`` unless empty), cut to :data:`ARGS_SHOWN`; None when it has none:
+    what its holder entry shows (:func:`describe_holder`).
+
+        >>> from types import SimpleNamespace
+        >>> shown_args(SimpleNamespace(argsrepr="(1, 2)", kwargsrepr="{}"))
+        '(1, 2)'
+        >>> shown_args(SimpleNamespace()) is None
+        True
+    """
     args = getattr(request, "argsrepr", None)
     kwargs = getattr(request, "kwargsrepr", None)
     shown = " ".join(str(part) for part in (args, kwargs) if part and part != "{}")
@@ -52,11 +60,12 @@ def _args_of(request: Any) -> Optional[str]:
     return shown or None
 
 
-def _describe(task_name: str, worker: Any, task_id: Any, pid: Optional[int] = -1,
-              args: Optional[str] = None) -> str:
+def describe_holder(task_name: str, worker: Any, task_id: Any, pid: Optional[int] = -1,
+                    args: Optional[str] = None) -> str:
     """Who holds a slot, for operators: JSON with the task, its id, the worker, the process
     (this one, unless ``pid`` says another, or None for none) and the run's arguments
-    as Celery shows them (:func:`_args_of`), if any.
+    as Celery shows them (:func:`shown_args`), if any: the description of its holder
+    entry in the lock store, in either process (the pool's attempt or the thin ask).
 
     The part that only changes with the process is made once per task and process."""
     start = _described.get((task_name, worker, pid))
@@ -181,8 +190,8 @@ class Attempt:
         return cls(
             task=task, setup=setup, request=request,
             limiters=setup.limits.limiters(args, kwargs, setup.settings.prefix),
-            description=_describe(task.name, request.hostname, request.id, pid=pid,
-                                  args=_args_of(request)),
+            description=describe_holder(task.name, request.hostname, request.id, pid=pid,
+                                        args=shown_args(request)),
             owner=owner_prefix(request.hostname or "", request.id or "",
                                this_start(request.hostname)),
             waited=waited, promises=promises,
