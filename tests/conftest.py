@@ -16,8 +16,10 @@ from celery_redislock.engine.admission import declare_fresh
 from celery_redislock.integration.signals import lock_contended, rate_limited
 
 import redis_process
+from history.events import Recorder
 from redis_process import RedisServer
 from support import BROKER_DB, LOCK_DB
+from worker_app import AppUrls
 
 #: The fixtures of real multi-worker clusters (``cluster``, ...), for every test module.
 pytest_plugins = ["worker_cluster"]
@@ -51,6 +53,17 @@ def pytest_collection_modifyitems(items):
 def redis_server(redislock_server):
     """One redis-server for the whole session: the package's pytest plugin's."""
     return redislock_server
+
+
+@pytest.fixture
+def history_urls(redis_server):
+    """The history check's URLs on the session's redis-server, its record (database 3)
+    emptied before and after the test."""
+    urls = AppUrls.on_server(redis_server.url)
+    recorder = Recorder(urls.record)
+    recorder.client.delete("history")
+    yield urls
+    recorder.client.delete("history")
 
 
 @pytest.fixture

@@ -141,17 +141,13 @@ def test_a_lease_lost_after_a_lease_unrenewed_is_no_defect_with_aof() -> None:
 
 
 @pytest.fixture
-def recorded_renewals(redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+def recorded_renewals(history_urls: AppUrls, monkeypatch: pytest.MonkeyPatch) -> AppUrls:
     """The history app's renewal records installed on ``Lease`` for this test only,
-    recording into database 3 of the session's redis-server; its recorder."""
-    urls = AppUrls.on_server(redis_server.url)
+    recording into database 3 of the session's redis-server; its URLs."""
     monkeypatch.setattr(Lease, "renew", Lease.renew)
     monkeypatch.setattr(Lease, "_history_recorded", False, raising=False)
-    history_app._record_renewals(urls)
-    recorder = Recorder(urls.record)
-    recorder.client.delete("history")
-    yield urls
-    recorder.client.delete("history")
+    history_app._record_renewals(history_urls)
+    return history_urls
 
 
 def test_each_renewal_is_recorded_with_its_outcome_and_passed_on(

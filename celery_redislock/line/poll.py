@@ -149,8 +149,7 @@ def restore(broker: Any, client: Any) -> None:
     for _ in range(RESTORE_ROUNDS):
         found = broker.restore()
         for move, queue in found.put_back:
-            logger.warning("celery-redislock: a moved copy (%s) was not received in time; "
-                           "its message is back at the front of %s", move, queue)
+            log_put_back(move, queue)
         late += [(key_of_line(line), move) for move, line in found.late]
         if found.due < RESTORE_BATCH:
             break
@@ -160,6 +159,14 @@ def restore(broker: Any, client: Any) -> None:
         except redis.RedisError as exc:  # e.g. an ACL user without HSETNX: the moves go on
             logger.warning("celery-redislock: the late moved copies' reservations were not "
                            "kept (they lapse as any reservation): %r", exc)
+
+
+def log_put_back(move: str, queue: str) -> None:
+    """Log one moved copy put back by :func:`restore`: ``move``, the new move id of its
+    message, back at the front of its parking ``queue`` (a copy lost in kombu's pop
+    window). Called once per put-back, where it happens: the one place that sees each."""
+    logger.warning("celery-redislock: a moved copy (%s) was not received in time; "
+                   "its message is back at the front of %s", move, queue)
 
 
 def by_key(lines: Dict[str, int], prefix: str) -> Dict[str, int]:

@@ -34,9 +34,9 @@ from celery_redislock import LimitedTask
 from celery_redislock.engine.admission import Lease
 from celery_redislock.gate.recovery import LimitedRequest
 from celery_redislock.integration import signals
+from celery_redislock.line import poll
 from celery_redislock.parking import RedisParking
 from celery_redislock.parking.naming import WAIT_HEADER
-from celery_redislock.parking.redis_line import RESTORE_BATCH
 
 from .events import recorder
 from .workload import KINDS, Kind
@@ -241,24 +241,23 @@ def move_of_request(request: Any) -> str:
 
 def _record_moves(urls: AppUrls) -> None:
     """Record each move of a parked message and each message put back (Redis broker),
-    where the worker's mover or poll does it."""
+    where the worker's mover or poll does it: a put-back where the poll logs it
+    (:func:`~celery_redislock.line.poll.log_put_back`, wrapped)."""
     if getattr(RedisParking, "_history_recorded", False):
         return
-    move, restore = RedisParking.move, RedisParking.restore
+    parking_move, log_put_back = RedisParking.move, poll.log_put_back
 
     def moved(self: RedisParking, queue: str, job_id: str) -> Any:
-        outcome = move(self, queue, job_id)
+        outcome = parking_move(self, queue, job_id)
         recorder(urls.record).event("moved", queue=queue, what=outcome.what, pid=os.getpid())
         return outcome
 
-    def restored(self: RedisParking, limit: int = RESTORE_BATCH) -> Any:
-        found = restore(self, limit)
-        for again, queue in found.put_back:
-            recorder(urls.record).event("restored", move=again, queue=queue, pid=os.getpid())
-        return found
+    def restored(move: str, queue: str) -> None:
+        log_put_back(move, queue)
+        recorder(urls.record).event("restored", move=move, queue=queue, pid=os.getpid())
 
     RedisParking.move = moved  # type: ignore[method-assign]
-    RedisParking.restore = restored  # type: ignore[method-assign]
+    poll.log_put_back = restored
     RedisParking._history_recorded = True  # type: ignore[attr-defined]
 
 
