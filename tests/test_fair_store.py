@@ -202,6 +202,71 @@ def test_a_move_that_found_its_sub_lines_queue_empty_is_owed_again_from_it(redis
     assert moves == [ParkedMove(line.key, sub)]
 
 
+def test_a_copy_published_after_the_grace_is_moved_from_the_lines_own_queue(redis_client):
+    """Past the publish grace an empty move drops its sub-line's count; the line still
+    counts the reference, so the poll owes a move from the line's own queue (the mover
+    takes it from the sub-lines it saw holding messages: line/moves.py)."""
+    line = Line(redis_client, name="late-publish")
+    assert isinstance(line.send("tenant:x", "holder"), Lease)
+    parked = line.send("tenant:a", "late")
+    assert isinstance(parked, Busy) and parked.park is not None
+    _, lease = line.holders.popleft()
+    lease.release()
+    assert [h.sub for h in lease.handoffs if isinstance(h, ParkedMove)] == ["tenant:a"]
+    assert moved_nothing(redis_client, line.key, "tenant:a", publish_grace_ms=0)
+    assert due(redis_client, {line.key: 1}, prefix=PREFIX) == [ParkedMove(line.key, "")]
+
+
+def owed_after_an_empty_move(line: Line, grace_ms: int, rounds: int) -> List[str]:
+    """The sub-lines moves are owed from, ``rounds`` moves in a row, while every move
+    owed from 'tenant:a' (counted, nothing parked) finds its queue empty and
+    ``moved_nothing`` gives its reservation back (the poll hands it over again), and
+    each other move takes its copy, which runs and releases (handing over)."""
+    subs: List[str] = []
+    owed: List[ParkedMove] = []
+    for _ in range(rounds):
+        if not owed:
+            parked = sum(len(queue) for queue in line.queues.values())
+            owed = due(line.client, {line.key: parked}, prefix=PREFIX)
+        assert len(owed) == 1, owed
+        sub = owed.pop().sub
+        subs.append(sub)
+        if sub == "tenant:a":
+            assert moved_nothing(line.client, line.key, sub, publish_grace_ms=grace_ms)
+            continue
+        task, ref = line.queues[sub].popleft()
+        outcome = park_admit(line.client, line.limiters(sub), lease=30,
+                             run=run_id(task, 0), parked=ref)
+        assert isinstance(outcome, Lease), outcome
+        outcome.release()
+        owed = [h for h in outcome.handoffs if isinstance(h, ParkedMove)]
+    return subs
+
+
+@pytest.mark.parametrize("grace_ms", [0, 60_000])
+def test_a_sub_line_counted_with_nothing_parked_does_not_attract_every_move(
+        redis_client, grace_ms):
+    """A sub-line counted as waiting whose copy another move took (a phantom): its empty
+    move used to count it again FIRST, so every later move went to it, found nothing
+    and gave its slot back (the slot lost for the whole run). Within the publish grace
+    it is counted again at its own turn, so the other sub-line is served in between;
+    past the grace its count is dropped, and it is never owed a move again."""
+    line = Line(redis_client, name=f"phantom{grace_ms}")
+    _, holder = line.send("tenant:x", "holder"), line.holders.popleft()[1]
+    assert isinstance(line.send("tenant:a", "a1"), Busy)
+    for n in range(6):
+        assert isinstance(line.send("tenant:b", f"b{n}"), Busy)
+    line.queues["tenant:a"].clear()  # its copy taken by another move: nothing parked
+    holder.release()
+    assert [m.sub for m in holder.handoffs if isinstance(m, ParkedMove)] == ["tenant:a"]
+    assert moved_nothing(redis_client, line.key, "tenant:a", publish_grace_ms=grace_ms)
+    subs = owed_after_an_empty_move(line, grace_ms, 6)
+    if grace_ms:
+        assert subs[0] == "tenant:b" and subs.count("tenant:b") >= 3, subs
+    else:
+        assert subs == ["tenant:b"] * 6, subs
+
+
 def server_ms(client: Any) -> int:
     seconds, micros = client.time()
     return seconds * 1000 + micros // 1000

@@ -123,6 +123,11 @@ KEEP_SERVED_MS = 3600 * 1000
 #: How long a slot handed to a parked line stays reserved for the moved copy (ms).
 RESERVE_MS = 10 * 1000
 
+#: How long a fair sub-line's moves may find its parking queue empty before the count
+#: of the copy they were owed for is dropped (ms; :func:`moved_nothing`): a copy is
+#: published milliseconds after its refusal counted it.
+PUBLISH_GRACE_MS = 2000
+
 #: How many keys one script of the poll visits (:func:`due`, ``due_rate``): a script
 #: holds the lock store for its whole run, and a key costs it about 60 µs, so that every
 #: other client waits at most a few ms (500 keys held it 28-68 ms on a loaded machine).
@@ -566,18 +571,22 @@ def _due_on_cluster(client: Any, parked_lengths: Mapping[str, int], prefix: str,
     return moves
 
 
-def moved_nothing(client: Any, key: str, sub: str = "") -> bool:
+def moved_nothing(client: Any, key: str, sub: str = "",
+                  publish_grace_ms: int = PUBLISH_GRACE_MS) -> bool:
     """A move out of ``key``'s parking queue found it empty: the reservation it was for
     is given back at once (and anonymous entries dropped). A move owed from a fair
-    line's sub-line ``sub`` gives that sub-line back its count and turn, so that the
-    poll owes it again from the same queue once the parked copy is there. True if a
+    line's sub-line ``sub`` counts its copy again, at the sub-line's own turn (not
+    first), while the sub-line's moves have found its queue empty for less than
+    ``publish_grace_ms`` (the copy not published yet); past that the count is dropped (a
+    sub-line counted waiting with nothing parked would otherwise attract later moves),
+    and a copy that still comes is moved from the line's own queue. True if a
     reservation was given back.
 
         >>> import redis
         >>> moved_nothing(redis.Redis.from_url(redis_url), "doc:{x}:s:nobody")
         False
     """
-    return bool(int(MOVED_NOTHING.run(client, [key], [sub])))
+    return bool(int(MOVED_NOTHING.run(client, [key], [sub, publish_grace_ms])))
 
 
 def started(lease: Lease) -> int:

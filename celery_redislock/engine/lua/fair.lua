@@ -9,7 +9,8 @@
 --            move was owed for yet (only these; one ZRANGE 0 0 picks the next)
 --   '}:fn:'  hash: 'v' the virtual time (the turn last served), 'w:'..sub the messages
 --            parked in sub's queue no move was owed for, 'l:'..sub the turn a sub-line
---            left with (its next, had it kept waiting)
+--            left with (its next, had it kept waiting), 'e:'..sub when its moves began
+--            to find its parking queue empty (see fair_unmove)
 --   '}:fw:'  hash, sub-line -> its weight (default 1; set by an operator)
 --
 -- Priorities: a sub-line 'tenant\030band' (band: the run's priority, higher first) is a
@@ -50,19 +51,25 @@ local function fair_split(sub)
   return string.sub(sub, 1, at - 1), string.sub(sub, at + 1)
 end
 
+-- A sub-line counts one more copy parked: it joins the turns at max(virtual time, the
+-- turn it left with) if it was not waiting (state and turns as fair_parked reads them).
+local function fair_count(state, turns, tenant)
+  if redis.call('HINCRBY', state, 'w:' .. tenant, 1) == 1 then
+    local known = redis.call('HMGET', state, 'v', 'l:' .. tenant)
+    local turn = math.max(tonumber(known[1] or '0') or 0, tonumber(known[2] or '0') or 0)
+    redis.call('ZADD', turns, turn, tenant)
+  end
+  fair_keep(turns)
+  fair_keep(state)
+end
+
 -- A copy of a run was refused at K and is published to sub-line `sub`'s parking queue;
 -- `since` (ms) when the run started waiting, `aging` the ms worth one band.
 local function fair_parked(key, sub, since, aging)
   if sub == nil or sub == '' then return end
   local tenant, band = fair_split(sub)
   local state, turns = fair_key(key, 'fn'), fair_key(key, 'ft')
-  if redis.call('HINCRBY', state, 'w:' .. tenant, 1) == 1 then
-    local known = redis.call('HMGET', state, 'v', 'l:' .. tenant)
-    local turn = math.max(tonumber(known[1] or '0') or 0, tonumber(known[2] or '0') or 0)
-    redis.call('ZADD', turns, turn, tenant)
-    fair_keep(turns)
-  end
-  fair_keep(state)
+  fair_count(state, turns, tenant)
   if band then
     local heads = fair_key(key, 'fb') .. ':' .. tenant
     local fifo = fair_key(key, 'fq') .. ':' .. sub
@@ -86,21 +93,33 @@ local function fair_band(key, tenant)
   return sub
 end
 
--- A move owed from sub-line `sub` found its parking queue empty (the parked copy not
--- yet published): the sub-line gets back what fair_moves took for it, its count, its
--- turn (the current virtual time: it is served next) and its band's head (scored as
--- the band's next head, or first when none is left), so that the poll owes the move
--- again from the same queue once the copy is there.
-local function fair_unmove(key, sub)
-  if sub == nil or sub == '' then return end
+-- A move owed from sub-line `sub` found its parking queue empty at `now`: either its
+-- copy is not published yet (the refusal counted it first: a race of milliseconds), or
+-- the sub-line is counted waiting with nothing parked (its copy taken by another move,
+-- gone: a phantom, which must not attract later moves). Within `grace` ms of the first
+-- empty move of an episode ('e:'..tenant, FAIR_EPISODE_MS long), the copy is counted
+-- again at the sub-line's own turn (as a copy parked now: not first) and its band's
+-- head given back; past it, what fair_moves took stays taken: a copy that still comes
+-- is owed a move from the line's own queue, which the mover takes from the sub-lines
+-- holding messages (line/moves.py). True if the copy was counted again.
+local FAIR_EPISODE_MS = 10000
+local function fair_unmove(key, sub, now, grace)
+  if sub == nil or sub == '' then return false end
   local tenant, band = fair_split(sub)
   local state, turns = fair_key(key, 'fn'), fair_key(key, 'ft')
-  redis.call('HINCRBY', state, 'w:' .. tenant, 1)
-  local virtual = tonumber(redis.call('HGET', state, 'v') or '0') or 0
-  local turn = tonumber(redis.call('ZSCORE', turns, tenant) or '')
-  if not turn or turn > virtual then redis.call('ZADD', turns, virtual, tenant) end
-  fair_keep(turns)
-  fair_keep(state)
+  local first = tonumber(redis.call('HGET', state, 'e:' .. tenant) or '')
+  if not first or now - first > FAIR_EPISODE_MS then
+    first = now
+    redis.call('HSET', state, 'e:' .. tenant, now)
+  end
+  if now - first >= grace then  -- a phantom: dropped (its episode ends with its count)
+    if redis.call('HEXISTS', state, 'w:' .. tenant) == 0 then
+      redis.call('HDEL', state, 'e:' .. tenant)
+    end
+    fair_keep(state)
+    return false
+  end
+  fair_count(state, turns, tenant)
   if band then
     local heads = fair_key(key, 'fb') .. ':' .. tenant
     local fifo = fair_key(key, 'fq') .. ':' .. sub
@@ -110,6 +129,7 @@ local function fair_unmove(key, sub)
     fair_keep(fifo)
     fair_keep(heads)
   end
+  return true
 end
 
 -- The moves owed to K's line, `moves` of them, appended to `out`: one '!move 1 K\031sub'
