@@ -27,7 +27,7 @@ from celery.signals import task_postrun
 import celery_redislock
 from celery_redislock import LimitedTask
 
-from . import app_common, fake_store
+from . import app_common, fake_store, main_calls
 from .app_common import MODES, PLAIN, SLOTS, KindOptions
 from .app_common import counter_key as counter_key
 
@@ -44,6 +44,8 @@ app = app_common.make_app(
 )
 if os.environ.get(fake_store.ENV) in fake_store.MODES.values():  # see fake_store
     fake_store.install(os.environ[fake_store.ENV])
+if os.environ.get(main_calls.ENV):  # see main_calls: the main process profiles itself
+    main_calls.install(os.environ[main_calls.ENV])
 
 
 def kind_options() -> KindOptions:
