@@ -143,14 +143,19 @@ class _GatedConsumer:
         self._consumer = consumer
         #: True while the strategy handles the copy of a waiting run's message.
         self.copy_of_a_wait = False
-        handle = consumer.on_task_request
-        self.on_task_request = lambda request: gate(consumer, request, handle)
+        self._handle = handle = consumer.on_task_request
+
+        def on_task_request(request: Any) -> Any:
+            # Called by the strategy as it handles the message, whose copy flag is known.
+            return gate(consumer, request, handle, copy=self.copy_of_a_wait)
+
+        self.on_task_request = on_task_request
         dispatcher = getattr(consumer, "event_dispatcher", None)
         self.event_dispatcher = None if dispatcher is None else _Events(dispatcher, self)
 
     def apply_eta_task(self, request: Any) -> None:
         worker_state.task_reserved(request)
-        self.on_task_request(request)
+        gate(self._consumer, request, self._handle)  # later: its copy flag read again
         self._consumer.qos.decrement_eventually()
 
     def __getattr__(self, name: str) -> Any:
@@ -180,16 +185,17 @@ BOOKED_SLACK = 0.02
 
 
 def gate(consumer: Any, request: Any, handle: Callable[[Any], Any],
-         hold: Optional[room.Hold] = None) -> Any:
+         hold: Optional[room.Hold] = None, copy: Optional[bool] = None) -> Any:
     """Hand ``request`` to the pool (``handle``) once its limits admit it, or end it here
     (acknowledged, never run) when they do not, or hold it here for a while. ``hold``:
-    what is known of a request gated again (None: gated for the first time)."""
+    what is known of a request gated again (None: gated for the first time; ``copy``:
+    whether it is a copy of a waiting run's message, when known, else read from it)."""
     task = request.task
     # The limits a limited task's first run compiled (read at once; else compiled, or
     # its definition error raised, by limits_of).
     limits = task.__dict__.get("_redislock_limits") or limits_of(task)
     if hold is None:
-        hold = room.hold_of(request, limits)
+        hold = room.hold_of(request, limits) if copy is None else room.Hold(copy, limits)
     if hold.booked is not None and limits is not None:
         booked = _due_booking(consumer, request, hold)
         if booked is not None:
@@ -420,16 +426,22 @@ class _RunEnd:
         release, self.release = self.release, None
         if release is None:
             return False
-        if not self.copy and _hand_on(self.consumer, release):
+        if self.copy:
+            release()
+            return False
+        # The lease may be handed on (hand_on.MainRelease.fresh, read here: this runs
+        # once a run).
+        if (isinstance(release, hand_on.MainRelease) and time.monotonic() < release.until
+                and _hand_on(self.consumer, release)):
             return True
-        if self.copy or not room.keep_spare(self.consumer, release):
+        if not room.keep_spare(self.consumer, release):
             release()
         return False
 
     def unwrap(self) -> None:
         """Take the wrappers off the request: the run's end is handled (the pool keeps
         the ones it was handed until it calls one)."""
-        hand_on.forget(self.request.id)
+        hand_on.TOKENS.pop(self.request.id, None)  # hand_on.forget
         own = getattr(self.request, "__dict__", None)
         if own is not None:
             if getattr(own.get("on_success"), "__self__", None) is self:
@@ -456,21 +468,18 @@ class _RunEnd:
                 room.serve_now(self.consumer, _gate_again)
 
 
-def _hand_on(consumer: Any, release: Callable[[], None]) -> bool:
-    """Hand the lease of a run that ended (its ``release``; not a copy of a waiting
-    run's message, whose slots go back through the store) to the run at the head of
-    ``consumer``'s queue of runs waiting for a pool process, when that run is of the same
-    limits and may go to the pool now, and the lease may be handed on (see
-    :mod:`.hand_on`): it goes to the pool under it, and True is answered. Else False:
-    the caller gives the lease back.
+def _hand_on(consumer: Any, release: hand_on.MainRelease) -> bool:
+    """Hand the lease of a run that ended (its ``release``, young enough to be handed on;
+    not a copy of a waiting run's message, whose slots go back through the store) to the
+    run at the head of ``consumer``'s queue of runs waiting for a pool process, when that
+    run is of the same limits and may go to the pool now (see :mod:`.hand_on`): it goes
+    to the pool under it, and True is answered. Else False: the caller gives the lease
+    back.
 
     A hand-on serves the queue as :func:`.room.serve_now` would: the process this run
     freed takes the head, and every other process freed by the end of a run gated here
     served the queue as it freed (one freed otherwise, by a plain task's end or a lost
     process, is the queue's timer's, as before), so the caller serves no more."""
-    if not isinstance(release, hand_on.MainRelease) or not hand_on.may_hand_on(
-            release.handed, release.limits):
-        return False
     head = room.head_for_hand_on(consumer, release.limits)
     if head is None:
         return False
@@ -497,13 +506,7 @@ def _hand_to(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: ro
     """Hand ``request`` (not revoked) to the pool under the lease of a run that ended
     (its ``release``), given back at its end by the same call with the lease's new
     record (see :func:`_release_here`)."""
-    handed = hand_on.handed_on(release.handed)
-    hand_on.note(request.id, handed)
-    give = release.release
-    handed_on = None
-    if isinstance(give, functools.partial) and give.args and give.args[-1] is release.handed:
-        handed_on = hand_on.MainRelease(handed, release.limits,
-                                        functools.partial(give.func, *give.args[:-1], handed))
+    handed, handed_on = release.pass_on(request.id)
     _to_pool(consumer, request, handle, hold, release.limits, handed, handed_on=handed_on)
     return True
 

@@ -34,9 +34,10 @@ the worker's recovery frees that token when the run's pool process is lost
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from ..config.limit import TaskLimits
 
@@ -55,16 +56,60 @@ HANDED_ON = "handed_on"
 class MainRelease:
     """How the worker's main process gives back the lease ``handed`` (a
     :meth:`~..engine.admission.Lease.handover` record) of a run under ``limits``:
-    ``release()``; or the lease is handed on (see :func:`may_hand_on`)."""
+    ``release()``; or the lease is handed on (see :meth:`fresh`).
 
-    __slots__ = ("handed", "limits", "release")
+    The bounds of the hand-on are worked out once, as the lease is taken (``until``:
+    when, monotonic, it is too old to be handed on; never, where it may not be at all),
+    and carried from run to run as it is handed on (:meth:`passed_on`), so that the end
+    of each run looks at one clock reading, not at the record."""
+
+    __slots__ = ("handed", "limits", "release", "until")
 
     def __init__(self, handed: Dict[str, Any], limits: TaskLimits,
-                 release: Callable[[], None]) -> None:
+                 release: Callable[[], None], until: Optional[float] = None) -> None:
         self.handed, self.limits, self.release = handed, limits, release
+        self.until = _until(handed, limits) if until is None else until
 
     def __call__(self) -> None:
         self.release()
+
+    def fresh(self) -> bool:
+        """Whether the lease may be handed on now (:func:`may_hand_on`, from the bounds
+        worked out as it was taken)."""
+        return time.monotonic() < self.until
+
+    def pass_on(self, task_id: str) -> Tuple[Dict[str, Any], Optional[MainRelease]]:
+        """This lease handed on to run ``task_id`` of this worker (noted: see
+        :func:`token_of`): its record for that run (:func:`handed_on`), and how that run
+        gives it back, under the same bounds with one run fewer left; None when the
+        release cannot be remade for the new record (the caller makes it): a release
+        that is not a ``functools.partial`` whose last argument is the record."""
+        record = self.handed
+        handed = {**record, HANDED_ON: int(record.get(HANDED_ON) or 0) + 1}
+        _tokens[task_id] = str(handed["member"]).split(" ", 1)[0]
+        if len(_tokens) > _KEPT:
+            _tokens.popitem(last=False)
+        give = self.release
+        if not (isinstance(give, functools.partial) and give.args
+                and give.args[-1] is record):
+            return handed, None
+        until = self.until if handed[HANDED_ON] < HAND_ON_RUNS else _NEVER
+        return handed, MainRelease(handed, self.limits,
+                                   functools.partial(give.func, *give.args[:-1], handed), until)
+
+
+_NEVER = float("-inf")
+
+
+def _until(handed: Mapping[str, Any], limits: TaskLimits) -> float:
+    """Until when (monotonic) the lease ``handed`` of a run under ``limits`` may be handed
+    on (see :func:`may_hand_on`); :data:`_NEVER` when it may not be."""
+    if int(handed.get(HANDED_ON) or 0) >= HAND_ON_RUNS or handed.get("parts"):
+        return _NEVER
+    taken = float(handed.get("taken") or "-inf")
+    if not alike_runs(limits):
+        return _NEVER
+    return taken + min(HAND_ON_AGE, float(handed["lease"]) / 6)
 
 
 def may_hand_on(handed: Mapping[str, Any], limits: TaskLimits) -> bool:
@@ -100,6 +145,7 @@ def handed_on(handed: Mapping[str, Any]) -> Dict[str, Any]:
 #: The holder tokens of the runs of this worker that were handed a slot, by task id,
 #: until their end is handled (the oldest dropped past :data:`_KEPT`).
 _tokens: OrderedDict[str, str] = OrderedDict()
+TOKENS = _tokens
 _KEPT = 10_000
 
 
@@ -111,7 +157,8 @@ def note(task_id: str, handed: Mapping[str, Any]) -> None:
 
 
 def forget(task_id: str) -> None:
-    """The end of run ``task_id`` is handled."""
+    """The end of run ``task_id`` is handled (``TOKENS.pop(task_id, None)``, where a
+    frame counts)."""
     _tokens.pop(task_id, None)
 
 

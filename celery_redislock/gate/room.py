@@ -172,7 +172,7 @@ def serve_now(consumer: Any, again: Again) -> None:
     """Gate the requests at the head of ``consumer``'s queue that the free pool
     processes can take now, when called in the thread that serves the queue (a pool
     may report a run's end from a thread of its own: the queue's timer serves then)."""
-    room = room_of(consumer)
+    room = getattr(consumer, ROOM_ATTRIBUTE, None) or room_of(consumer)
     if room is None or room.thread != threading.get_ident():
         return
     room.served = time.monotonic()
@@ -237,7 +237,7 @@ def _enqueue(consumer: Any, request: Any, handle: Handle, hold: Hold) -> Optiona
     """Hold ``request`` at the end of its worker's queue; its room, when the timer that
     serves it is to be set (None: it is set). Called with the held requests' lock."""
     held[request] = hold
-    room = room_of(consumer)
+    room = getattr(consumer, ROOM_ATTRIBUTE, None) or room_of(consumer)
     if room is None:
         room = _new_room(consumer)
     room.queue.append((request, handle, hold))
@@ -341,7 +341,7 @@ def head_for_hand_on(consumer: Any, limits: TaskLimits) -> Optional[Entry]:
     ``limits`` that a run ended with (see :mod:`.hand_on`): called in the thread that
     serves the queue, for a newcomer of the same limits, with no start booked or
     promised, that a free pool process (or the look-ahead) can take now; else None."""
-    room = room_of(consumer)
+    room = getattr(consumer, ROOM_ATTRIBUTE, None) or room_of(consumer)
     if room is None or not room.queue or room.thread != threading.get_ident():
         return None
     with held_lock:
@@ -375,8 +375,7 @@ def keep_spare(consumer: Any, release: Any) -> bool:
         with held_lock:
             room = room_of(consumer) or _new_room(consumer)
     if (room.spare is not None or not isinstance(release, hand_on.MainRelease)
-            or room.thread != threading.get_ident()
-            or not hand_on.may_hand_on(release.handed, release.limits)):
+            or room.thread != threading.get_ident() or not release.fresh()):
         return False
     room.spare = release
     consumer.timer.call_after(SPARE_FOR, _spare_unused, (room, release), priority=6)
@@ -395,7 +394,7 @@ def take_spare(consumer: Any, hold: Hold) -> Optional[hand_on.MainRelease]:
     the run held as ``hold``, which may go to the pool now: None when there is none for
     it (or the run is a copy of a waiting run's message, or holds a promise or a booked
     start), and the run asks."""
-    room = room_of(consumer)
+    room = getattr(consumer, ROOM_ATTRIBUTE, None) or room_of(consumer)
     if room is None or room.spare is None:
         return None
     kept, limits = room.spare, room.spare.limits
@@ -403,7 +402,7 @@ def take_spare(consumer: Any, hold: Hold) -> Optional[hand_on.MainRelease]:
             or hold.promises or room.thread != threading.get_ident()):
         return None
     room.spare = None
-    if not hand_on.may_hand_on(kept.handed, kept.limits):
+    if not kept.fresh():
         kept()
         return None
     return kept
@@ -449,14 +448,18 @@ def capacity(consumer: Any) -> Tuple[int, int]:
     reference whose removal is pending while someone iterates is counted a moment
     longer, as it is in Celery's own state)."""
     pool = consumer.pool
-    processes = getattr(pool, "num_processes", None) or 0
+    prefork = _prefork.get(type(pool))
+    if prefork is None:
+        prefork = _looks_ahead(consumer, pool)
+    # Celery's prefork pool: its process count read as its ``num_processes`` reads it
+    # (a property: a frame per call, and this runs several times a run).
+    inner = getattr(pool, "_pool", None) if prefork else None
+    processes = (getattr(inner, "_processes", None) if inner is not None else None) or (
+        getattr(pool, "num_processes", None) or 0)
     if processes <= 0:
         return 1 << 30, 0
     # The reserved requests not held here (never fewer than none), without min().
     busy: int = len(worker_state.reserved_requests.data) - len(held.data)  # type: ignore[attr-defined]
     free = processes - busy if busy > 0 else processes
-    prefork = _prefork.get(type(pool))
-    if prefork is None:
-        prefork = _looks_ahead(consumer, pool)
     return free, (int(processes) if prefork and getattr(consumer, "hub", None) is not None
                   else 0)
