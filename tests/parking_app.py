@@ -8,6 +8,7 @@ Further records:
 ``attempts:<id>:<retries>``  how many bodies ran for that attempt (``upstream``)
 ``forged``                   list: the tags of ``record`` bodies (a forged task's runs)
 ``refused``                  hash: task id -> how many times it was refused (or parked)
+``refused_at``               hash: task id -> when it was first refused (server µs)
 
 Test-only hooks, read at import:
 
@@ -144,8 +145,9 @@ def create_app(urls: AppUrls) -> Celery:
         return tag
 
     def on_refused(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is app and task_id:
-            record().client.hincrby("refused", task_id, 1)
+        if (getattr(sender, "app", None) is app and task_id
+                and record().client.hincrby("refused", task_id, 1) == 1):
+            record().stamp("refused_at", task_id)  # its first refusal (server µs)
 
     lock_contended.connect(on_refused, weak=False)
     _kill_at_park(record)

@@ -20,7 +20,7 @@ import pytest
 import redis
 from celery.result import AsyncResult
 from standby_app import ACCEPTED, HELD, KILL_ENV, KILLED
-from test_fair_line import ended, send_backlog_then_others
+from test_fair_line import ended, send_backlog_then_others, started_once_known
 from test_parking_line import _broker, _give_back_unacknowledged
 
 from cluster_checks import peaks, record_store, wait_for_results, wait_until
@@ -56,11 +56,20 @@ def test_runs_hand_their_slots_to_standbys(start_cluster: Any) -> None:
     print(f"\n{len(held)} standbys held over {len(backlog) + len(others)} runs")
     assert len(held) >= 5
     big, last_other = ended(record, backlog), ended(record, others)[-1]
-    # test_fair_line's bound is 16. With standbys, up to HOLD_PER_RUN per run of the key
-    # (2 x FAIR_SLOTS) are the backlog's, held before the others were sent: 20. At load
-    # 10-14 one run of four saw 23 (not explained yet; 9 of 9 quiet within 16): the
-    # bound here is 24, still well before first come first served (after all 30).
-    assert sum(1 for end in big if end < last_other) <= 24
+    before = sum(1 for end in big if end < last_other)
+    passed = started_once_known(record, backlog, others)
+    print(f"the last other tenant's run ended after {before} of the backlog's 30, "
+          f"{passed} of them started once the others were in the line")
+    # Not after all 30 (first come first served). How many of the backlog's end before
+    # the others' messages even reach the line depends on the load (the others wait
+    # behind the backlog's messages in the task queue; 23 once at load 10-14, 8-10 of
+    # 13 at load 12-18): not the line's order. Once the line holds them all, the
+    # backlog's runs that still start before the last other's ends are its standbys
+    # held then (HOLD_PER_RUN per run of the key: 2 x FAIR_SLOTS = 4), the copies moved
+    # on their way (one per slot and per standby asked: 4), and its turn in each of the
+    # 2 rounds of 5 tenants (2): 10.
+    assert before < len(backlog)
+    assert passed <= 10
 
 
 def test_a_worker_killed_with_a_standby_loses_no_run(start_cluster: Any) -> None:
