@@ -516,9 +516,20 @@ class Lease:
         """The keys and arguments of ``wake.lua`` (:data:`~.scripts.WAKE`) to run after
         an uncontended release answered ``removed`` and ``contended``: it freed the slot
         and a line may have formed meanwhile; None: nothing to hand over."""
-        if removed and contended is not None and self._reserve_ms > 0:
-            return [self._keys[0]], [self._reserve_ms]
-        return None
+        return wake_of(self._keys[0], self._reserve_ms, removed, contended)
+
+
+def wake_of(key: str, reserve_ms: int, removed: Any, contended: Any
+            ) -> Optional[Tuple[List[str], List[Any]]]:
+    """:meth:`Lease.wake_after` of a lease of ``key`` that reserves ``reserve_ms`` for a
+    hand-off: ``wake.lua``'s keys and arguments, or None.
+
+        >>> wake_of("k", 10_000, 1, b"1"), wake_of("k", 10_000, 0, b"1"), wake_of("k", 0, 1, b"1")
+        ((['k'], [10000]), None, None)
+    """
+    if removed and contended is not None and reserve_ms > 0:
+        return [key], [reserve_ms]
+    return None
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import redis
 from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
-from .admission import Lease, handoffs_of
+from .admission import CONTENDED, Lease, handoffs_of, wake_of
 from .resp import ErrorReply, Parser, Pipeline, Then, pack
 from .scripts import RELEASE, WAKE, LuaScript, is_cluster
 
@@ -123,24 +123,34 @@ class HubStore:
         commands = lease.release_commands()
         if commands is None:
             return False
-        replies: List[Any] = []
-
-        def replied(reply: Any) -> None:
-            replies.append(reply)
-            if len(replies) < len(commands):
-                return None
-            failed = [r for r in replies if isinstance(r, (BaseException, ErrorReply))]
-            if failed:
-                return _release_failed(lease, failed[0])
-            wake = lease.wake_after(*replies)
-            if wake is not None:
-                self.run_script(WAKE, *wake, then=lambda messages: _woken(
-                    lease, publish, messages))
-            return None
-
-        for command in commands:
-            self.send(pack(*command), replied, ask=False)
+        self._send_release(commands, _Released(self, lease.wake_after, lambda: lease, publish))
         return True
+
+    def release_record(self, handed: Dict[str, Any], publish: Callable[[List[Any]], Any]
+                       ) -> bool:
+        """:meth:`release` of the lease of ``handed``, a :meth:`Lease.handover` record of
+        an admission of this process (never adopted), read from the record itself: the
+        same two commands, with no :class:`Lease` made unless a reply needs one (a
+        failure, a wake's answer). False where :meth:`Lease.release_commands` answers
+        None (a line, the last slot taken, several keys or parts) and for weighted
+        costs (their units: :meth:`release`)."""
+        keys = handed["keys"]
+        if (len(keys) != 1 or handed["parts"] or handed["costs"] or handed["contended"]
+                or handed["last"]):
+            return False
+        key, reserve_ms = keys[0], int(handed["reserve"])
+        self._send_release(
+            [("ZREM", key, handed["member"]), ("ZSCORE", key, CONTENDED)],
+            _Released(self, lambda removed, contended: wake_of(key, reserve_ms, removed,
+                                                               contended),
+                      lambda: Lease.of_handover(self.client, handed), publish))
+        return True
+
+    def _send_release(self, commands: List[Tuple[Any, ...]], released: _Released) -> None:
+        """Send a release's ``commands``, nobody waiting; ``released`` gets the replies."""
+        released.expected = len(commands)
+        for command in commands:
+            self.send(pack(*command), released, ask=False)
 
     def give_back(self, handed: Dict[str, Any], publish: Callable[[List[Any]], Any]) -> bool:
         """Give back, without waiting, the lease of ``handed`` (:meth:`Lease.handover`)
@@ -318,6 +328,38 @@ class _ScriptReply:
         if isinstance(reply, BaseException) and not isinstance(reply, RedisError):
             reply = ConnectionError(f"the lock store failed: {reply!r}")
         return self.then(reply)
+
+
+class _Released:
+    """The replies to one release's commands (see :meth:`HubStore.release`): once all
+    are in, a failure is logged, or ``wake.lua`` runs when a line formed meanwhile
+    (``wake_after(*replies)``: its keys and arguments, or None). ``lease_of()`` makes
+    the lease, for the log and the wake's answer only."""
+
+    __slots__ = ("expected", "lease_of", "publish", "replies", "store", "wake_after")
+
+    def __init__(self, store: HubStore,
+                 wake_after: Callable[..., Optional[Tuple[List[str], List[Any]]]],
+                 lease_of: Callable[[], Lease], publish: Callable[[List[Any]], Any]) -> None:
+        self.store, self.wake_after, self.lease_of, self.publish = (
+            store, wake_after, lease_of, publish)
+        self.replies: List[Any] = []
+        self.expected = 0
+
+    def __call__(self, reply: Any) -> None:
+        replies = self.replies
+        replies.append(reply)
+        if len(replies) < self.expected:
+            return None
+        for one in replies:
+            if isinstance(one, (BaseException, ErrorReply)):
+                return _release_failed(self.lease_of(), one)
+        wake = self.wake_after(*replies)
+        if wake is not None:
+            lease, publish = self.lease_of(), self.publish
+            self.store.run_script(WAKE, *wake, then=lambda messages: _woken(lease, publish,
+                                                                       messages))
+        return None
 
 
 def _release_failed(lease: Lease, failure: Any) -> None:

@@ -374,9 +374,12 @@ def _release_here(consumer: Any, request: Any, limits: TaskLimits,
 
 def _release_on_hub(store: HubStore, task: Any, limits: TaskLimits,
                     handed: Dict[str, Any]) -> None:
-    """Give back, on the worker's event loop, the lease ``handed`` to a run that ended."""
-    lease = Lease.of_handover(store.client, handed)
-    if not store.release(lease, functools.partial(handoff.publish, task.app)):
+    """Give back, on the worker's event loop, the lease ``handed`` to a run that ended
+    (read from the record where it can be: :meth:`~.hub_store.HubStore.release_record`)."""
+    publish = functools.partial(handoff.publish, task.app)
+    if store.release_record(handed, publish):
+        return
+    if not store.release(Lease.of_handover(store.client, handed), publish):
         release_for_pool(task, limits, handed)
 
 
