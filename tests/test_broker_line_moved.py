@@ -80,3 +80,15 @@ def test_an_empty_standby_move_gives_back_no_reservation(
     monkeypatch.setattr(moves, "mover", lambda app: _Mover())
     moves.owe(app(), [StandbyMove(KEY, "tenant:a")])
     assert called == [(KEY, "tenant:a", False)]
+
+
+def test_a_move_taken_from_a_sub_line_counts_that_sub_line_less(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A move owed from the line's own queue, done from a sub-line the poll saw holding
+    messages: that sub-line counts one copy less in the lock store."""
+    took: List[Any] = []
+    monkeypatch.setattr(store, "took_from_sub_line",
+                        lambda client, key, sub: took.append((key, sub)) or True)
+    done = Done("move", "j", "q", Outcome(True, "moved"))
+    moves._moved(app(), KEY, False, done, tried=1, took=f"{KEY}\x1ftenant:a")
+    assert took == [(KEY, "tenant:a")]

@@ -20,7 +20,13 @@ from celery_redislock.engine.fair import (
     weights,
 )
 from celery_redislock.engine.parked_view import read_parked_lines
-from celery_redislock.engine.parking import due, moved_nothing, park_admit, run_id
+from celery_redislock.engine.parking import (
+    due,
+    moved_nothing,
+    park_admit,
+    run_id,
+    took_from_sub_line,
+)
 
 PREFIX = "redislock:"
 
@@ -265,6 +271,24 @@ def test_a_sub_line_counted_with_nothing_parked_does_not_attract_every_move(
         assert subs[0] == "tenant:b" and subs.count("tenant:b") >= 3, subs
     else:
         assert subs == ["tenant:b"] * 6, subs
+
+
+def test_a_copy_taken_by_a_move_from_the_lines_own_queue_is_counted_less(redis_client):
+    """A move owed from the line's own queue (references no sub-line counts) that the
+    mover took from a sub-line holding messages: that sub-line counts one copy less, so
+    it is not left counted as waiting with nothing parked; one that counts none keeps
+    nothing to take. With priority bands, its band's head goes too."""
+    line = Line(redis_client, name="took")
+    assert isinstance(line.send("tenant:x", "holder"), Lease)
+    assert isinstance(line.send("tenant:a", "a1"), Busy)
+    banded = send_priority(line, "p1", 3, 0.2)
+    assert isinstance(banded, Busy) and banded.park is not None
+    assert took_from_sub_line(redis_client, line.key, "tenant:a")
+    assert not took_from_sub_line(redis_client, line.key, "tenant:a")  # counts none now
+    assert took_from_sub_line(redis_client, line.key, banded.park.sub)
+    assert fair_view(redis_client, line.key, top=3).waiting == 0
+    tenant = banded.park.sub.split("\x1e")[0]
+    assert not redis_client.exists(line.key.replace("}:s:", "}:fb:") + ":" + tenant)
 
 
 def server_ms(client: Any) -> int:

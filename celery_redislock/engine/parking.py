@@ -100,6 +100,7 @@ from .fair import with_band
 from .scripts import (
     ADMIT_PARKED,
     DUE,
+    FAIR_TOOK,
     LEAVE_PARKED,
     MOVED_NOTHING,
     PARKED_SENT,
@@ -589,6 +590,19 @@ def moved_nothing(client: Any, key: str, sub: str = "",
     """
     return bool(int(MOVED_NOTHING.run(client, [key],
                                       [sub, publish_grace_ms, 1 if reserved else 0])))
+
+
+def took_from_sub_line(client: Any, key: str, sub: str) -> bool:
+    """A move owed from ``key``'s own queue took its message from the fair line's
+    sub-line ``sub`` (the mover's fall-back): that sub-line counts one copy less, if it
+    counted any, so that it is not left counted as waiting with nothing parked. True if
+    it counted one less.
+
+        >>> import redis
+        >>> took_from_sub_line(redis.Redis.from_url(redis_url), "doc:{x}:s:nobody", "t")
+        False
+    """
+    return bool(int(FAIR_TOOK.run(client, [key], [sub])))
 
 
 def started(lease: Lease) -> int:

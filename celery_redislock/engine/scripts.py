@@ -136,6 +136,9 @@ DUE = LuaScript.load("due.lua", after=LINE)
 PARKED = ["units.lua", "fair.lua", "parked_cost.lua", "parked_names.lua", "parking.lua",
           "parked_claims.lua"]
 MOVED_NOTHING = LuaScript.load("moved_nothing.lua", after=PARKED)
+#: A message taken from a fair sub-line by a move owed from the line's own queue
+#: (``lua/fair_took.lua``).
+FAIR_TOOK = LuaScript.load("fair_took.lua", after=PARKED)
 STARTED = LuaScript.load("started.lua", after=PARKED)
 PARKED_SENT = LuaScript.load("parked_sent.lua", after=[*PARKED, "parked_unsent.lua"])
 LEAVE_PARKED = LuaScript.load("leave_parked.lua", after=LINE)

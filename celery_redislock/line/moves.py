@@ -114,7 +114,7 @@ def owe(app: Any, moves: Iterable[ParkedMove]) -> None:
 
 
 def _moved(app: Any, key: str, late: bool, done: Done, tried: int = 0,
-           sub: str = "", reserved: bool = True) -> None:
+           sub: str = "", reserved: bool = True, took: str = "") -> None:
     """After a move (on the mover's thread): an empty parking queue gives the slot back
     (none was reserved for a deadline move, ``late``, nor for a standby's, not
     ``reserved``: that one gives back its sub-line's count only), and a sub-line ``sub``
@@ -122,13 +122,17 @@ def _moved(app: Any, key: str, late: bool, done: Done, tried: int = 0,
     see ``moved_nothing``). A move out
     of a fair line's own queue that found it empty (the lock store lost the sub-lines'
     counts: its moves are of anonymous entries) first tries the sub-lines the poll last
-    saw holding messages, in turn (``tried`` of them so far)."""
+    saw holding messages, in turn (``tried`` of them so far; ``took``: the one this move
+    was made from, which then counts one copy less: :func:`_took`)."""
     outcome = done.outcome
-    if outcome is not None and not outcome.done and not late:
+    if outcome is not None and outcome.done and took:
+        _took(app, key, took)
+    elif outcome is not None and not outcome.done and not late:
         line = None if sub else _sub_line_after_loss(key, tried)
         if line is not None and mover(app).move(
                 parking_queue(line), functools.partial(_moved, app, key, late,
-                                                       tried=tried + 1, reserved=reserved)):
+                                                       tried=tried + 1, reserved=reserved,
+                                                       took=line)):
             return
         try:
             store.moved_nothing(redis_client(app, read_settings(app)), key, sub,
@@ -141,6 +145,18 @@ def _moved(app: Any, key: str, late: bool, done: Done, tried: int = 0,
         logger.warning("celery-redislock: a move out of the parking queue of %s failed "
                        "(%r); its reservation lapses and the poll hands it over again", key,
                        done.error)
+
+
+def _took(app: Any, key: str, line: str) -> None:
+    """A move owed from ``key``'s own queue took its message from its sub-line ``line``
+    (a line name): that sub-line counts one copy less (else it could stay counted as
+    waiting with nothing parked, and its next move find nothing)."""
+    try:
+        store.took_from_sub_line(redis_client(app, read_settings(app)), key,
+                                 line[len(key_of_line(line)) + 1:])
+    except RedisError as exc:  # its next empty move drops the count (moved_nothing)
+        logger.warning("celery-redislock: could not count a copy less in %s (%s)", line,
+                       describe_error(exc))
 
 
 #: The sub-lines of fair lines that held messages at this process's last poll, by key.

@@ -132,6 +132,36 @@ local function fair_unmove(key, sub, now, grace)
   return true
 end
 
+-- A message left sub-line `sub` with no move owed from it (a move owed from the line's
+-- own queue that the mover took from the sub-lines holding messages: line/moves.py):
+-- the sub-line counts one copy less, if it counted any (its band's head too), so that it
+-- is not left counted as waiting with nothing parked. Its turn is kept (as 'l:' once it
+-- counts none). Returns 1 if a copy was counted less, else 0.
+local function fair_took(key, sub)
+  if sub == nil or sub == '' then return 0 end
+  local tenant, band = fair_split(sub)
+  local state, turns = fair_key(key, 'fn'), fair_key(key, 'ft')
+  local waiting = tonumber(redis.call('HGET', state, 'w:' .. tenant) or '0') or 0
+  if waiting <= 0 then return 0 end
+  if waiting > 1 then
+    redis.call('HINCRBY', state, 'w:' .. tenant, -1)
+  else
+    local turn = redis.call('ZSCORE', turns, tenant)
+    redis.call('ZREM', turns, tenant)
+    redis.call('HDEL', state, 'w:' .. tenant)
+    if turn then redis.call('HSET', state, 'l:' .. tenant, turn) end
+  end
+  fair_keep(state)
+  if band then
+    local heads = fair_key(key, 'fb') .. ':' .. tenant
+    local fifo = fair_key(key, 'fq') .. ':' .. sub
+    redis.call('LPOP', fifo)
+    local head = redis.call('LINDEX', fifo, 0)
+    if head then redis.call('ZADD', heads, head, band) else redis.call('ZREM', heads, band) end
+  end
+  return 1
+end
+
 -- The moves owed to K's line, `moves` of them, appended to `out`: one '!move 1 K\031sub'
 -- per move for a fair line (the sub-lines of lowest turn, in turn), the rest (a line
 -- with no sub-line waiting: anonymous entries, a line that is not fair) as one
