@@ -17,10 +17,13 @@ most from the plain task's (the kind's own work, and what it spares Celery).
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
+import json
 import os
 import pstats
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +40,49 @@ START, STOP = signal.SIGRTMIN + 1, signal.SIGRTMIN + 2
 PROFILE = "main.prof"
 
 _profiler: Optional[cProfile.Profile] = None
+
+
+#: The signals that start and stop (and write) the count of the package's own frames.
+FRAMES_START, FRAMES_STOP = signal.SIGRTMIN + 3, signal.SIGRTMIN + 4
+#: That count's file.
+FRAMES = "frames.json"
+#: Celery's own work that the package calls on (its strategy's handler, the request's
+#: start in the pool and its end handlers), which a plain task does as well: not counted.
+CELERY_OWN = frozenset({"task_message_handler", "execute_using_pool", "on_success",
+                        "on_failure", "on_accepted"})
+
+
+class FrameCount:
+    """A profile function (``sys.setprofile``) counting the Python frames the package's
+    code runs in this thread, each under the package's function that was entered from
+    outside it (an *entry*: the gate's strategy wrapper, a run's end, a timer, a reply
+    of the lock store; or from Celery's own work, as the gate is from Celery's strategy),
+    whatever they call, Celery's own work (:data:`CELERY_OWN`) left out. Exact; only
+    the timers' entries (the queue's, the spare lease's, the store's deadline), which
+    fire by the clock, count more per task in a process slowed down (by load, or by
+    this count itself, a Python call per frame)."""
+
+    def __init__(self) -> None:
+        self.counts: Dict[str, int] = collections.Counter()
+        #: One per live frame: its entry (None: outside the package), and whether
+        #: counting is paused in it (inside Celery's own work).
+        self.stack: List[Tuple[Optional[str], bool]] = []
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            entry, paused = self.stack[-1] if self.stack else (None, False)
+            if (entry is None or paused) and "celery_redislock" in code.co_filename:
+                entry, paused = f"{Path(code.co_filename).name}:{code.co_name}", False
+                self.counts[entry] += 1
+            elif entry is not None and not paused:
+                paused = (code.co_name in CELERY_OWN
+                          and "/celery/worker/" in code.co_filename)
+                if not paused:
+                    self.counts[entry] += 1
+            self.stack.append((entry, paused))
+        elif event == "return" and self.stack:
+            self.stack.pop()
 
 
 def install(directory: str) -> None:
@@ -58,8 +104,22 @@ def install(directory: str) -> None:
         profiler.dump_stats(str(partial))
         partial.rename(Path(directory) / PROFILE)
 
+    counter: List[FrameCount] = []
+
+    def count(*_: Any) -> None:
+        counter[:] = [FrameCount()]
+        sys.setprofile(counter[0])
+
+    def counted(*_: Any) -> None:
+        sys.setprofile(None)
+        partial = Path(directory) / (FRAMES + ".part")
+        partial.write_text(json.dumps(counter[0].counts if counter else {}))
+        partial.rename(Path(directory) / FRAMES)
+
     signal.signal(START, start)
     signal.signal(STOP, stop)
+    signal.signal(FRAMES_START, count)
+    signal.signal(FRAMES_STOP, counted)
 
 
 def profiled_batches(bench: bench_peers.Bench, kind: str, mode: str, tasks: int,
@@ -82,6 +142,41 @@ def profiled_batches(bench: bench_peers.Bench, kind: str, mode: str, tasks: int,
     stats = pstats.Stats(str(out))
     out.unlink()
     return stats
+
+
+def counted_batches(bench: bench_peers.Bench, kind: str, mode: str, tasks: int,
+                    batches: int, directory: Path) -> Dict[str, float]:
+    """The package's frames per task under each entry (:class:`FrameCount`) over
+    ``batches`` batches of ``kind``."""
+    assert bench.worker.process is not None
+    pid, out = bench.worker.process.pid, directory / FRAMES
+    bench_peers.run_batch(bench, kind, mode, tasks, -1)  # warm up
+    os.kill(pid, FRAMES_START)
+    time.sleep(0.2)
+    for index in range(batches):
+        bench_peers.run_batch(bench, kind, mode, tasks, index)
+    os.kill(pid, FRAMES_STOP)
+    deadline = time.monotonic() + 30
+    while not out.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no frame count was written: {bench.worker.log_tail()}")
+        time.sleep(0.05)
+    counts = json.loads(out.read_text())
+    out.unlink()
+    return {entry: count / (tasks * batches) for entry, count in counts.items()}
+
+
+def frames_report(results: Dict[str, Dict[str, float]], mode: str) -> str:
+    """Each kind's frames of the package per task, by entry."""
+    entries = sorted({entry for counts in results.values() for entry in counts},
+                     key=lambda e: -max(counts.get(e, 0.0) for counts in results.values()))
+    rows = [(entry, *(f"{results[kind].get(entry, 0.0):.2f}" for kind in results))
+            for entry in entries]
+    rows.append(("**all**", *(f"**{sum(results[kind].values()):.1f}**" for kind in results)))
+    return (f"## The package's Python frames per task in the worker's main process, results "
+            f"{mode}, by entry (Celery's own work left out)\n\n"
+            + markdown_table(("entry", *(bench_peers.LABELS.get(k, k) for k in results)),
+                             rows))
 
 
 def per_function(stats: pstats.Stats, runs: int) -> Dict[str, float]:
@@ -134,6 +229,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
     parser.add_argument("--top", type=int, default=40, help="functions listed per kind")
     parser.add_argument("--save", default="", help="a directory to keep each kind's profile in")
+    parser.add_argument("--frames", action="store_true",
+                        help="count the package's own frames per task by entry instead "
+                             "(exact, see FrameCount) of profiling every call")
     return parser.parse_args(argv)
 
 
@@ -148,6 +246,10 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
             with bench_peers.started(setup) as bench:
                 kinds = [bench.app.PLAIN, *[k for k in args.kinds.split(",") if k]]
                 for kind in kinds:
+                    if args.frames:
+                        results[kind] = counted_batches(bench, kind, args.mode, args.tasks,
+                                                        args.batches, Path(scratch))
+                        continue
                     stats = profiled_batches(bench, kind, args.mode, args.tasks,
                                              args.batches, Path(scratch))
                     results[kind] = per_function(stats, args.tasks * args.batches)
@@ -156,7 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
                 plain = bench.app.PLAIN
         finally:
             os.environ.pop(ENV, None)
-    text = report(results, plain, args.mode, args.top)
+    text = (frames_report(results, args.mode) if args.frames
+            else report(results, plain, args.mode, args.top))
     print(text)
     return text
 
