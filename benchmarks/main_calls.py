@@ -122,23 +122,31 @@ def install(directory: str) -> None:
     signal.signal(FRAMES_STOP, counted)
 
 
-def profiled_batches(bench: bench_peers.Bench, kind: str, mode: str, tasks: int,
-                     batches: int, directory: Path) -> pstats.Stats:
-    """Run ``batches`` batches of ``kind`` under the main process's profiler."""
+def signalled_batches(bench: bench_peers.Bench, kind: str, mode: str, tasks: int,
+                      batches: int, signals: Tuple[int, int], out: Path) -> str:
+    """Run ``batches`` batches of ``kind`` between the worker's main process's two
+    ``signals`` (start, stop); the path of the file ``out``, once it wrote it."""
     assert bench.worker.process is not None
     pid = bench.worker.process.pid
-    out = directory / PROFILE
     bench_peers.run_batch(bench, kind, mode, tasks, -1)  # warm up
-    os.kill(pid, START)
+    os.kill(pid, signals[0])
     time.sleep(0.2)  # the handler runs at the main process's next turn of its loop
     for index in range(batches):
         bench_peers.run_batch(bench, kind, mode, tasks, index)
-    os.kill(pid, STOP)
+    os.kill(pid, signals[1])
     deadline = time.monotonic() + 30
     while not out.exists():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no profile was written: {bench.worker.log_tail()}")
+            raise RuntimeError(f"{out.name} was not written: {bench.worker.log_tail()}")
         time.sleep(0.05)
+    return str(out)
+
+
+def profiled_batches(bench: bench_peers.Bench, kind: str, mode: str, tasks: int,
+                     batches: int, directory: Path) -> pstats.Stats:
+    """Run ``batches`` batches of ``kind`` under the main process's profiler."""
+    out = Path(signalled_batches(bench, kind, mode, tasks, batches, (START, STOP),
+                                 directory / PROFILE))
     stats = pstats.Stats(str(out))
     out.unlink()
     return stats
@@ -148,19 +156,8 @@ def counted_batches(bench: bench_peers.Bench, kind: str, mode: str, tasks: int,
                     batches: int, directory: Path) -> Dict[str, float]:
     """The package's frames per task under each entry (:class:`FrameCount`) over
     ``batches`` batches of ``kind``."""
-    assert bench.worker.process is not None
-    pid, out = bench.worker.process.pid, directory / FRAMES
-    bench_peers.run_batch(bench, kind, mode, tasks, -1)  # warm up
-    os.kill(pid, FRAMES_START)
-    time.sleep(0.2)
-    for index in range(batches):
-        bench_peers.run_batch(bench, kind, mode, tasks, index)
-    os.kill(pid, FRAMES_STOP)
-    deadline = time.monotonic() + 30
-    while not out.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no frame count was written: {bench.worker.log_tail()}")
-        time.sleep(0.05)
+    out = Path(signalled_batches(bench, kind, mode, tasks, batches,
+                                 (FRAMES_START, FRAMES_STOP), directory / FRAMES))
     counts = json.loads(out.read_text())
     out.unlink()
     return {entry: count / (tasks * batches) for entry, count in counts.items()}
