@@ -46,10 +46,11 @@ _profiler: Optional[cProfile.Profile] = None
 FRAMES_START, FRAMES_STOP = signal.SIGRTMIN + 3, signal.SIGRTMIN + 4
 #: That count's file.
 FRAMES = "frames.json"
-#: Celery's own work that the package calls on (its strategy's handler, the request's
-#: start in the pool and its end handlers), which a plain task does as well: not counted.
-CELERY_OWN = frozenset({"task_message_handler", "execute_using_pool", "on_success",
-                        "on_failure", "on_accepted"})
+#: Celery's own work that the package calls on (its strategy's handler, the consumer's
+#: hand-over of a request to the pool, the request's start there, its acceptance and its
+#: end handlers), which a plain task does as well: not counted.
+CELERY_OWN = frozenset({"task_message_handler", "_process_task_sem", "_process_task",
+                        "execute_using_pool", "on_success", "on_failure", "on_accepted"})
 
 
 class FrameCount:
