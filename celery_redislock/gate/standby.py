@@ -55,6 +55,7 @@ from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional
 
 from ..config.limit import TaskLimits
 from ..config.settings import redis_client
+from ..engine.admission import handoffs_of
 from ..engine.parking import ParkAdmitCall
 from ..engine.standby import (
     STANDBY_ASK,
@@ -63,7 +64,6 @@ from ..engine.standby import (
     is_standby,
     may_stand_by,
     standby_call,
-    standby_moves,
 )
 from ..line import handoff
 from ..line.waiting import Parked
@@ -393,6 +393,6 @@ def _ask(store: Any, line: Line, key: str, publish: Publish) -> None:
 def _publish_moves(publish: Publish, first: int, reply: Any) -> None:
     """Publish the moves a script's ``reply`` owes, from its element ``first`` on."""
     if isinstance(reply, list):
-        moves = standby_moves(reply[first:])
+        moves = handoffs_of(reply[first:])
         if moves:
             publish(moves)
