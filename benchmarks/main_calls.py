@@ -58,10 +58,13 @@ class FrameCount:
     code runs in this thread, each under the package's function that was entered from
     outside it (an *entry*: the gate's strategy wrapper, a run's end, a timer, a reply
     of the lock store; or from Celery's own work, as the gate is from Celery's strategy),
-    whatever they call, Celery's own work (:data:`CELERY_OWN`) left out. Exact; only
-    the timers' entries (the queue's, the spare lease's, the store's deadline), which
-    fire by the clock, count more per task in a process slowed down (by load, or by
-    this count itself, a Python call per frame)."""
+    whatever they call, Celery's own work (:data:`CELERY_OWN`) left out. Exact per
+    path, but not per task: the timers' entries (the queue's, the spare lease's, the
+    store's deadline) fire by the clock, so they count more per task in a process slowed
+    down (by load, or by this count itself, a Python call per frame), and how many runs
+    are handed a slot rather than asking the store follows the timing too (two runs of
+    the same code at load 15 differed by 6 frames a task, by its entries' mix). Compare
+    codes in alternate runs, entry by entry."""
 
     def __init__(self) -> None:
         self.counts: Dict[str, int] = collections.Counter()
