@@ -1,7 +1,8 @@
 """A moved copy still queued when its backup is due keeps the slot reserved for it
-(``engine/late.py``, ``engine/lua/keep_late.lua``), within a bound, and only the
-reservation it was first given. On a private redis-server. The poll's side (the
-broker's late copies passed here, a lost one still put back): test_parking_backup.py."""
+(``engine/late.py``, ``engine/lua/keep_late.lua``) as long as it is seen there (only
+presumed there: within a bound), one reservation a copy. On a private redis-server.
+The poll's side (the broker's late copies passed here, a lost one still put back):
+test_parking_backup.py."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import pytest
 import redis
 
 from celery_redislock.engine import late
+from celery_redislock.engine import parking as store
 from celery_redislock.engine.admission import Busy, Lease, SlotLimit
 from celery_redislock.engine.late import keep_late
 from celery_redislock.engine.parking import park_admit, run_id
+
+from support import wait_until
 
 PREFIX = "redislock:"
 
@@ -71,16 +75,49 @@ def test_a_reservation_still_far_from_its_end_is_left_as_it_is(
     assert reservations(redis_client, key) == ends
 
 
-def test_a_reservation_is_kept_no_longer_than_the_bound(
+def test_a_copy_seen_is_kept_past_any_fixed_bound(
         redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No bound while the copy is seen: each look keeps it KEEP_MS from then (before,
+    never more than 60 s past the reservation's first end)."""
     monkeypatch.setattr(late, "KEEP_MS", 600_000)
-    monkeypatch.setattr(late, "MOST_MS", 2_000)
     key, _ = hand_over(redis_client, 1)
     [(member, first_end)] = reservations(redis_client, key)
+    before = server_ms(redis_client)
     assert keep_late(redis_client, [(key, "m1")]) == 1
-    assert reservations(redis_client, key) == [(member, first_end + 2_000)]
-    assert keep_late(redis_client, [(key, "m1")]) == 0  # at its bound: no further
-    assert reservations(redis_client, key) == [(member, first_end + 2_000)]
+    [(same, end)] = reservations(redis_client, key)
+    assert same == member and end >= before + 600_000 > first_end + 60_000
+
+
+def test_a_copy_only_presumed_is_kept_no_longer_than_the_bound(
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy in a queue too long to look in: kept PRESUMED_MS past its first naming
+    at most; once seen, from its last sighting."""
+    monkeypatch.setattr(late, "KEEP_MS", 600_000)
+    monkeypatch.setattr(late, "PRESUMED_MS", 20_000)
+    key, _ = hand_over(redis_client, 1)
+    [(member, _)] = reservations(redis_client, key)
+    before = server_ms(redis_client)
+    assert keep_late(redis_client, [], [(key, "m1")]) == 1
+    [(_, end)] = reservations(redis_client, key)
+    assert before + 20_000 <= end <= server_ms(redis_client) + 20_000
+    assert keep_late(redis_client, [], [(key, "m1")]) == 0  # at its bound: no further
+    assert reservations(redis_client, key) == [(member, end)]
+    assert keep_late(redis_client, [(key, "m1")]) == 1  # seen: KEEP_MS from now
+    [(_, seen_end)] = reservations(redis_client, key)
+    assert seen_end >= before + 600_000
+
+
+def test_a_copy_presumed_past_its_bound_holds_nothing(
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its bound a presumed copy is untied: another copy may be kept there."""
+    monkeypatch.setattr(late, "KEEP_MS", 600_000)
+    monkeypatch.setattr(late, "PRESUMED_MS", 300)
+    key, _ = hand_over(redis_client, 1)
+    start = server_ms(redis_client)
+    assert keep_late(redis_client, [], [(key, "m1")]) == 0  # ends later than its bound
+    wait_until(lambda: server_ms(redis_client) > start + 400, 5.0, what="m1's bound to pass")
+    assert keep_late(redis_client, [], [(key, "m1")]) == 0
+    assert keep_late(redis_client, [(key, "m2")]) == 1  # the reservation was free for m2
 
 
 def test_each_late_copy_keeps_a_reservation_of_its_own(
@@ -93,10 +130,11 @@ def test_each_late_copy_keeps_a_reservation_of_its_own(
     assert keep_late(redis_client, [(key, "m3")]) == 0  # none was left for m3
 
 
-def test_no_other_reservation_once_the_copys_changed_hands(
+def test_a_copy_whose_reservation_changed_hands_is_tied_to_another(
         redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """The copy of move m1 was given reservation 1; another moved copy took it, and the
-    slot was handed over again (reservation 2): m1 still late keeps nothing."""
+    slot was handed over again (reservation 2): m1, still seen in its queue, still has
+    its key's turn, and keeps reservation 2."""
     monkeypatch.setattr(late, "KEEP_MS", 30_000)
     key, parked = hand_over(redis_client, 2)
     assert keep_late(redis_client, [(key, "m1")]) == 1
@@ -105,8 +143,27 @@ def test_no_other_reservation_once_the_copys_changed_hands(
     assert taken.release()
     [(member, end)] = reservations(redis_client, key)
     assert member == "2"
-    assert keep_late(redis_client, [(key, "m1")]) == 0
-    assert reservations(redis_client, key) == [(member, end)]
+    assert keep_late(redis_client, [(key, "m1")]) == 1
+    [(same, kept)] = reservations(redis_client, key)
+    assert same == member and kept > end
+
+
+def test_a_copy_no_longer_looked_at_leaves_its_reservation_to_others(
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """m1 was tied to the only reservation and is no longer named (a worker took it, or
+    it is lost): KEEP_MS after its last look, m2 may be kept there."""
+    monkeypatch.setattr(late, "KEEP_MS", 30_000)
+    key, _ = hand_over(redis_client, 1)
+    assert keep_late(redis_client, [(key, "m1")]) == 1
+    assert keep_late(redis_client, [(key, "m2")]) == 0  # m1 holds it
+    monkeypatch.setattr(late, "KEEP_MS", 300)
+    start = server_ms(redis_client)
+    assert keep_late(redis_client, [(key, "m1")]) == 0  # looked at: forgotten 0.3 s on
+    wait_until(lambda: server_ms(redis_client) > start + 400, 5.0, what="m1's last look to age")
+    assert keep_late(redis_client, [(key, "m2")]) == 0  # tied to m2 (not kept: ends later)
+    monkeypatch.setattr(late, "KEEP_MS", 60_000)
+    assert keep_late(redis_client, [(key, "m2")]) == 1
+    assert keep_late(redis_client, [(key, "m1")]) == 0  # m1, seen again, finds it taken
 
 
 def test_a_lapsed_reservation_is_not_kept(redis_client: redis.Redis,
@@ -118,3 +175,40 @@ def test_a_lapsed_reservation_is_not_kept(redis_client: redis.Redis,
     redis_client.zadd(key.replace("}:s:", "}:pv:", 1), {member: lapsed})
     assert keep_late(redis_client, [(key, "m1")]) == 0
     assert reservations(redis_client, key) == [(member, lapsed)]
+
+
+def lapsed_hand_over(client: redis.Redis) -> Tuple[str, str, int]:
+    """Two runs parked behind one slot, released: its reservation, lapsed (its slot
+    free). The key, the reservation and when it lapsed."""
+    key, _ = hand_over(client, 2)
+    [(member, _)] = reservations(client, key)
+    lapsed = server_ms(client) - 1
+    client.zadd(key.replace("}:s:", "}:pv:", 1), {member: lapsed})
+    client.zadd(key, {"~~" + member: lapsed})
+    return key, member, lapsed
+
+
+def test_a_slot_freed_while_a_late_copy_holds_none_is_reserved_for_it(
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A move made long after its hand-over: its reservation lapsed before the copy's
+    first look (nothing to keep). The poll that finds the slot free reserves it for the
+    late copy, tied to it, instead of moving the next run; the next look keeps it."""
+    monkeypatch.setattr(late, "KEEP_MS", 30_000)
+    key, member, lapsed = lapsed_hand_over(redis_client)
+    assert keep_late(redis_client, [(key, "m1")]) == 0  # none live to keep
+    assert store.due(redis_client, {key: 1}, prefix=PREFIX) == []  # run-1 not moved
+    [(again, end)] = [(m, e) for m, e in reservations(redis_client, key) if e > lapsed]
+    assert again != member and end > server_ms(redis_client)
+    assert keep_late(redis_client, [(key, "m1")]) == 1  # tied to it: kept
+    monkeypatch.setattr(late, "KEEP_MS", 60_000)
+    assert keep_late(redis_client, [(key, "m2")]) == 0  # m1's, not another copy's
+
+
+def test_a_late_copy_not_seen_lately_gets_no_new_reservation(
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy presumed past its bound holds no turn: the slot freed goes to the next run
+    (a move owed), as without a late copy."""
+    monkeypatch.setattr(late, "PRESUMED_MS", 0)
+    key, _, _ = lapsed_hand_over(redis_client)
+    assert keep_late(redis_client, [], [(key, "m1")]) == 0
+    assert [move.key for move in store.due(redis_client, {key: 1}, prefix=PREFIX)] == [key]

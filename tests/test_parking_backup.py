@@ -119,7 +119,7 @@ def test_a_copy_still_in_its_queue_is_late_not_lost(
         copy = park(app, broker, "late", "park-late")
         assert broker.move(copy.queue, "move-late").done
         send(app, "queued after it")  # pushed on the other end: the copy is still next
-        found = broker.restore()
+        found = broker.restore(consumed=["work"])
         assert found.put_back == [] and client.zcard(MOVING) == 1
         assert [line for _, line in found.late] == [KEY]  # late: its reservation is kept
         assert client.llen(copy.queue) == 0
@@ -142,10 +142,36 @@ def test_a_copy_in_a_queue_longer_than_the_look_counts_as_still_there(
         assert client.rpop("work") is not None  # popped, and its consumer died
         for value in ("b", "c", "d"):
             send(app, value)  # a longer queue than the look
-        found = broker.restore()
-        assert found.put_back == [] and [line for _, line in found.late] == [KEY]
+        found = broker.restore(consumed=["work"])
+        assert found.put_back == [] and found.late == []  # presumed there, not seen
+        assert [line for _, line in found.presumed] == [KEY]
         assert client.rpop("work") is not None  # the queue shorter: searched, not there
         assert [queue for _, queue in broker.restore().put_back] == [copy.queue]
+
+
+def test_a_copy_in_a_queue_no_worker_consumes_is_not_named_late(
+        app: Celery, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy still in a queue that no running worker's poll named within CONSUMED_MS
+    is neither named (its reservation lapses as any: nobody will take it) nor put back
+    (it is still there); named again once some worker consumes the queue, also in a
+    priority step's list of it."""
+    monkeypatch.setattr(redis_line, "RESTORE_AFTER_MS", 0)
+    monkeypatch.setattr(redis_line, "RECHECK_MS", 0)
+    monkeypatch.setattr(redis_line, "CONSUMED_MS", 300)
+    with app.connection_for_write() as connection:
+        broker = broker_for(connection)
+        park_and_move(app, broker, "orphan")
+        found = broker.restore(consumed=["other"])
+        assert found.put_back == [] and found.late == [] and found.presumed == []
+        assert client.zcard(MOVING) == 1 and client.llen("work") == 1
+        assert [line for _, line in broker.restore(consumed=["work"]).late] == [KEY]
+        start = _now_ms(client)
+        wait_until(lambda: _now_ms(client) > start + 400, 5.0, what="the mark to lapse")
+        assert broker.restore().late == []  # no worker named it since
+        client.rename("work", "work" + connection.default_channel.sep + "3")
+        client.hset(MOVED_PREFIX + client.zrange(MOVING, 0, 0)[0].decode(), "t",
+                    "work" + connection.default_channel.sep + "3")
+        assert [line for _, line in broker.restore(consumed=["work"]).late] == [KEY]
 
 
 def test_a_copy_not_received_is_lost_only_after_restore_after(
@@ -182,7 +208,8 @@ def test_a_late_copy_is_lost_only_restore_after_its_last_sighting(
         moved_at = _now_ms(client)
 
         def still_late() -> bool:
-            return bool(broker.restore().late) and _now_ms(client) > moved_at + 3500
+            return bool(broker.restore(consumed=["work"]).late) and \
+                _now_ms(client) > moved_at + 3500
         wait_until(still_late, 10.0, what="the copy to be seen late past RESTORE_AFTER_MS")
         assert client.rpop("work") is not None  # taken, acknowledged, its claim late
         assert broker.restore().put_back == [] and client.zcard(MOVING) == 1
@@ -326,7 +353,7 @@ def test_the_poll_keeps_a_queued_copys_reservation_and_puts_a_lost_one_back(
         assert popped is not None
         assert broker.move(parking_queue, "move-2").done  # "late", still queued
         ends = dict(reservations(redis_client, key))
-        poll.restore(broker, redis_client)
+        poll.restore(broker, redis_client, ["work"])
         kept = dict(reservations(redis_client, key))
         assert sorted(kept) == sorted(ends)
         assert sum(kept[m] > ends[m] + 15_000 for m in kept) == 1  # one kept, for "late"

@@ -494,7 +494,7 @@ class _Broker:
     def lengths(self, queues: Any) -> dict:
         return {queue: 1 if queue == parking_queue(self.key) else 0 for queue in queues}
 
-    def restore(self, limit: int = 0) -> Restored:
+    def restore(self, limit: int = 0, consumed: Any = ()) -> Restored:
         return Restored()
 
 

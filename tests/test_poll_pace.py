@@ -36,7 +36,7 @@ class _Broker:
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         return {queue: 1 if queue in self.queues else 0 for queue in queues}
 
-    def restore(self, limit: int = 0) -> Restored:
+    def restore(self, limit: int = 0, consumed: Iterable[str] = ()) -> Restored:
         return Restored()
 
 
@@ -149,10 +149,10 @@ def test_a_refused_keep_late_does_not_stop_the_poll(monkeypatch: pytest.MonkeyPa
     """The script that keeps late copies' reservations refused (an ACL user without
     HSETNX): the put-back round still ends, the refusal is logged, nothing is raised."""
     class _Late(_Broker):
-        def restore(self, limit: int = 0) -> Restored:
+        def restore(self, limit: int = 0, consumed: Iterable[str] = ()) -> Restored:
             return Restored(late=[("m1", "redislock:k")], due=1)
 
-    def refused(client: Any, late: Any) -> None:
+    def refused(client: Any, late: Any, presumed: Any = ()) -> None:
         raise redis.ResponseError("NOPERM this user has no permissions to run 'hsetnx'")
 
     warned: List[str] = []

@@ -5,13 +5,33 @@ A slot handed to a parked line is reserved for the moved copy for
 in the queue it was moved to as that runs out; the slot would then be handed over again
 and the late copy, finding no reservation, would park again at the back of the line (a
 churn of moves, parks and receipts). The broker's side of the line knows which copies
-are still queued (its backup's check, ``parking/lua/restore.lua``); the worker's poll
-passes them here, and one script per :data:`BATCH` keys (``lua/keep_late.lua``, on the
-lock store's clock) keeps one reservation for each until :data:`KEEP_MS` from now, never
-more than :data:`MOST_MS` past that reservation's first end: a copy that no worker ever
-takes (its queue has no consumer) holds the slot that long at most, then it lapses and
-is handed over again as before. A copy keeps the reservation it was first given here;
-once that one is taken by another copy or lapsed, none other is kept for it.
+are still queued (its backup's check, ``parking/lua/restore.lua``, every 2 s per copy);
+the worker's poll passes them here, and one script per :data:`BATCH` keys
+(``lua/keep_late.lua``, on the lock store's clock) keeps one reservation for each until
+:data:`KEEP_MS` from now.
+
+Why no fixed bound while a copy is seen (the design chosen over sizing a bound from the
+measured start rate): a copy waits behind the copies queued ahead of it, which the
+workers start at whatever rate the load allows; any bound sized from a rate measured
+before is wrong when the rate falls (two CPU burners made 5,000 copies wait ~170 s,
+past the earlier 60 s bound, and 2.38 slots were handed per run). The broker knows, at
+every look, that the copy is still there: the key's turn is the copy's as long as it
+is seen, and the key's slot is not handed on meanwhile. The bounds:
+
+* a copy no look names any more (a worker took it, or it was lost and is put back at
+  the front of its parking queue) holds the slot :data:`KEEP_MS` after the last look;
+* a copy is named only while some running worker consumes its queue (each worker's
+  poll says which, renewed each second and lapsing after
+  :data:`~celery_redislock.parking.redis_line.CONSUMED_MS`): a copy in a queue no
+  worker consumes any more holds its slot ~20 s at most;
+* a copy in a queue too long to look in (over 1,000 entries) is only presumed there:
+  kept at most :data:`PRESUMED_MS` after it was last seen (or first named), so that a
+  copy lost from a queue that stays long (its worker killed between kombu's pop and its
+  unacked record) holds its slot no longer than that.
+
+A copy keeps the reservation it was tied to while that is live; once another copy took
+it, or it lapsed (a look too late, a move made after its reservation ended), the copy
+is tied to another live reservation of its key that no other copy seen holds.
 """
 
 from __future__ import annotations
@@ -20,26 +40,27 @@ from typing import Any, Dict, Iterable, List, Tuple
 
 from .scripts import KEEP_LATE, by_hash_slot
 
-__all__ = ["BATCH", "KEEP_MS", "MOST_MS", "keep_late"]
+__all__ = ["BATCH", "KEEP_MS", "PRESUMED_MS", "keep_late"]
 
 #: How long (ms) from the look a late copy's reservation is kept: as long as a slot is
 #: reserved at its hand-over. The next look (2 s later, by any worker's poll, each once
 #: a second, or less often when a poll visits thousands of keys) comes well before.
 KEEP_MS = 10 * 1000
 
-#: The most (ms) a reservation is kept past the end it was given at its hand-over, in
-#: all: copies queued ahead of a late one are moved copies too (each pushed to the
-#: front), so its wait is at most the slots handed over at once over the workers' start
-#: rate (12,000 at 200 starts/s); a copy that no worker takes holds a slot ~70 s.
-MOST_MS = 60 * 1000
+#: The most (ms) a copy only presumed in its queue (too long to look in) is kept past
+#: its last sighting, or its first look if never seen: long enough for a queue of
+#: 10,000 copies to drain to where they are looked for at ~20 starts/s.
+PRESUMED_MS = 10 * 60 * 1000
 
 #: How many keys one script visits at most.
 BATCH = 50
 
 
-def keep_late(client: Any, late: Iterable[Tuple[str, str]]) -> int:
+def keep_late(client: Any, late: Iterable[Tuple[str, str]],
+              presumed: Iterable[Tuple[str, str]] = ()) -> int:
     """Keep the reservations of the late copies ``late`` (``(semaphore key, move id)``
-    pairs). How many reservations were kept longer.
+    pairs, each seen in its queue) and ``presumed`` (in a queue too long to look in).
+    How many reservations were kept longer.
 
         >>> import redis
         >>> keep_late(redis.Redis.from_url(redis_url), [("doc:{x}:s:nobody", "0a1b")])
@@ -48,11 +69,13 @@ def keep_late(client: Any, late: Iterable[Tuple[str, str]]) -> int:
     by_key: Dict[str, List[str]] = {}
     for key, move in late:
         by_key.setdefault(key, []).append(move)
+    for key, move in presumed:
+        by_key.setdefault(key, []).append("~" + move)
     kept = 0
     for group in by_hash_slot(client, list(by_key)):
         for start in range(0, len(group), BATCH):
             keys = group[start:start + BATCH]
-            args: List[Any] = [KEEP_MS, MOST_MS]
+            args: List[Any] = [KEEP_MS, PRESUMED_MS]
             for key in keys:
                 args += [len(by_key[key]), *by_key[key]]
             kept += int(KEEP_LATE.run(client, keys, args))

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import redis
 from celery.apps.worker import Worker as CommandWorker
@@ -113,7 +113,7 @@ class Poll:
         client, prefix = redis_client(self.app, settings), settings.prefix
         if time.monotonic() >= self.next_restore:
             self.next_restore = time.monotonic() + RESTORE_EVERY
-            restore(broker, client)
+            restore(broker, client, consumed_queues(self.app))
         if time.monotonic() < self.next_visit:
             return self._rates_only(broker, client, prefix)
         counted = recount(broker)
@@ -140,22 +140,25 @@ class Poll:
         return owed
 
 
-def restore(broker: Any, client: Any) -> None:
+def restore(broker: Any, client: Any, consumed: Sequence[str] = ()) -> None:
     """Put back the moved messages no worker received in time (logged: each is a copy
     lost in kombu's pop window), in rounds of the broker's batch while rounds come full
     (:data:`RESTORE_ROUNDS` at most), and keep the reservations of the copies still in
-    their queue (late, not lost: :func:`~celery_redislock.engine.late.keep_late`)."""
+    their queue (late, not lost: :func:`~celery_redislock.engine.late.keep_late`), in a
+    queue some running worker consumes (``consumed``: this worker's queues)."""
     late: List[Tuple[str, str]] = []
+    presumed: List[Tuple[str, str]] = []
     for _ in range(RESTORE_ROUNDS):
-        found = broker.restore()
+        found = broker.restore(consumed=consumed)
         for move, queue in found.put_back:
             log_put_back(move, queue)
         late += [(key_of_line(line), move) for move, line in found.late]
+        presumed += [(key_of_line(line), move) for move, line in found.presumed]
         if found.due < RESTORE_BATCH:
             break
-    if late:
+    if late or presumed:
         try:
-            keep_late(client, late)
+            keep_late(client, late, presumed)
         except redis.RedisError as exc:  # e.g. an ACL user without HSETNX: the moves go on
             logger.warning("celery-redislock: the late moved copies' reservations were not "
                            "kept (they lapse as any reservation): %r", exc)
@@ -167,6 +170,12 @@ def log_put_back(move: str, queue: str) -> None:
     window). Called once per put-back, where it happens: the one place that sees each."""
     logger.warning("celery-redislock: a moved copy (%s) was not received in time; "
                    "its message is back at the front of %s", move, queue)
+
+
+def consumed_queues(app: Any) -> List[str]:
+    """The queues this worker consumes (its ``-Q``, and any added since; all the app's
+    queues if it named none)."""
+    return sorted(app.amqp.queues.consume_from)
 
 
 def by_key(lines: Dict[str, int], prefix: str) -> Dict[str, int]:

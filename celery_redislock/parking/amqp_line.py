@@ -157,7 +157,7 @@ class AmqpParking:
         back to its queue when its consumer's channel closes), so no backup is kept."""
         return False
 
-    def restore(self, limit: int = 0) -> Restored:
+    def restore(self, limit: int = 0, consumed: Iterable[str] = ()) -> Restored:
         """Nothing to put back (see :meth:`claimed`)."""
         return Restored()
 

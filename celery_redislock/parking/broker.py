@@ -41,14 +41,18 @@ class Restored:
 
     * ``put_back``: ``[(new move id, parking queue)]``, the copies no worker received in
       time, back at the front of their parking queues;
-    * ``late``: ``[(move id, line)]``, the copies still in the queue they were moved to
-      (the workers are busy): late, not lost; the poll keeps their reservations;
-    * ``due``: how many backups were due (as many as asked for: more may be).
+    * ``late``: ``[(move id, line)]``, the copies seen still in the queue they were
+      moved to (the workers are busy), a queue some running worker consumes: late, not
+      lost; the poll keeps their reservations;
+    * ``due``: how many backups were due (as many as asked for: more may be);
+    * ``presumed``: as ``late``, the copies in a queue too long to look in (counted as
+      still there; their reservations are kept for a bounded time only).
     """
 
     put_back: List[Tuple[str, str]] = field(default_factory=list)
     late: List[Tuple[str, str]] = field(default_factory=list)
     due: int = 0
+    presumed: List[Tuple[str, str]] = field(default_factory=list)
 
 
 class ParkingBroker(Protocol):
@@ -66,10 +70,10 @@ class ParkingBroker(Protocol):
         """A worker received the moved copy ``move`` (its move id; kombu holds it now):
         its backup is dropped (Redis; True if it was there). RabbitMQ keeps none."""
 
-    def restore(self, limit: int = ...) -> Restored:
+    def restore(self, limit: int = ..., consumed: Iterable[str] = ...) -> Restored:
         """Put back at the front of their parking queues the moved messages whose copy
         no worker received in time, and say which copies are late (Redis; RabbitMQ:
-        nothing)."""
+        nothing); ``consumed``: the queues the caller's worker consumes."""
 
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         """How many messages each parking queue holds (0 for one that does not exist)."""

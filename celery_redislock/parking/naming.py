@@ -31,6 +31,10 @@ MOVED_PREFIX = "redislock.parking.moved."
 #: Redis broker: the sorted set of backups by when each is put back (ms, broker's clock).
 MOVING = "redislock.parking.moving"
 
+#: The queues running workers consume (Redis broker: a sorted set, the queue's list ->
+#: until when, ms), renewed by each worker's poll: a late copy is kept only there.
+CONSUMED = "redislock.parking.consumed"
+
 #: The header of a parked copy that names where it goes back to (see :class:`~.copy.Route`).
 ROUTE_HEADER = "redislock_park"
 

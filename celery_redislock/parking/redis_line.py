@@ -60,6 +60,7 @@ from kombu.utils.json import dumps
 
 from .broker import Outcome, Restored
 from .naming import (
+    CONSUMED,
     DONE_PREFIX,
     MOVED_PREFIX,
     MOVING,
@@ -106,6 +107,11 @@ QUEUED_DEPTH = 1000
 #: When (ms) a copy found still in its queue is looked for again (its reservation is
 #: kept ``engine.late.KEEP_MS`` from each look).
 RECHECK_MS = 2000
+
+#: How long (ms, the broker's clock) a queue counts as consumed after a worker's poll
+#: named it among its worker's queues (each poll does so once a second): a late copy
+#: keeps its reservation only in a queue some running worker consumes.
+CONSUMED_MS = 10_000
 
 #: How long the queues bound to an exchange and routing key are remembered (s).
 ROUTE_MEMORY = 30.0
@@ -157,17 +163,20 @@ class RedisParking:
         return bool(self._claimed(keys=[self.prefix + MOVING,
                                         self.prefix + MOVED_PREFIX + move], args=[move]))
 
-    def restore(self, limit: int = RESTORE_BATCH) -> Restored:
+    def restore(self, limit: int = RESTORE_BATCH, consumed: Iterable[str] = ()) -> Restored:
         """Put back the moved messages whose copies no worker received in time, each at
-        the front of its parking queue, and say which copies are still in their queue."""
-        put_back, late, due = self._restore(keys=[self.prefix + MOVING, self.prefix + REGISTRY,
-                                    self.prefix + self.channel.unacked_key],
-                              args=[self.prefix + MOVED_PREFIX, limit, QUEUED_DEPTH,
-                                    RECHECK_MS, RESTORE_AFTER_MS])
+        the front of its parking queue, and say which copies are still in their queue
+        (those in a queue some running worker consumes: ``consumed``, this caller's
+        worker's queues, counts as such for :data:`CONSUMED_MS`)."""
+        put_back, late, due, presumed = self._restore(
+            keys=[self.prefix + MOVING, self.prefix + REGISTRY,
+                  self.prefix + self.channel.unacked_key, self.prefix + CONSUMED],
+            args=[self.prefix + MOVED_PREFIX, limit, QUEUED_DEPTH, RECHECK_MS,
+                  RESTORE_AFTER_MS, CONSUMED_MS, self.channel.sep,
+                  *(self.prefix + queue for queue in consumed)])
         return Restored([(_text(put_back[i]), _text(put_back[i + 1]).removeprefix(self.prefix))
-                         for i in range(0, len(put_back), 2)],
-                        [(_text(late[i]), _text(late[i + 1])) for i in range(0, len(late), 2)],
-                        int(due))
+                         for i in range(0, len(put_back), 2)], _pairs(late), int(due),
+                        _pairs(presumed))
 
     def lengths(self, queues: Iterable[str]) -> Dict[str, int]:
         names = list(queues)
@@ -219,6 +228,11 @@ class RedisParking:
             raise LookupError(f"no queue is bound to exchange {exchange!r} with "
                               f"routing key {routing_key!r}")
         return known[1][0]
+
+
+def _pairs(flat: List[Any]) -> List[Tuple[str, str]]:
+    """``[a, b, c, d]`` as ``[(a, b), (c, d)]``, decoded."""
+    return [(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
 def _text(value: Any) -> str:

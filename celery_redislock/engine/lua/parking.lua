@@ -152,13 +152,57 @@ local function take_reservation(key, now)
   return cost
 end
 
+-- Record that `key` (a semaphore) lives at least `reserve_ms` more, as admit.lua reads it.
+local function live_at_least(key, now, reserve_ms)
+  if redis.call('PTTL', key) < reserve_ms then  -- recorded as admit.lua reads it ('#ttl')
+    redis.call('ZADD', key, string.format('%d', 1000 - (now + reserve_ms + 60000)), '#ttl')
+    redis.call('PEXPIRE', key, reserve_ms + 60000)
+  end
+end
+
+-- How long (ms) after its last look a late copy (keep_late.lua) still has its key's turn.
+local LATE_SEEN_MS = 4000
+
+-- Reserve `free` slots of `key` (of one unit: not on a weighted line) for its late copies
+-- that hold no live reservation, seen in their queue within LATE_SEEN_MS and within
+-- their bound (keep_late.lua's '}:pl:' and '}:py:'), each tied to its copy, instead of
+-- moving another run: the key's turn is theirs. Returns the slots left free.
+local function reserve_for_late(key, free, now, reserve_ms)
+  local looks, given = parked_key(key, 'py'), parked_key(key, 'pl')
+  if free <= 0 or redis.call('EXISTS', looks) == 0 or redis.call('EXISTS', cost_fifo(key)) == 1 then
+    return free
+  end
+  local until_ms = now + reserve_ms
+  for _, move in ipairs(redis.call('ZRANGEBYSCORE', looks, now - LATE_SEEN_MS, '+inf',
+                                   'LIMIT', 0, free + 8)) do
+    local member = redis.call('HGET', given, move)
+    local ends = member and tonumber(redis.call('ZSCORE', parked_key(key, 'pv'), member))
+    local bound = tonumber(redis.call('HGET', given, '@' .. move)) or 0
+    if not string.find(move, ' ', 1, true) and not (ends and ends > now) and bound > now then
+      local number = redis.call('HINCRBY', parked_key(key, 'pn'), 'v', 1)
+      redis.call('ZADD', key, until_ms, PARKED_RESERVED .. number)
+      redis.call('ZADD', parked_key(key, 'pv'), until_ms, number)
+      add_units(key, PARKED_RESERVED .. number, 1, until_ms)
+      if member then redis.call('HDEL', given, '#' .. member) end
+      redis.call('HSET', given, move, number, '#' .. number, move)
+      free = free - 1
+      if free <= 0 then break end
+    end
+  end
+  keep_parked(parked_key(key, 'pv'))
+  live_at_least(key, now, reserve_ms)
+  return free
+end
+
 -- Reserve for the parked line of `key` as many of its `free` slots as it has waiters
 -- with no reservation yet (waiting references and anonymous entries, less the live
--- reservations), each until now + reserve_ms; the moves owed out of its parking queue
--- are appended to `out` as one entry '!move <count> <key>'. Returns the slots left free.
+-- reservations), each until now + reserve_ms, its late copies' first
+-- (reserve_for_late); the moves owed out of its parking queue are appended to `out` as
+-- one entry '!move <count> <key>'. Returns the slots left free.
 local function hand_over_parked(key, free, now, reserve_ms, out, counts)
   counts = counts or parked_line(key)
   if not counts or free <= 0 or reserve_ms <= 0 then return free end
+  free = reserve_for_late(key, free, now, reserve_ms)
   local costs = parked_costs(key, free, counts[1] + counts[2] - live_reservations(key, now))
   local moves = #costs
   if moves <= 0 then return free end
@@ -177,10 +221,7 @@ local function hand_over_parked(key, free, now, reserve_ms, out, counts)
   redis.call(unpack(members))
   redis.call(unpack(numbers))
   keep_parked(parked_key(key, 'pv'))
-  if redis.call('PTTL', key) < reserve_ms then  -- recorded as admit.lua reads it ('#ttl')
-    redis.call('ZADD', key, string.format('%d', 1000 - (now + reserve_ms + 60000)), '#ttl')
-    redis.call('PEXPIRE', key, reserve_ms + 60000)
-  end
+  live_at_least(key, now, reserve_ms)
   fair_moves(key, moves, out)  -- from the sub-lines in turn, if fair (fair.lua)
   return free - moves
 end
