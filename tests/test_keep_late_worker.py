@@ -35,6 +35,21 @@ TIMEOUT = 60.0
 
 def test_a_late_copy_keeps_its_reservation_under_a_busy_worker(
         start_workers: WorkerClusterFactory) -> None:
+    _late_copy_behind_a_busy_worker(start_workers, past_first_end_ms=1000)
+
+
+def test_a_late_copy_keeps_its_turn_however_long_it_waits(
+        start_workers: WorkerClusterFactory) -> None:
+    """V's copy waits past 60 s beyond its reservation's first end (the bound before:
+    there its slot lapsed to W): still seen queued, it keeps its key's turn."""
+    _late_copy_behind_a_busy_worker(start_workers, past_first_end_ms=65_000)
+
+
+def _late_copy_behind_a_busy_worker(start_workers: WorkerClusterFactory,
+                                    past_first_end_ms: int) -> None:
+    """V's copy held in worker1's queue until ``past_first_end_ms`` past its
+    reservation's first end: the reservation is still live, W not moved; then both run
+    once each, in turn, one at a time."""
     cluster = start_workers("parking_app", {LINE_ENV: "broker"}, concurrency=1)
     record, broker = record_store(cluster), _broker(cluster)
     assert cluster.urls is not None
@@ -42,14 +57,15 @@ def test_a_late_copy_keeps_its_reservation_under_a_busy_worker(
     key = semaphore_key(ONE_PREFIX + "lk")
     task, nodes = cluster.app.tasks[ONE], _nodes(cluster)
     to_worker1 = worker_direct(nodes["worker1"])
-    holder = task.apply_async((TIMEOUT,), {"key": "lk", "until": "lk"},
+    hold = TIMEOUT + past_first_end_ms / 1000
+    holder = task.apply_async((hold,), {"key": "lk", "until": "lk"},
                               queue=worker_direct(nodes["worker2"]))
     wait_until(lambda: record.hexists("started", holder.id), TIMEOUT, "the holder to start")
     first = task.apply_async((0.05,), {"key": "lk"}, queue=to_worker1)
     wait_until(lambda: _parked_count(broker) == 1, TIMEOUT, "V to park")
     second = task.apply_async((0.05,), {"key": "lk"}, queue=to_worker1)
     wait_until(lambda: _parked_count(broker) == 2, TIMEOUT, "W to park")
-    busy = task.apply_async((TIMEOUT,), {"key": "busy", "until": "busy"}, queue=to_worker1)
+    busy = task.apply_async((hold,), {"key": "busy", "until": "busy"}, queue=to_worker1)
     wait_until(lambda: record.hexists("started", busy.id), TIMEOUT, "worker1's long body")
     held = task.apply_async((0.05,), {"key": "held"}, queue=to_worker1)
     wait_until(lambda: broker.llen(to_worker1.name) == 0 and broker.hlen("unacked") >= 1,
@@ -58,8 +74,8 @@ def test_a_late_copy_keeps_its_reservation_under_a_busy_worker(
     wait_until(lambda: broker.llen(to_worker1.name) == 1, TIMEOUT, "V's copy to be moved")
     wait_until(lambda: _reservations(lock, key) != {}, TIMEOUT, "the reservation")
     [(member, given_end)] = _reservations(lock, key).items()
-    wait_until(lambda: _server_ms(lock) > given_end + 1000, TIMEOUT,
-               "the reservation's first end to pass")
+    wait_until(lambda: _server_ms(lock) > given_end + past_first_end_ms,
+               TIMEOUT + past_first_end_ms / 1000, "the reservation's first end to pass")
     assert _reservations(lock, key).get(member, 0) > _server_ms(lock)  # kept, still live
     assert broker.llen(to_worker1.name) == 1 and _parked_count(broker) == 1  # W not moved
     record.rpush("go:busy", "1")

@@ -51,7 +51,7 @@ KINDS = {
 REQUIRED_COMMANDS = (
     "evalsha", "eval", "ping", "info", "time", "scan", "select", "config|get", "exists",
     "pttl", "pexpire", "zadd", "zrem", "zscore", "zmscore", "zcount", "zcard", "zrank",
-    "zrange", "zrangebyscore", "zremrangebyscore", "hget", "hset", "hsetnx", "hmget", "hdel",
+    "zrange", "zrangebyscore", "zremrangebyscore", "hget", "hset", "hmget", "hdel",
     "hexists", "hincrby", "hlen", "get", "set", "del", "rpush", "lpop", "lindex", "llen",
     "lrange", "ltrim", "lset", "lpush",
 )

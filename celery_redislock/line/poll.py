@@ -159,7 +159,7 @@ def restore(broker: Any, client: Any, consumed: Sequence[str] = ()) -> None:
     if late or presumed:
         try:
             keep_late(client, late, presumed)
-        except redis.RedisError as exc:  # e.g. an ACL user without HSETNX: the moves go on
+        except redis.RedisError as exc:  # e.g. a refused command: the moves go on
             logger.warning("celery-redislock: the late moved copies' reservations were not "
                            "kept (they lapse as any reservation): %r", exc)
 
