@@ -5,7 +5,7 @@ real redis-server; the poll's warning is still logged."""
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 import pytest
 
@@ -24,7 +24,7 @@ class _Broker:
     def __init__(self, found: Restored) -> None:
         self.found = found
 
-    def restore(self) -> Restored:
+    def restore(self, consumed: Any = ()) -> Restored:
         return self.found
 
 
