@@ -153,7 +153,9 @@ class WorkerCluster:
 
     ``workers`` processes run ``celery -A <app_module> worker -P <pool> -c <concurrency>``
     (``pool`` is prefork unless said),
-    named ``worker<i>@%h``, without gossip, mingle or heartbeat. ``app`` is a client-side
+    named ``worker<i>@%h-<pid>`` (the test process's pid: two test processes that start
+    clusters at once on one RabbitMQ must not share a node name, whose remote-control
+    queue is exclusive), without gossip, mingle or heartbeat. ``app`` is a client-side
     instance of the same app (made by ``app_factory``) on the same URLs, for sending tasks
     and reading results; ``urls`` tells where everything is.
 
@@ -272,7 +274,7 @@ class WorkerCluster:
     def _worker_command(self, name: str) -> List[str]:
         return [
             sys.executable, "-m", "celery", "-A", self.app_module, "worker",
-            "-P", self.pool, "-c", str(self.concurrency), "-n", f"{name}@%h",
+            "-P", self.pool, "-c", str(self.concurrency), "-n", f"{name}@%h-{os.getpid()}",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-l", "info", *self.extra_args,
         ]
