@@ -444,7 +444,7 @@ class _RunEnd:
     def unwrap(self) -> None:
         """Take the wrappers off the request: the run's end is handled (the pool keeps
         the ones it was handed until it calls one)."""
-        hand_on.TOKENS.pop(self.request.id, None)  # hand_on.forget
+        hand_on.forget(self.request.id)
         own = getattr(self.request, "__dict__", None)
         if own is not None:
             if getattr(own.get("on_success"), "__self__", None) is self:

@@ -74,8 +74,8 @@ class MainRelease:
         self.release()
 
     def fresh(self) -> bool:
-        """Whether the lease may be handed on now (:func:`may_hand_on`, from the bounds
-        worked out as it was taken)."""
+        """Whether the lease may be handed on now (from the bounds worked out as it was
+        taken: :func:`_until`)."""
         return time.monotonic() < self.until
 
     def pass_on(self, task_id: str) -> Tuple[Dict[str, Any], Optional[MainRelease]]:
@@ -85,10 +85,8 @@ class MainRelease:
         release cannot be remade for the new record (the caller makes it): a release
         that is not a ``functools.partial`` whose last argument is the record."""
         record = self.handed
-        handed = {**record, HANDED_ON: int(record.get(HANDED_ON) or 0) + 1}
-        _tokens[task_id] = str(handed["member"]).split(" ", 1)[0]
-        if len(_tokens) > _KEPT:
-            _tokens.popitem(last=False)
+        handed = handed_on(record)
+        note(task_id, handed)
         give = self.release
         if not (isinstance(give, functools.partial) and give.args
                 and give.args[-1] is record):
@@ -102,23 +100,16 @@ _NEVER = float("-inf")
 
 
 def _until(handed: Mapping[str, Any], limits: TaskLimits) -> float:
-    """Until when (monotonic) the lease ``handed`` of a run under ``limits`` may be handed
-    on (see :func:`may_hand_on`); :data:`_NEVER` when it may not be."""
+    """Until when (monotonic) the lease ``handed`` of a run under ``limits`` that ended
+    may be handed on to another run of the same limits (slots only, constant keys: see
+    :func:`alike_runs`; fewer than :data:`HAND_ON_RUNS` runs so far, younger than
+    :data:`HAND_ON_AGE` and a sixth of its lease); :data:`_NEVER` when it may not be."""
     if int(handed.get(HANDED_ON) or 0) >= HAND_ON_RUNS or handed.get("parts"):
         return _NEVER
     taken = float(handed.get("taken") or "-inf")
     if not alike_runs(limits):
         return _NEVER
     return taken + min(HAND_ON_AGE, float(handed["lease"]) / 6)
-
-
-def may_hand_on(handed: Mapping[str, Any], limits: TaskLimits) -> bool:
-    """Whether the lease ``handed`` of a run under ``limits`` that ended may be handed
-    on to another run of the same limits: slots only, constant keys, under the bounds."""
-    if int(handed.get(HANDED_ON) or 0) >= HAND_ON_RUNS or handed.get("parts"):
-        return False
-    age = time.monotonic() - float(handed.get("taken") or "-inf")
-    return age < min(HAND_ON_AGE, float(handed["lease"]) / 6) and alike_runs(limits)
 
 
 def alike_runs(limits: TaskLimits) -> bool:
@@ -145,7 +136,6 @@ def handed_on(handed: Mapping[str, Any]) -> Dict[str, Any]:
 #: The holder tokens of the runs of this worker that were handed a slot, by task id,
 #: until their end is handled (the oldest dropped past :data:`_KEPT`).
 _tokens: OrderedDict[str, str] = OrderedDict()
-TOKENS = _tokens
 _KEPT = 10_000
 
 
@@ -157,8 +147,7 @@ def note(task_id: str, handed: Mapping[str, Any]) -> None:
 
 
 def forget(task_id: str) -> None:
-    """The end of run ``task_id`` is handled (``TOKENS.pop(task_id, None)``, where a
-    frame counts)."""
+    """The end of run ``task_id`` is handled."""
     _tokens.pop(task_id, None)
 
 
