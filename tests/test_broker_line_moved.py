@@ -13,6 +13,7 @@ from celery import Celery
 from redis.exceptions import ConnectionError, NoPermissionError
 
 from celery_redislock.engine import parking as store
+from celery_redislock.engine.standby import StandbyMove
 from celery_redislock.line import moves
 from celery_redislock.parking import Done, Outcome
 
@@ -29,12 +30,20 @@ def empty() -> Done:
     return Done("move", "j", "q", Outcome(False, "empty"))
 
 
+class _Mover:
+    """A mover whose every move finds its parking queue empty, at once."""
+
+    def move(self, queue: str, callback: Any) -> bool:
+        callback(empty())
+        return True
+
+
 @pytest.mark.parametrize("error", [ConnectionError("Connection refused"),
                                    NoPermissionError("no permissions to run 'evalsha'")])
 def test_a_store_error_is_logged_and_the_reservation_lapses(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         error: Exception) -> None:
-    def fails(client: Any, key: str, sub: str = "") -> bool:
+    def fails(client: Any, key: str, sub: str = "", reserved: bool = True) -> bool:
         raise error
 
     monkeypatch.setattr(store, "moved_nothing", fails)
@@ -45,7 +54,7 @@ def test_a_store_error_is_logged_and_the_reservation_lapses(
 
 
 def test_any_other_error_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(client: Any, key: str, sub: str = "") -> bool:
+    def broken(client: Any, key: str, sub: str = "", reserved: bool = True) -> bool:
         raise TypeError("a bug")
 
     monkeypatch.setattr(store, "moved_nothing", broken)
@@ -56,7 +65,7 @@ def test_any_other_error_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> No
 def test_an_empty_queue_gives_the_reservation_back(monkeypatch: pytest.MonkeyPatch) -> None:
     given_back: List[str] = []
     monkeypatch.setattr(store, "moved_nothing",
-                        lambda client, key, sub="": given_back.append(key) or True)
+                        lambda client, key, sub="", reserved=True: given_back.append(key) or True)
     moves._moved(app(), KEY, False, empty())
     assert given_back == [KEY]
 
@@ -71,3 +80,15 @@ def test_a_move_taken_from_a_sub_line_counts_that_sub_line_less(
     done = Done("move", "j", "q", Outcome(True, "moved"))
     moves._moved(app(), KEY, False, done, tried=1, took=f"{KEY}\x1ftenant:a")
     assert took == [(KEY, "tenant:a")]
+
+
+def test_an_empty_standby_move_gives_back_no_reservation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby's move had no slot reserved: its empty queue gives back its sub-line's
+    count only (another move's reservation is not its to give)."""
+    called: List[Any] = []
+    monkeypatch.setattr(store, "moved_nothing", lambda client, key, sub="", reserved=True:
+                        called.append((key, sub, reserved)) or False)
+    monkeypatch.setattr(moves, "mover", lambda app: _Mover())
+    moves.owe(app(), [StandbyMove(KEY, "tenant:a")])
+    assert called == [(KEY, "tenant:a", False)]

@@ -520,6 +520,6 @@ def test_the_poll_hands_over_a_slot_freed_without_a_release(
     assert owed == [ParkedMove(limit[0].key)] and not held.release()
     given_back: List[str] = []
     monkeypatch.setattr(store, "moved_nothing",
-                        lambda client, key, sub="": given_back.append(key))
+                        lambda client, key, sub="", reserved=True: given_back.append(key))
     moves._moved(app, limit[0].key, False, Done("move", "j", "q", Outcome(False, "empty")))
     assert given_back == [limit[0].key]

@@ -7,7 +7,13 @@ from __future__ import annotations
 from typing import Any, List, Tuple
 
 from celery_redislock.engine.admission import Busy, Lease, ParkedMove, ParkRef, SlotLimit
-from celery_redislock.engine.parking import ParkAsk, park_admit, prepare_park_admit, run_id
+from celery_redislock.engine.parking import (
+    ParkAsk,
+    moved_nothing,
+    park_admit,
+    prepare_park_admit,
+    run_id,
+)
 from celery_redislock.engine.standby import ask_standby, is_standby, standby_call
 
 PREFIX = "redislock:"
@@ -157,3 +163,18 @@ def test_a_fair_line_whose_parked_runs_are_all_owed_a_move_owes_no_standby(redis
             if isinstance(move, ParkedMove)]
     assert sorted(move.sub.split("\x1e")[0] for move in owed) == [
         "tenant:a", "tenant:a", "tenant:b"]
+
+
+def test_a_standby_move_that_finds_nothing_takes_no_other_moves_reservation(redis_client):
+    """A standby's move has no slot reserved for it: one that finds its parking queue
+    empty gives back its sub-line's count only. It used to give back the first live
+    reservation of the key, another move's, whose copy then found no slot kept for it."""
+    holder, _, _, _ = line(redis_client)
+    key = holder.handover()["keys"][0]
+    standby = ask_standby(redis_client, key)
+    assert [type(move).__name__ for move in standby] == ["StandbyMove"]
+    assert holder.release()  # its slot is reserved for the line, a move owed
+    assert redis_client.zcard(key.replace("}:s:", "}:pv:")) == 1
+    assert not moved_nothing(redis_client, key, standby[0].sub, reserved=False)
+    assert redis_client.zcard(key.replace("}:s:", "}:pv:")) == 1  # still reserved
+    assert moved_nothing(redis_client, key, standby[0].sub)  # a reserved move's gives it

@@ -573,21 +573,23 @@ def _due_on_cluster(client: Any, parked_lengths: Mapping[str, int], prefix: str,
 
 
 def moved_nothing(client: Any, key: str, sub: str = "",
-                  publish_grace_ms: int = PUBLISH_GRACE_MS) -> bool:
+                  publish_grace_ms: int = PUBLISH_GRACE_MS, reserved: bool = True) -> bool:
     """A move out of ``key``'s parking queue found it empty: the reservation it was for
     is given back at once (and anonymous entries dropped). A move owed from a fair
     line's sub-line ``sub`` counts its copy again, at the sub-line's own turn (not
     first), while the sub-line's moves have found its queue empty for less than
     ``publish_grace_ms`` (the copy not published yet); past that the count is dropped (a
     sub-line counted waiting with nothing parked would otherwise attract later moves),
-    and a copy that still comes is moved from the line's own queue. True if a
-    reservation was given back.
+    and a copy that still comes is moved from the line's own queue. A move for which no
+    slot was reserved (a standby's, not ``reserved``) gives none back: the live
+    reservations are other moves'. True if a reservation was given back.
 
         >>> import redis
         >>> moved_nothing(redis.Redis.from_url(redis_url), "doc:{x}:s:nobody")
         False
     """
-    return bool(int(MOVED_NOTHING.run(client, [key], [sub, publish_grace_ms])))
+    return bool(int(MOVED_NOTHING.run(client, [key],
+                                      [sub, publish_grace_ms, 1 if reserved else 0])))
 
 
 def took_from_sub_line(client: Any, key: str, sub: str) -> bool:

@@ -38,9 +38,9 @@ Only for one semaphore of cost 1 with no rate and no max wait (the script's
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
-from .admission import SlotLimit, handoffs_of, milliseconds
+from .admission import ParkedMove, SlotLimit, handoffs_of, milliseconds
 from .parking import ParkAdmitCall
 from .scripts import LINE, PARKED, LuaScript
 
@@ -97,10 +97,28 @@ def standby_call(call: ParkAdmitCall, swap: Optional[str] = None) -> ParkAdmitCa
     return StandbyAdmitCall(**{**fields, "args": args})
 
 
+@dataclasses.dataclass(frozen=True)
+class StandbyMove(ParkedMove):
+    """A move owed for the next standby: no slot is reserved for it, so one that finds
+    its parking queue empty gives none back (it would take another move's reservation:
+    :func:`~.parking.moved_nothing` with ``reserved=False``).
+
+        >>> standby_moves([b"!move 1 k\x1fa", "other"])
+        [StandbyMove(key='k', sub='a'), 'other']
+    """
+
+
+def standby_moves(entries: Sequence[Any]) -> List[Any]:
+    """The hand-offs of a standby script's reply (:data:`STANDBY_ASK`,
+    :data:`STANDBY_CLAIM`): its moves as :class:`StandbyMove` entries."""
+    return [StandbyMove(entry.key, entry.sub) if type(entry) is ParkedMove else entry
+            for entry in handoffs_of(list(entries))]
+
+
 def ask_standby(client: Any, key: str) -> List[Any]:
     """Owe one move out of ``key``'s parked line with no slot reserved (the moves owed:
-    none or one :class:`~.admission.ParkedMove`, for the caller's mover)."""
-    return handoffs_of(STANDBY_ASK.run(client, [key], []))
+    none or one :class:`StandbyMove`, for the caller's mover)."""
+    return standby_moves(STANDBY_ASK.run(client, [key], []))
 
 
 def claim_args(member: str, run: str, park_id: str, lease: Optional[float] = None
@@ -120,4 +138,4 @@ def claim_standby(client: Any, key: str, member: str, run: str, park_id: str,
     the worker sends :data:`STANDBY_CLAIM` on its event loop without waiting): whether
     it was claimed, and the moves owed (the next standby)."""
     reply = STANDBY_CLAIM.run(client, [key], claim_args(member, run, park_id, lease))
-    return bool(int(reply[0])), handoffs_of(reply[1:])
+    return bool(int(reply[0])), standby_moves(reply[1:])

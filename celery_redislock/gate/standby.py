@@ -20,7 +20,11 @@ leaves its release to this process (:func:`release_for`). When it ends:
   free, never two holders) and owes the next;
 * none is: the slot is given back as any release (handed to the line), and a standby is
   asked for (:func:`~..engine.standby.ask_standby`, on the event loop, at most every
-  :data:`ASK_EVERY` per key).
+  :data:`ASK_EVERY` per key);
+* the lease was handed on :data:`CHAIN_RUNS` times in a row: it is given back as any
+  release even with a standby held (which waits for the next run of its key to end
+  here), so that a chain does not keep a slot in one worker for good: the line's next
+  run, moved, may start in another worker, which then holds standbys of its own.
 
 A moved copy of such a line that arrives while this worker holds fewer standbys of its
 key than :data:`HOLD_PER_RUN` per run of it that it runs asks with the standby's mark:
@@ -55,7 +59,6 @@ from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional
 
 from ..config.limit import TaskLimits
 from ..config.settings import redis_client
-from ..engine.admission import handoffs_of
 from ..engine.parking import ParkAdmitCall
 from ..engine.standby import (
     STANDBY_ASK,
@@ -64,6 +67,7 @@ from ..engine.standby import (
     is_standby,
     may_stand_by,
     standby_call,
+    standby_moves,
 )
 from ..line import handoff
 from ..line.waiting import Parked
@@ -88,6 +92,15 @@ MAX_HOLDS = 5
 #: ones on their way (fair order: the standbys are taken in turn, so a tenant that
 #: starts waiting waits behind at most this many per global slot more).
 HOLD_PER_RUN = 2
+
+#: How many runs in a row one lease is handed on to at most (:data:`.hand_on.HANDED_ON`
+#: counts them) before the end of the last gives it back to the store even with a
+#: standby held here: a chain of standbys must not keep a slot in one worker for good.
+#: Its release hands the slot to the line: the moved copy, taken by any worker, runs
+#: there, and that worker then holds standbys of its own; while a chain keeps every slot,
+#: the moved copies (standbys owed) that reach a worker running no run of the key find
+#: no room there and park again, one after another.
+CHAIN_RUNS = hand_on.HAND_ON_RUNS
 
 #: At most one standby asked for per key per this many s by one worker.
 ASK_EVERY = 0.05
@@ -316,7 +329,8 @@ def _ended(consumer: Any, request: Any, store: Any, key: str, handed: Dict[str, 
     assert mine is not None
     line = mine.line(key)
     line.running.pop(request.id, None)
-    standby = line.held.popleft() if line.held else None
+    yields = bool(line.held) and _chained_out(handed)
+    standby = line.held.popleft() if line.held and not yields else None
     if standby is not None:
         _prefetch(consumer, -1)
         mine.forget(standby)
@@ -332,8 +346,16 @@ def _ended(consumer: Any, request: Any, store: Any, key: str, handed: Dict[str, 
                        request.id)
     if standby is not None and standby.request.revoked():  # it ends as a revoked request
         gate.again(consumer, standby.request, standby.handle)
-    _ask(store, line, key, publish)
+    if not yields:  # a chain that yields still holds its standbys: none is asked for
+        _ask(store, line, key, publish)
     return None
+
+
+def _chained_out(handed: Dict[str, Any]) -> bool:
+    """Whether the lease ``handed`` was handed on :data:`CHAIN_RUNS` times in a row
+    (to standbys, or as :mod:`.hand_on` hands a slot on): it goes back to the store, not
+    to a standby held here."""
+    return int(handed.get(hand_on.HANDED_ON) or 0) >= CHAIN_RUNS
 
 
 def _young(handed: Dict[str, Any]) -> bool:
@@ -393,6 +415,6 @@ def _ask(store: Any, line: Line, key: str, publish: Publish) -> None:
 def _publish_moves(publish: Publish, first: int, reply: Any) -> None:
     """Publish the moves a script's ``reply`` owes, from its element ``first`` on."""
     if isinstance(reply, list):
-        moves = handoffs_of(reply[first:])
+        moves = standby_moves(reply[first:])
         if moves:
             publish(moves)

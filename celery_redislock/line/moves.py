@@ -34,6 +34,7 @@ from ..config.settings import read_settings, redis_client
 from ..engine import parking as store
 from ..engine.admission import ParkedMove, ParkRef, handoffs_of
 from ..engine.refusal import describe_error
+from ..engine.standby import StandbyMove
 from ..parking import (
     Done,
     LoopHop,
@@ -106,16 +107,19 @@ def owe(app: Any, moves: Iterable[ParkedMove]) -> None:
         if not mover(app).move(parking_queue(line_name(move.key, move.sub)),
                                functools.partial(_moved, app, move.key,
                                                  isinstance(move, store.DeadlineMove),
-                                                 sub=move.sub)):
+                                                 sub=move.sub,
+                                                 reserved=not isinstance(move, StandbyMove))):
             logger.warning("celery-redislock: the mover is full or stopped; the reservation "
                            "of %s lapses and the poll hands it over again", move.key)
 
 
 def _moved(app: Any, key: str, late: bool, done: Done, tried: int = 0,
-           sub: str = "", took: str = "") -> None:
+           sub: str = "", took: str = "", reserved: bool = True) -> None:
     """After a move (on the mover's thread): an empty parking queue gives the slot back
-    (none was reserved for a deadline move, ``late``), and a sub-line ``sub`` its turn
-    (its parked copy was not published yet: the poll owes the move again). A move out
+    (none was reserved for a deadline move, ``late``, nor for a standby's, not
+    ``reserved``: that one gives back its sub-line's count only), and a sub-line ``sub``
+    its count (its parked copy was not published yet: the poll owes the move again;
+    see ``moved_nothing``). A move out
     of a fair line's own queue that found it empty (the lock store lost the sub-lines'
     counts: its moves are of anonymous entries) first tries the sub-lines the poll last
     saw holding messages, in turn (``tried`` of them so far; ``took``: the one this move
@@ -127,10 +131,12 @@ def _moved(app: Any, key: str, late: bool, done: Done, tried: int = 0,
         line = None if sub else _sub_line_after_loss(key, tried)
         if line is not None and mover(app).move(
                 parking_queue(line), functools.partial(_moved, app, key, late,
-                                                       tried=tried + 1, took=line)):
+                                                       tried=tried + 1, took=line,
+                                                       reserved=reserved)):
             return
         try:
-            store.moved_nothing(redis_client(app, read_settings(app)), key, sub)
+            store.moved_nothing(redis_client(app, read_settings(app)), key, sub,
+                                reserved=reserved)
         except RedisError as exc:  # an outage or a refusal: the reservation lapses instead
             logger.warning("celery-redislock: could not give back a reservation of %s (%s); "
                            "it lapses and the poll hands it over again", key,

@@ -10,6 +10,7 @@
 -- KEYS[1]   the semaphore
 -- ARGV[1]   the sub-line the move was owed from ('' or missing: the line's own queue)
 -- ARGV[2]   the publish grace (ms; missing: 2000)
+-- ARGV[3]   '0': no slot was reserved for the move (a standby's): none is given back
 --
 -- Returns 1 if a reservation was given back, else 0.
 
@@ -20,5 +21,5 @@ fair_unmove(key, ARGV[1] or '', now, tonumber(ARGV[2] or '') or 2000)
 if redis.call('HEXISTS', parked_key(key, 'pn'), 'a') == 1 then
   redis.call('HSET', parked_key(key, 'pn'), 'a', 0)
 end
-if take_reservation(key, now) then return 1 end
+if ARGV[3] ~= '0' and take_reservation(key, now) then return 1 end
 return 0
