@@ -112,18 +112,50 @@ def test_rate_window_is_half_open_and_counts_rate_plus_burst() -> None:
 def test_rate_windows_across_a_data_loss_are_counted_apart() -> None:
     rate = {"key": "r", "count": 1, "period_us": S, "burst": 0}
     events = [sent("a", rate=rate), sent("b", rate=rate),
-              *body("a", "a1", 0, 1, admitted_ms=0),
+              received("a", 0), *body("a", "a1", 0, 1, admitted_ms=0),
               fault(500_000, "store_restart", data_lost=True),
-              *body("b", "b1", 600_000, 600_001, admitted_ms=600), SETTLE]
+              received("b", 550_000), *body("b", "b1", 600_000, 600_001, admitted_ms=600),
+              SETTLE]
     verdict = check(events)
     assert (verdict.rates[0].most, verdict.rates[0].across_loss) == (1, 2)
     assert not verdict.rates[0].over
+
+
+def rate_after_a_loss(booked_received: int) -> List[Dict[str, Any]]:
+    """Seed 3 without persistence (1,500 tasks), its figures (ms from the run's start):
+    4/s with a burst of 1; the lock store came back empty at 156,835; a run received at
+    ``booked_received`` started at 157,020, its start booked then; six newcomers, received
+    after the restart, admitted by the empty limiter at 156,859, 156,870, 157,109,
+    157,359, 157,619 and 157,859 (on its 250 ms grid)."""
+    ms = 1000
+    rate = {"key": "r", "count": 4, "period_us": S, "burst": 1}
+    events = [fault(156_835 * ms, "store_restart", data_lost=True), sent("b", rate=rate),
+              received("b", booked_received * ms),
+              *body("b", "b1", 157_024 * ms, 157_152 * ms, admitted_ms=157_020)]
+    for i, start in enumerate((156_859, 156_870, 157_109, 157_359, 157_619, 157_859)):
+        events += [sent(f"n{i}", rate=rate), received(f"n{i}", 156_842 * ms + i),
+                   *body(f"n{i}", f"n{i}1", (start + 3) * ms, (start + 90) * ms,
+                         admitted_ms=start)]
+    return [*events, SETTLE]
+
+
+def test_a_start_booked_before_a_data_loss_counts_across_it() -> None:
+    # Received 0.28 s before the loss and booked 0.47 s ahead: the limiter that counted
+    # it may be the one the loss emptied, which the newcomers' limiter never knew.
+    booked_before = check(rate_after_a_loss(booked_received=156_554)).rates[0]
+    assert (booked_before.most, booked_before.allowed) == (4, 5)  # the windows without it
+    assert booked_before.across_loss == 6 and not booked_before.over
+    # Received after the loss: one limiter counted all seven, and 6 in one period is over.
+    booked_after = check(rate_after_a_loss(booked_received=156_840)).rates[0]
+    assert (booked_after.most, booked_after.over) == (6, True)
 
 
 def test_most_in_window() -> None:
     assert most_in_window([0, 1, 2, 10], 3, []) == (3, 0)
     assert most_in_window([0, 1, 2, 10], 3, [2]) == (1, 3)
     assert most_in_window([], 3, []) == (0, 0)
+    # Counted no later than their moments: the window of 5 and 6 spans the loss at 4.
+    assert most_in_window([5, 6, 10], 3, [4], [3, 6, 10]) == (1, 2)
 
 
 def test_a_task_without_a_final_state_is_lost() -> None:

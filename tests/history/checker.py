@@ -47,6 +47,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+from celery_redislock.run.decide import SHORT_WAIT
+
 from .leases import (
     LOST,
     UNRENEWED_CAUSE,
@@ -90,6 +92,11 @@ LOST_KNOWN_CAUSE = ("its last receiver killed whole before the body, the message
 #: The two known causes of a repeated body (see :func:`why_again`).
 AFTER_EMPTY_RESTART = "the lock store came back empty"
 KILLED_BEFORE_ACK = "its worker killed between a refusal's waiting copy and the ack"
+
+#: The furthest ahead of its admission a rate limiter books a run's start (µs): the
+#: longest a run promised a start waits for it in the worker. The limiter's state counts
+#: a booked start when it books it, up to this long before the start.
+BOOK_AHEAD = int(SHORT_WAIT * 1_000_000)
 
 #: The events that record a refused delivery sent back to wait.
 REFUSALS = ("lock_contended", "rate_limited")
@@ -315,7 +322,7 @@ def check(events: Iterable[Event]) -> Verdict:
     verdict.lease_lost_unrenewed = lost_unrenewed(history, bodies, renewals, faults,
                                                   verdict.renewals_recorded)
     verdict.longest_unwritten = longest_gap(sent, bodies, renewals)
-    verdict.rates = rate_peaks(sent, bodies, data_losses(faults))
+    verdict.rates = rate_peaks(sent, bodies, data_losses(faults), history)
     verdict.unended = [body.run for body in bodies if body.until == OPEN]
     verdict.lease_lost = sum(event["kind"] == "lease_lost" for event in history)
     verdict.keeps_data = any(event["kind"] == "run" and event.get("persistence") == "aof"
@@ -524,30 +531,58 @@ def data_losses(faults: Sequence[Event]) -> List[int]:
 
 
 def rate_peaks(sent: Mapping[str, Event], bodies: Sequence[Body],
-               losses: Sequence[int]) -> List[RatePeak]:
+               losses: Sequence[int], history: Sequence[Event] = ()) -> List[RatePeak]:
     """Per rate key, the most admissions in any window of one period: the admission
     time is the start the limiter counted (``admitted_ms``, the lock store's clock), or
-    the body's start when unknown. Windows spanning a data loss are counted apart."""
-    admitted: Dict[str, List[int]] = defaultdict(list)
+    the body's start when unknown. Windows spanning a data loss are counted apart: a
+    window spans one when it falls after the earliest moment any of its admissions may
+    have been counted (:func:`counted_from`) and no later than its last start."""
+    admitted: Dict[str, List[Tuple[int, int]]] = defaultdict(list)
     shape: Dict[str, Tuple[int, int]] = {}
+    receipts = receipts_of(history)
     for body in bodies:
         rate = sent.get(body.task, {}).get("rate")
         if rate:
             moment = body.start if body.admitted_ms is None else body.admitted_ms * 1000
-            admitted[rate["key"]].append(moment)
+            admitted[rate["key"]].append((moment, counted_from(body, moment, receipts)))
             shape[rate["key"]] = (int(rate["period_us"]), int(rate["count"]) + int(rate["burst"]))
     peaks = []
     for key in sorted(admitted):
         period, allowed = shape[key]
-        within, across = most_in_window(sorted(admitted[key]), period, losses)
+        moments = sorted(admitted[key])
+        within, across = most_in_window([moment for moment, _ in moments], period, losses,
+                                        [counted for _, counted in moments])
         peaks.append(RatePeak(key, allowed, within, across))
     return peaks
 
 
-def most_in_window(moments: Sequence[int], period: int,
-                   losses: Sequence[int]) -> Tuple[int, int]:
+def receipts_of(history: Sequence[Event]) -> Dict[Tuple[str, str], List[int]]:
+    """Per task and worker, when the worker's main process received a delivery of the
+    task (µs, in order)."""
+    receipts: Dict[Tuple[str, str], List[int]] = defaultdict(list)
+    for event in history:
+        if event["kind"] == "received":
+            receipts[(str(event["task"]), str(event.get("worker", "")))].append(int(event["t"]))
+    return receipts
+
+
+def counted_from(body: Body, moment: int,
+                 receipts: Mapping[Tuple[str, str], Sequence[int]]) -> int:
+    """The earliest the limiter may have counted ``body``'s admission, whose start was
+    ``moment`` (µs): a start is counted when it is admitted or booked, at most
+    :data:`BOOK_AHEAD` before it, and asked for only once the worker received the
+    delivery the body ran from (its last receipt of the task before the body)."""
+    before = [t for t in receipts.get((body.task, body.worker), ()) if t <= body.start]
+    return max([moment - BOOK_AHEAD, *before[-1:]])
+
+
+def most_in_window(moments: Sequence[int], period: int, losses: Sequence[int],
+                   counted: Optional[Sequence[int]] = None) -> Tuple[int, int]:
     """The most of ``moments`` (sorted) in any window ``[a, a + period)``: among windows
-    that span no moment of ``losses``, and among those that span one."""
+    that span no moment of ``losses``, and among those that span one. ``counted``: per
+    moment, the earliest it may have been counted (else the moment itself); a window
+    spans a loss after the earliest of its own and no later than its last moment."""
+    counted = moments if counted is None else counted
     within = across = 0
     last = 0
     for first, moment in enumerate(moments):
@@ -555,7 +590,8 @@ def most_in_window(moments: Sequence[int], period: int,
         while last + 1 < len(moments) and moments[last + 1] < moment + period:
             last += 1
         count = last - first + 1
-        if any(moment < loss <= moments[last] for loss in losses):
+        earliest = min(counted[first:last + 1])
+        if any(earliest < loss <= moments[last] for loss in losses):
             across = max(across, count)
         else:
             within = max(within, count)
