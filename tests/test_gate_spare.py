@@ -61,6 +61,11 @@ def _release(limits: Any, given_back: List[str], taken: float = 0.0) -> hand_on.
         lambda record: given_back.append(record["member"]), handed))
 
 
+def _time_up(consumer: _Consumer) -> None:
+    """The kept lease's time is up (as the timer finds it :data:`room.SPARE_FOR` on)."""
+    room.rooms[consumer].spare_until = 0.0
+
+
 def test_a_kept_lease_goes_to_the_next_run_of_its_limits(consumer: _Consumer) -> None:
     limits, handled = _limits(), []  # type: Any, List[Any]
     given_back: List[str] = []
@@ -81,6 +86,7 @@ def test_a_kept_lease_goes_to_the_next_run_of_its_limits(consumer: _Consumer) ->
     assert given_back == []
     request.on_success()  # its end gives the lease back (no run waits)...
     assert room.rooms[consumer].spare is not None  # ...or keeps it again
+    _time_up(consumer)
     room._spare_unused(*consumer.timer.calls[-1][2])
     assert given_back == ["w1|t1|s:ab 1 2 {}"]
     hand_on.forget("t2")
@@ -91,10 +97,33 @@ def test_a_kept_lease_no_run_takes_is_given_back_once(consumer: _Consumer) -> No
     release = _release(limits, given_back)
     assert room.keep_spare(consumer, release)
     assert not room.keep_spare(consumer, _release(limits, given_back))  # one at a time
+    _time_up(consumer)
     room._spare_unused(*consumer.timer.calls[0][2])
     room._spare_unused(*consumer.timer.calls[0][2])
     assert given_back == ["w1|t1|s:ab 1 2 {}"]
     assert room.take_spare(consumer, room.Hold(limits=limits)) is None
+
+
+def test_one_timer_gives_the_kept_leases_back(consumer: _Consumer) -> None:
+    """A lease kept while the timer of an earlier one is set sets none: the timer comes
+    back for it when its time is up, and gives it back then, once."""
+    limits, given_back = _limits(), []  # type: Any, List[str]
+    first = _release(limits, given_back)
+    assert room.keep_spare(consumer, first)
+    assert room.take_spare(consumer, room.Hold(limits=limits)) is first  # taken
+    second = _release(limits, given_back)
+    assert room.keep_spare(consumer, second)
+    assert len(consumer.timer.calls) == 1  # the first one's timer is still set
+    room._spare_unused(*consumer.timer.calls[0][2])  # the second one's time is not up
+    assert given_back == [] and room.rooms[consumer].spare is second
+    seconds, fun, args = consumer.timer.calls[-1]
+    assert len(consumer.timer.calls) == 2 and 0 < seconds <= room.SPARE_FOR
+    _time_up(consumer)
+    fun(*args)
+    fun(*args)
+    assert given_back == ["w1|t1|s:ab 1 2 {}"] and room.rooms[consumer].spare is None
+    assert room.keep_spare(consumer, _release(limits, given_back))  # a timer anew
+    assert len(consumer.timer.calls) == 3
 
 
 @pytest.mark.parametrize("hold", [

@@ -434,10 +434,13 @@ class _RunEnd:
             return False
         # The lease may be handed on (hand_on.MainRelease.fresh, read here: this runs
         # once a run).
-        if (isinstance(release, hand_on.MainRelease) and time.monotonic() < release.until
-                and _hand_on(self.consumer, release)):
+        if type(release) is not hand_on.MainRelease:
+            release()
+            return False
+        now = time.monotonic()
+        if now < release.until and _hand_on(self.consumer, release):
             return True
-        if not room.keep_spare(self.consumer, release):
+        if not room.keep_spare(self.consumer, release, now):
             release()
         return False
 
@@ -446,11 +449,19 @@ class _RunEnd:
         the ones it was handed until it calls one)."""
         hand_on.forget(self.request.id)
         own = getattr(self.request, "__dict__", None)
-        if own is not None:
-            if getattr(own.get("on_success"), "__self__", None) is self:
+        if own is None:
+            return
+        # Read without getattr (this runs once a run): each wrapper still there is ours.
+        try:
+            if own["on_success"].__self__ is self:
                 del own["on_success"]
-            if getattr(own.get("on_failure"), "__self__", None) is self:
+        except (KeyError, AttributeError):  # not there, or not a bound method
+            pass
+        try:
+            if own["on_failure"].__self__ is self:
                 del own["on_failure"]
+        except (KeyError, AttributeError):
+            pass
 
     def succeeded(self, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -89,7 +89,8 @@ class Room:
     probed and admissible), in the order they came; and whether the one timer that
     serves them is set."""
 
-    __slots__ = ("queue", "served", "spare", "thread", "timer_set")
+    __slots__ = ("queue", "served", "spare", "spare_timer", "spare_until", "thread",
+                 "timer_set")
 
     def __init__(self) -> None:
         self.queue: Deque[Entry] = deque()
@@ -100,6 +101,10 @@ class Room:
         #: The lease of a run that ended when no run waited here, kept for the next run
         #: of its limits (see :func:`keep_spare`).
         self.spare: Optional[hand_on.MainRelease] = None
+        #: Until when (monotonic) the kept lease is kept, and whether the one timer that
+        #: gives it back then is set (see :func:`keep_spare`).
+        self.spare_until = 0.0
+        self.spare_timer = False
         #: The thread that made the queue (the worker's consumer), which serves it.
         self.thread = threading.get_ident()
 
@@ -364,29 +369,49 @@ def head_for_hand_on(consumer: Any, limits: TaskLimits) -> Optional[Entry]:
 SPARE_FOR = 0.005
 
 
-def keep_spare(consumer: Any, release: Any) -> bool:
+def keep_spare(consumer: Any, release: Any, now: Optional[float] = None) -> bool:
     """Keep the lease of a run that ended (its ``release``), when no run of its limits
     waits here for a pool process, for the next run of those limits that this worker
     gates within :data:`SPARE_FOR` (see :func:`take_spare`): a lease that may be handed
     on (see :mod:`.hand_on`), one at a time, in the thread that serves the queue. True:
-    kept (given back if no run takes it); False: the caller gives it back."""
+    kept (given back if no run takes it); False: the caller gives it back. ``now``: the
+    monotonic clock, when the caller has read it.
+
+    One timer gives the kept leases back (:func:`_spare_unused`): set when a lease is
+    kept and none is set, it gives back the lease it finds kept past its time, or comes
+    back when that lease's time is up; so a worker whose runs come one after another
+    sets a timer every :data:`SPARE_FOR` or so, not one per run."""
     room = room_of(consumer)
     if room is None:
         with held_lock:
             room = room_of(consumer) or _new_room(consumer)
     if (room.spare is not None or not isinstance(release, hand_on.MainRelease)
-            or room.thread != threading.get_ident() or not release.fresh()):
+            or room.thread != threading.get_ident()):
         return False
-    room.spare = release
-    consumer.timer.call_after(SPARE_FOR, _spare_unused, (room, release), priority=6)
+    if now is None:
+        now = time.monotonic()
+    if now >= release.until:  # too old to be handed on (see MainRelease.fresh)
+        return False
+    room.spare, room.spare_until = release, now + SPARE_FOR
+    if not room.spare_timer:
+        room.spare_timer = True
+        consumer.timer.call_after(SPARE_FOR, _spare_unused, (consumer, room), priority=6)
     return True
 
 
-def _spare_unused(room: Room, release: hand_on.MainRelease) -> None:
-    """Give back the kept lease ``release`` that no run took (see :func:`keep_spare`)."""
-    if room.spare is release:
+def _spare_unused(consumer: Any, room: Room) -> None:
+    """Give back the kept lease that no run took in its time (see :func:`keep_spare`),
+    or come back when the one kept now is due."""
+    kept = room.spare
+    if kept is not None:
+        left = room.spare_until - time.monotonic()
+        if left > 0:
+            consumer.timer.call_after(left, _spare_unused, (consumer, room), priority=6)
+            return
         room.spare = None
-        release()
+    room.spare_timer = False
+    if kept is not None:
+        kept()
 
 
 def take_spare(consumer: Any, hold: Hold) -> Optional[hand_on.MainRelease]:
@@ -451,15 +476,21 @@ def capacity(consumer: Any) -> Tuple[int, int]:
     prefork = _prefork.get(type(pool))
     if prefork is None:
         prefork = _looks_ahead(consumer, pool)
-    # Celery's prefork pool: its process count read as its ``num_processes`` reads it
-    # (a property: a frame per call, and this runs several times a run).
-    inner = getattr(pool, "_pool", None) if prefork else None
-    processes = (getattr(inner, "_processes", None) if inner is not None else None) or (
-        getattr(pool, "num_processes", None) or 0)
+    processes = 0
+    if prefork:
+        # Celery's prefork pool: its process count read as its ``num_processes`` reads
+        # it (a property: a frame per call, and this runs several times a run), with
+        # attribute reads, not getattr calls.
+        try:
+            processes = pool._pool._processes
+        except AttributeError:
+            processes = 0
+    if not processes:
+        processes = int(getattr(pool, "num_processes", None) or 0)
     if processes <= 0:
         return 1 << 30, 0
     # The reserved requests not held here (never fewer than none), without min().
     busy: int = len(worker_state.reserved_requests.data) - len(held.data)  # type: ignore[attr-defined]
     free = processes - busy if busy > 0 else processes
-    return free, (int(processes) if prefork and getattr(consumer, "hub", None) is not None
+    return free, (processes if prefork and getattr(consumer, "hub", None) is not None
                   else 0)
