@@ -48,7 +48,7 @@ def test_slots_handed_on_keep_the_limit_and_go_back_through_the_store(
     runs once, and every slot comes back.
 
     One process per worker, by design: a worker holds at most its process's slot and one
-    slot kept a moment for its next run (``room.keep_spare``), so two workers never ask
+    slot kept a moment for its next run (``spare.keep``), so two workers never ask
     for a fifth slot and the key is never contended. With two processes each, a worker
     could hold a slot more than its processes (kept, or its release on its way), a run
     was refused, and from then on the key kept its statistics of a contended key for a

@@ -77,7 +77,7 @@ from ..pool.attempt import ADMITTED, MAIN_RELEASES, PROMISED
 from ..pool.give_back import give_back_unstarted, release_for_pool
 from ..run.limited import limits_of, task_settings
 from ..run.waiting_run import carries_wait
-from . import hand_on, room, standby, thin
+from . import hand_on, room, spare, standby, thin
 from .hub_store import HubStore, hub_store
 from .main_process import (
     MAIN_PROCESS_TIMEOUT,
@@ -266,8 +266,9 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
     (``limits``) gave it (``answer``). Admitted ahead of a free pool process
     (``ahead``) where a line formed, or taking the last free slot, with still no
     process free: the slot is given back and the run waits here for a process."""
-    spare = room.note_spare(consumer, request.task, limits, answer)
-    if (ahead and isinstance(answer, dict) and not spare and not room.pool_has_room(consumer)
+    to_spare = room.note_spare(consumer, request.task, limits, answer)
+    if (ahead and isinstance(answer, dict) and not to_spare
+            and not room.pool_has_room(consumer)
             and not request.revoked() and _give_back_ahead(consumer, request, answer)):
         return room.wait_for_room(consumer, request, handle, hold, _gate_again)
     if standby.hold_here(consumer, request, handle, answer, _STANDBY):
@@ -440,7 +441,7 @@ class _RunEnd:
         now = time.monotonic()
         if now < release.until and _hand_on(self.consumer, release):
             return True
-        if not room.keep_spare(self.consumer, release, now):
+        if not spare.keep(self.consumer, release, now):
             release()
         return False
 
@@ -510,8 +511,8 @@ def _hand_kept(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: 
                go: bool) -> bool:
     """Hand ``request`` (not revoked), which may ``go`` to the pool now (or ahead), the
     lease of a run that ended here a moment ago, kept for the next run of its limits
-    (see :func:`.room.keep_spare`): True. False: none is kept for it, and it asks."""
-    kept = room.take_spare(consumer, hold) if go else None
+    (see :func:`.spare.keep`): True. False: none is kept for it, and it asks."""
+    kept = spare.take(consumer, hold) if go else None
     return kept is not None and _hand_to(consumer, request, handle, hold, kept)
 
 

@@ -19,9 +19,9 @@ next run asks. A lease that was contended when taken (a line, the last free slot
 never handed on: its release goes to the store at once.
 
 When no run of those limits waits there as a run ends, the slot is kept for the next run
-of them the worker gates within :data:`~.room.SPARE_FOR` (5 ms, as long as its release
+of them the worker gates within :data:`~.spare.SPARE_FOR` (5 ms, as long as its release
 would wait for an ask to go with), under the same bounds, then given back
-(:func:`~.room.keep_spare`).
+(:mod:`.spare`).
 
 A run handed a slot holds it under the token of the run its slot was first taken for;
 the worker's recovery frees that token when the run's pool process is lost

@@ -31,7 +31,6 @@ from ..engine.admission import Booked
 from ..run.decide import ROOM_POLL
 from ..run.limited import task_settings
 from ..run.waiting_run import carries_wait
-from . import hand_on
 
 #: How a request goes to the pool: the handler Celery's strategy gave it.
 Handle = Callable[[Any], Any]
@@ -89,8 +88,7 @@ class Room:
     probed and admissible), in the order they came; and whether the one timer that
     serves them is set."""
 
-    __slots__ = ("queue", "served", "spare", "spare_timer", "spare_until", "thread",
-                 "timer_set")
+    __slots__ = ("queue", "served", "spares", "thread", "timer_set")
 
     def __init__(self) -> None:
         self.queue: Deque[Entry] = deque()
@@ -98,13 +96,9 @@ class Room:
         #: When (monotonic) the end of a run last served the queue (see
         #: :data:`ROOM_POLL_SERVED`).
         self.served = 0.0
-        #: The lease of a run that ended when no run waited here, kept for the next run
-        #: of its limits (see :func:`keep_spare`).
-        self.spare: Optional[hand_on.MainRelease] = None
-        #: Until when (monotonic) the kept lease is kept, and whether the one timer that
-        #: gives it back then is set (see :func:`keep_spare`).
-        self.spare_until = 0.0
-        self.spare_timer = False
+        #: The leases of runs that ended when no run waited here, kept for the next
+        #: runs of their limits (a :class:`~.spare.Spares`, made on first use).
+        self.spares: Any = None
         #: The thread that made the queue (the worker's consumer), which serves it.
         self.thread = threading.get_ident()
 
@@ -244,7 +238,7 @@ def _enqueue(consumer: Any, request: Any, handle: Handle, hold: Hold) -> Optiona
     held[request] = hold
     room = getattr(consumer, ROOM_ATTRIBUTE, None) or room_of(consumer)
     if room is None:
-        room = _new_room(consumer)
+        room = new_room(consumer)
     room.queue.append((request, handle, hold))
     if room.timer_set:
         return None
@@ -266,7 +260,7 @@ def room_of(consumer: Any) -> Optional[Room]:
 ROOM_ATTRIBUTE = "_redislock_room"
 
 
-def _new_room(consumer: Any) -> Room:
+def new_room(consumer: Any) -> Room:
     """A new room for ``consumer``, registered and, where it can be, kept on it."""
     room = rooms[consumer] = Room()
     with contextlib.suppress(AttributeError):  # a consumer with __slots__: the registry
@@ -360,77 +354,6 @@ def head_for_hand_on(consumer: Any, limits: TaskLimits) -> Optional[Entry]:
         held.pop(request, None)
         room.served = time.monotonic()  # a hand-on serves the queue (see serve_now)
         return room.queue.popleft()
-
-
-#: How long (s) at most the lease of a run that ended with no run waiting is kept for
-#: the next run of its limits (see :func:`keep_spare`): as long as its release waits
-#: for an ask to go with (``engine.hub_store.RIDE``). When no run comes, its release
-#: then goes as any other, with the next ask or after that wait.
-SPARE_FOR = 0.005
-
-
-def keep_spare(consumer: Any, release: Any, now: Optional[float] = None) -> bool:
-    """Keep the lease of a run that ended (its ``release``), when no run of its limits
-    waits here for a pool process, for the next run of those limits that this worker
-    gates within :data:`SPARE_FOR` (see :func:`take_spare`): a lease that may be handed
-    on (see :mod:`.hand_on`), one at a time, in the thread that serves the queue. True:
-    kept (given back if no run takes it); False: the caller gives it back. ``now``: the
-    monotonic clock, when the caller has read it.
-
-    One timer gives the kept leases back (:func:`_spare_unused`): set when a lease is
-    kept and none is set, it gives back the lease it finds kept past its time, or comes
-    back when that lease's time is up; so a worker whose runs come one after another
-    sets a timer every :data:`SPARE_FOR` or so, not one per run."""
-    room = room_of(consumer)
-    if room is None:
-        with held_lock:
-            room = room_of(consumer) or _new_room(consumer)
-    if (room.spare is not None or not isinstance(release, hand_on.MainRelease)
-            or room.thread != threading.get_ident()):
-        return False
-    if now is None:
-        now = time.monotonic()
-    if now >= release.until:  # too old to be handed on (see MainRelease.fresh)
-        return False
-    room.spare, room.spare_until = release, now + SPARE_FOR
-    if not room.spare_timer:
-        room.spare_timer = True
-        consumer.timer.call_after(SPARE_FOR, _spare_unused, (consumer, room), priority=6)
-    return True
-
-
-def _spare_unused(consumer: Any, room: Room) -> None:
-    """Give back the kept lease that no run took in its time (see :func:`keep_spare`),
-    or come back when the one kept now is due."""
-    kept = room.spare
-    if kept is not None:
-        left = room.spare_until - time.monotonic()
-        if left > 0:
-            consumer.timer.call_after(left, _spare_unused, (consumer, room), priority=6)
-            return
-        room.spare = None
-    room.spare_timer = False
-    if kept is not None:
-        kept()
-
-
-def take_spare(consumer: Any, hold: Hold) -> Optional[hand_on.MainRelease]:
-    """The lease kept for the next run of ``hold.limits`` (see :func:`keep_spare`), for
-    the run held as ``hold``, which may go to the pool now: None when there is none for
-    it (or the run is a copy of a waiting run's message, or holds a promise or a booked
-    start), and the run asks."""
-    room = getattr(consumer, ROOM_ATTRIBUTE, None) or room_of(consumer)
-    if room is None or room.spare is None:
-        return None
-    kept, limits = room.spare, room.spare.limits
-    if (limits is not hold.limits or hold.copy or hold.booked is not None
-            or hold.promises or room.thread != threading.get_ident()):
-        return None
-    room.spare = None
-    if not kept.fresh():
-        kept()
-        return None
-    return kept
 
 
 def pool_has_room(consumer: Any) -> bool:
