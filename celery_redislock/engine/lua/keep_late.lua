@@ -8,9 +8,10 @@
 -- to it: the one it was tied to before while that is live, else the first of K's live
 -- reservations to end that no other copy looked at within ARGV[1] ms holds. Its end
 -- becomes now + ARGV[1] ms: while the broker keeps seeing the copy in its queue, it
--- holds its key's turn however long it waits, and K's slot is not handed on; once no
--- look names it (a worker took it, or it was lost and is put back), the reservation
--- lapses ARGV[1] ms after the last look. A copy only presumed there (a move id written
+-- holds its key's turn however long it waits, and K's slot is not handed on. A copy a
+-- worker received takes the reservation tied to it and is forgotten here at once
+-- (parking.lua's take_reservation); once no look names a copy (lost and put back), its
+-- reservation lapses ARGV[1] ms after the last look. A copy only presumed there (a move id written
 -- '~<id>': its queue was too long to look in, see restore.lua) is kept no later than
 -- ARGV[2] ms after it was last seen (or first named): a copy lost from a queue that
 -- stays long holds the slot that long at most. Companions of K (same hash tag):

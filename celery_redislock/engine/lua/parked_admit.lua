@@ -145,7 +145,7 @@ end
 -- sub-line there.
 local function hold_slot(l, run, token, member, fence_text, lease, lease_end, now, sub, copy)
   local ref = l.ref
-  if l.take == 'reserved' then take_reservation(l.key, now) end
+  if l.take == 'reserved' then take_reservation(l.key, now, copy) end
   if ref and (ref.state == 'w' or ref.state == 'c') then
     local claims = parked_key(l.key, 'pc')
     if ref.state == 'w' then

@@ -71,7 +71,7 @@ local rates
 -- A moved copy that takes no reservation at its home gives one back, handed over again.
 local function give_back()
   if deadline_move then return end  -- moved with no slot reserved for it
-  if home < 1 or home > N or not take_reservation(KEYS[home], now) then return end
+  if home < 1 or home > N or not take_reservation(KEYS[home], now, copy) then return end
   if grace then return end
   local l = limiters[home]
   local free = l.slots - redis.call('ZCOUNT', l.key, '(' .. now_text, '+inf')

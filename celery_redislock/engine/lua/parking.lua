@@ -139,11 +139,31 @@ local function live_reservations(key, now)
   return redis.call('ZCARD', reservations)
 end
 
--- Take the live reservation of `key` that ends first: its cost (parked_cost.lua) if
--- there was one, else false.
-local function take_reservation(key, now)
+-- Forget moved copy `move` of `key` as a late copy (keep_late.lua's '}:pl:' and
+-- '}:py:'): it was received, so it is no longer queued, and a slot of `key` freed now is
+-- not reserved for it (reserve_for_late). Returns the reservation it was tied to, or nil.
+local function forget_late(key, move)
+  local given = parked_key(key, 'pl')
+  if not move or move == '' or redis.call('EXISTS', given) == 0 then return nil end
+  local member = redis.call('HGET', given, move)
+  redis.call('ZREM', parked_key(key, 'py'), move)
+  redis.call('HDEL', given, move, '@' .. move)
+  if member and redis.call('HGET', given, '#' .. member) == move then
+    redis.call('HDEL', given, '#' .. member)
+  end
+  return member
+end
+
+-- Take a live reservation of `key`: the one late copy `move` (a moved copy's id, or nil)
+-- was tied to if it is live, else the one that ends first; `move` is forgotten as a late
+-- copy (forget_late). Its cost (parked_cost.lua) if there was one, else false.
+local function take_reservation(key, now, move)
   local reservations = parked_key(key, 'pv')
-  local first = redis.call('ZRANGEBYSCORE', reservations, '(' .. now, '+inf', 'LIMIT', 0, 1)
+  local tied = forget_late(key, move)
+  local first = {tied}
+  if not (tied and (tonumber(redis.call('ZSCORE', reservations, tied)) or 0) > now) then
+    first = redis.call('ZRANGEBYSCORE', reservations, '(' .. now, '+inf', 'LIMIT', 0, 1)
+  end
   if #first == 0 then return false end
   redis.call('ZREM', reservations, first[1])
   local cost, number = reservation_cost(first[1])
