@@ -82,7 +82,9 @@ KNOWN_CAUSE = "known: issue 'one copy of every run'"
 #: Redis serves it to a killed worker's socket it has not yet seen closed) and the write
 #: of the message to ``unacked`` once the worker's main process reads the reply (under
 #: load, its event loop reads it a few hundred ms late). The kill's record trails the
-#: kill; the ``sent`` record comes before the publish.
+#: kill and the exit of every process of the worker (a pool process forked after the
+#: worker connected holds its broker connection too); the ``sent`` record comes before
+#: the publish.
 POP_WINDOW = (-100_000, 1_000_000)
 
 #: How the known cause of a lost run is reported (see :func:`classify_lost`).

@@ -17,6 +17,9 @@ from worker_cluster import TESTS_DIRECTORY, WorkerProcess
 #: Each worker's pool processes (or greenlets).
 CONCURRENCY = 3
 
+#: The longest a whole worker's kill waits for its last process to be gone (s).
+KILL_SETTLE = 5.0
+
 
 def group_pids(pgid: int) -> List[int]:
     """Every live process of process group ``pgid`` (a worker and its pool processes)."""
@@ -31,6 +34,17 @@ def group_pids(pgid: int) -> List[int]:
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):  # field 5: pgrp
             pids.append(int(entry.name))
     return sorted(pids)
+
+
+def wait_gone(pgid: int, timeout: float = KILL_SETTLE) -> bool:
+    """Wait until process group ``pgid`` has no live process left (a zombie has closed
+    its files); False if one is still alive after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while group_pids(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 class Workers:
@@ -88,12 +102,19 @@ class Workers:
         return None if process is None else process.pid
 
     def kill_whole(self, name: str) -> List[int]:
-        """SIGKILL worker ``name`` and its pool processes; the pids that were killed."""
+        """SIGKILL worker ``name`` and its pool processes; the pids that were killed.
+        Returns once every one of them is gone: a pool process forked after the worker
+        connected to the broker (one that replaced a killed one) holds the consumer's
+        connection too, and the broker serves the dead worker's pending ``BRPOP`` (a
+        message taken that no one receives) until the last holder has exited. The
+        fault is recorded after this, and the checker's window for such a loss is
+        measured from that record."""
         pid = self.main_pid(name)
         if pid is None:
             return []
         pids = group_pids(pid)
         self.processes[name].kill()
+        wait_gone(pid)
         return pids
 
     def restart(self, name: str) -> int:
