@@ -58,3 +58,34 @@ def test_celerys_own_when_made_already_or_not_checked(app: Any, monkeypatch: Any
     monkeypatch.setattr(task_context, "FAST", False)
     other = request_of(app)
     assert context_of(other) is other._context
+
+
+def test_revoked_is_celerys_answer(app: Any, monkeypatch: Any) -> None:
+    """A request nothing revoked is answered without Celery's call; one revoked by id,
+    expired, or already revoked gets Celery's own answer (which announces it)."""
+    assert task_context.READS_REVOCATION  # this Celery has what it reads
+    calls = []
+    original = Request.revoked
+
+    def counted(self: Any) -> bool:
+        calls.append(self.id)
+        return bool(original(self))
+
+    monkeypatch.setattr(Request, "revoked", counted)
+    monkeypatch.setattr(Request, "_announce_revoked", lambda *args, **kwargs: None)
+    request = request_of(app)
+    assert task_context.revoked(request) is False and calls == []
+    with monkeypatch.context() as patched:
+        patched.setattr(task_context, "READS_REVOCATION", False)
+        assert task_context.revoked(request) is False and calls == ["run-1"]
+    state = task_context.worker_state
+    state.revoked.add("run-1")
+    try:
+        assert task_context.revoked(request_of(app)) is True and len(calls) == 2
+        state.revoked.discard("run-1")
+        expired = request_of(app, expires="2000-01-01T00:00:00+00:00")
+        assert task_context.revoked(expired) is True and len(calls) == 3
+    finally:
+        state.revoked.discard("run-1")  # (an expired run's id is noted as revoked)
+    request._already_revoked = True
+    assert task_context.revoked(request) is True and len(calls) == 4

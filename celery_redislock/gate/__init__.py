@@ -14,7 +14,7 @@ the slots of runs that could not give them back.
 ``hub_store``      the worker's connection to the lock store on its event loop
 ``recovery``       a lost run's slots freed; ``LimitedRequest``; a worker's registration
 ``startup``        what a worker checks about its lock store as it starts
-``task_context``   a request's task context, made cheaply for the gate
+``task_context``   a request's task context and revocation, read cheaply for the gate
 =================  ===================================================================
 
 The main process never blocks on the network (``redislock_gate = "async"``); the blocking

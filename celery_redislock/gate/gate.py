@@ -88,7 +88,7 @@ from .main_process import (
     end_unrun,
     park,
 )
-from .task_context import context_of
+from .task_context import context_of, revoked
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def gate(consumer: Any, request: Any, handle: Callable[[Any], Any],
     where = room.place(consumer, request, handle, hold, loop, _gate_again)
     if where is None:  # it waits here for a free pool process (revoked: seen as it leaves)
         return None
-    if request.revoked():
+    if revoked(request):
         return handle(request)
     go, ahead = where != room.PROBE, where == room.AHEAD
     if _hand_kept(consumer, request, handle, hold, go):
@@ -269,7 +269,7 @@ def _act_on_answer(consumer: Any, request: Any, handle: Callable[[Any], Any], ho
     to_spare = room.note_spare(consumer, request.task, limits, answer)
     if (ahead and isinstance(answer, dict) and not to_spare
             and not room.pool_has_room(consumer)
-            and not request.revoked() and _give_back_ahead(consumer, request, answer)):
+            and not revoked(request) and _give_back_ahead(consumer, request, answer)):
         return room.wait_for_room(consumer, request, handle, hold, _gate_again)
     if standby.hold_here(consumer, request, handle, answer, _STANDBY):
         return None
@@ -303,7 +303,7 @@ def _to_pool(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: ro
     a run revoked while its limits were asked gives the lease back and ends.
     ``handed_on``: how the lease ``answer``, handed on to this run (see :func:`_hand_to`,
     whose caller looked at its revocation), is given back."""
-    if handed_on is None and answer is not None and request.revoked():
+    if handed_on is None and answer is not None and revoked(request):
         give_back_unstarted(request.task, limits, answer)
         return None
     release: Optional[Callable[[], None]] = handed_on
@@ -336,7 +336,7 @@ def _due_booking(consumer: Any, request: Any, hold: room.Hold) -> Optional[Dict[
     back, and None answered: the run asks anew."""
     booked, hold.booked = hold.booked, None
     assert booked is not None
-    if (time.monotonic() <= hold.due + BOOKED_SLACK and not request.revoked()
+    if (time.monotonic() <= hold.due + BOOKED_SLACK and not revoked(request)
             and room.pool_has_room(consumer)):
         return booked.lease.handover()
     try:
@@ -499,7 +499,7 @@ def _hand_on(consumer: Any, release: hand_on.MainRelease) -> bool:
     if head is None:
         return False
     request, handle, hold = head
-    if request.revoked():
+    if revoked(request):
         release()
         handle(request)
         room.serve_now(consumer, _gate_again)  # the process is still free

@@ -27,7 +27,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import redis
 from billiard.exceptions import WorkerLostError
@@ -96,15 +96,36 @@ def free_run_slots(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping
     return 0
 
 
-#: The requests of this worker that a pool process accepted, by task id: a holder the
-#: worker's main process took for a run, and gives back itself, names no process (see
-#: :data:`~.attempt.MAIN_RELEASES`); the request says which process runs it.
-_accepted: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+#: The requests of this worker that a pool process accepted, by task id, each as a weak
+#: reference: a holder the worker's main process took for a run, and gives back itself,
+#: names no process (see :data:`~.attempt.MAIN_RELEASES`); the request says which
+#: process runs it. (A plain dictionary of weak references without callbacks, not a
+#: ``WeakValueDictionary``, whose entries cost some six Python calls per run to make and
+#: to drop: the dead ones are dropped in bulk, see :func:`_sweep_accepted`.)
+_accepted: Dict[str, weakref.ref[Any]] = {}
+#: How many entries :data:`_accepted` may hold before its dead ones are dropped.
+_accepted_bound = [10_000]
+
+
+def _note_accepted(request: Any) -> None:
+    """Note ``request`` as accepted by a pool process (see :data:`_accepted`)."""
+    _accepted[request.id] = weakref.ref(request)
+    if len(_accepted) > _accepted_bound[0]:
+        _sweep_accepted()
+
+
+def _sweep_accepted() -> None:
+    """Drop the dead entries of :data:`_accepted`, which has more than its bound; the
+    bound is then twice the live ones, at least 10,000 (a sweep every so many runs)."""
+    for task_id, ref in list(_accepted.items()):
+        if ref() is None:
+            _accepted.pop(task_id, None)
+    _accepted_bound[0] = max(10_000, 2 * len(_accepted))
 
 
 def _accepted_pids(task_id: str) -> List[int]:
-    request = _accepted.get(task_id)
-    pid = getattr(request, "worker_pid", None)
+    ref = _accepted.get(task_id)
+    pid = getattr(None if ref is None else ref(), "worker_pid", None)
     return [pid] if isinstance(pid, int) and pid != os.getpid() else []
 
 
@@ -310,7 +331,7 @@ class LimitedRequest(Request):
         its id, whatever copy of its message (sent back to wait) a worker holds."""
         super().on_accepted(pid, time_accepted)
         worker_state.requests[self.id] = self
-        _accepted[self.id] = self
+        _note_accepted(self)
 
     def terminate(self, pool: Any, signal: Any = None) -> None:
         """``revoke(terminate=True)`` found this request by its id; a copy of a waiting
