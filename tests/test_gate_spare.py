@@ -177,3 +177,16 @@ def test_an_old_lease_is_not_kept(consumer: _Consumer) -> None:
     old = _release(limits, given_back, taken=time.monotonic() - hand_on.HAND_ON_AGE - 0.1)
     assert not spare.keep(consumer, old)
     assert consumer.timer.calls == [] and _kept(consumer) == []
+
+
+def test_a_lease_handed_on_carries_its_holder_token() -> None:
+    """Each run a lease is handed on to is noted under the token of the run it was first
+    taken for, worked out once for the chain."""
+    given_back: List[str] = []
+    handed, second = _release(_limits(), given_back).pass_on("t3")
+    assert second is not None and second.token == "w1|t1|s:ab" == hand_on.token_of("t3")
+    _, third = second.pass_on("t4")
+    assert third is not None and third.token == second.token == hand_on.token_of("t4")
+    assert third.handed[hand_on.HANDED_ON] == 2 and handed[hand_on.HANDED_ON] == 1
+    hand_on.forget("t3")
+    hand_on.forget("t4")

@@ -63,12 +63,15 @@ class MainRelease:
     and carried from run to run as it is handed on (:meth:`passed_on`), so that the end
     of each run looks at one clock reading, not at the record."""
 
-    __slots__ = ("handed", "limits", "release", "until")
+    __slots__ = ("handed", "limits", "release", "token", "until")
 
     def __init__(self, handed: Dict[str, Any], limits: TaskLimits,
-                 release: Callable[[], None], until: Optional[float] = None) -> None:
+                 release: Callable[[], None], until: Optional[float] = None,
+                 token: str = "") -> None:
         self.handed, self.limits, self.release = handed, limits, release
         self.until = _until(handed, limits) if until is None else until
+        #: The holder token of the lease (see :func:`token_of`), once worked out.
+        self.token = token
 
     def __call__(self) -> None:
         self.release()
@@ -86,14 +89,15 @@ class MainRelease:
         that is not a ``functools.partial`` whose last argument is the record."""
         record = self.handed
         handed = handed_on(record)
-        note(task_id, handed)
+        token = self.token or _token(handed)
+        note(task_id, handed, token)
         give = self.release
-        if not (isinstance(give, functools.partial) and give.args
-                and give.args[-1] is record):
+        if not (type(give) is functools.partial and give.args and give.args[-1] is record):
             return handed, None
         until = self.until if handed[HANDED_ON] < HAND_ON_RUNS else _NEVER
         return handed, MainRelease(handed, self.limits,
-                                   functools.partial(give.func, *give.args[:-1], handed), until)
+                                   functools.partial(give.func, *give.args[:-1], handed), until,
+                                   token)
 
 
 _NEVER = float("-inf")
@@ -139,11 +143,17 @@ _tokens: OrderedDict[str, str] = OrderedDict()
 _KEPT = 10_000
 
 
-def note(task_id: str, handed: Mapping[str, Any]) -> None:
-    """Run ``task_id`` holds the slot of ``handed``, handed on to it."""
-    _tokens[task_id] = str(handed["member"]).split(" ", 1)[0]
+def note(task_id: str, handed: Mapping[str, Any], token: str = "") -> None:
+    """Run ``task_id`` holds the slot of ``handed``, handed on to it (``token``: the
+    lease's holder token, when the caller knows it)."""
+    _tokens[task_id] = token or _token(handed)
     if len(_tokens) > _KEPT:
         _tokens.popitem(last=False)
+
+
+def _token(handed: Mapping[str, Any]) -> str:
+    """The holder token of the lease ``handed``."""
+    return str(handed["member"]).split(" ", 1)[0]
 
 
 def forget(task_id: str) -> None:

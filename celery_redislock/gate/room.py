@@ -396,8 +396,9 @@ def capacity(consumer: Any) -> Tuple[int, int]:
     reference whose removal is pending while someone iterates is counted a moment
     longer, as it is in Celery's own state)."""
     pool = consumer.pool
-    prefork = _prefork.get(type(pool))
-    if prefork is None:
+    try:  # (a subscript, not a get call: this runs several times a run)
+        prefork = _prefork[type(pool)]
+    except KeyError:
         prefork = _looks_ahead(consumer, pool)
     processes = 0
     if prefork:
