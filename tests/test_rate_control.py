@@ -40,14 +40,17 @@ def invoke(app, *args):
 
 
 def test_set_rate_paces_the_engine_limiter_at_once(lock_client) -> None:
-    """10/s with no burst; overridden to 1/s, the next start is a whole second later."""
-    limiter = RateLimiter(lock_client, "partner", rate="10/s", burst=0)
+    """1/s with no burst; overridden to 1/m, what is still owed of the second is rescaled
+    to minutes, so the next start is refused. (The owed time is the interval's rest when
+    the override is read: with a base of 1 s, a loaded machine's pause between the two
+    calls does not use it up, as it could a base of 100 ms.)"""
+    limiter = RateLimiter(lock_client, "partner", rate="1/s", burst=0)
     assert limiter.try_acquire()
-    control.set_rate(lock_client, "partner", "1/s")
+    control.set_rate(lock_client, "partner", "1/m")
     wait = limiter.try_acquire()
     assert not wait
     state = lock_client.hgetall(rate_key("partner").replace("}:r:", "}:cr:"))
-    assert state[b"rate"] == b"1/s" and float(state[b"interval"]) == 1e6
+    assert state[b"rate"] == b"1/m" and float(state[b"interval"]) == 60e6
     assert control.clear_rate(lock_client, "partner")
     assert not control.clear_rate(lock_client, "partner")
 
