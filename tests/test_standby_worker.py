@@ -67,9 +67,11 @@ def test_runs_hand_their_slots_to_standbys(start_cluster: Any) -> None:
     # backlog's runs that still start before the last other's ends are its standbys
     # held then (HOLD_PER_RUN per run of the key: 2 x FAIR_SLOTS = 4), the copies moved
     # on their way (one per slot and per standby asked: 4), and its turn in each of the
-    # 2 rounds of 5 tenants (2): 10.
+    # 2 rounds of 5 tenants (2): 10; and a chain that yields its slot after CHAIN_RUNS
+    # (gate/standby.py) hands it to the line while its standby stays held: one more per
+    # slot (2): 12. (11 seen once at load ~10.)
     assert before < len(backlog)
-    assert passed <= 10
+    assert passed <= 12
 
 
 def test_a_worker_killed_with_a_standby_loses_no_run(start_cluster: Any) -> None:

@@ -30,8 +30,11 @@ A moved copy of such a line that arrives while this worker holds fewer standbys 
 key than :data:`HOLD_PER_RUN` per run of it that it runs asks with the standby's mark:
 with no slot for it, it is held here (:func:`hold_here`) instead of parking again;
 asked again after :data:`RECHECK` if no run of its key ended meanwhile, held at most
-:data:`MAX_HOLDS` times in a row, then it asks as any moved copy (it takes a
-reservation or parks again). A standby counts as held in the worker (:mod:`.room`: it
+:data:`MAX_HOLDS` times in a row, and never past half the broker's
+``visibility_timeout`` (:func:`~..line.waiting.visibility_ceiling`: a message left
+unacknowledged longer is given back by kombu's Redis and SQS transports, a second copy
+of the run); then it asks as any moved copy (it takes a reservation or parks again,
+moved: a fresh message). A standby counts as held in the worker (:mod:`.room`: it
 takes no pool process) and widens its prefetch window by one while it is held (as
 Celery's held ETA tasks do), so that it never keeps the worker from taking and asking
 about the messages behind it. A worker killed with a standby loses nothing (its message
@@ -70,7 +73,7 @@ from ..engine.standby import (
     standby_moves,
 )
 from ..line import handoff
-from ..line.waiting import Parked
+from ..line.waiting import Parked, visibility_ceiling
 from ..run.limited import limits_of, task_settings
 from . import hand_on, room
 from .hub_store import hub_store
@@ -153,7 +156,8 @@ def _unheld(request: Any) -> Any:
 class Standby:
     """One moved copy's life as a standby of semaphore ``key`` here: its ``state``,
     how many times in a row it was held (``holds``), the run and park id it asked with,
-    and (``SWAPPING``) the holder member whose slot it asks for."""
+    (``SWAPPING``) the holder member whose slot it asks for, and when (monotonic) it first
+    asked here (``since``: its message is unacknowledged from about then)."""
 
     key: str
     request: Any
@@ -163,6 +167,7 @@ class Standby:
     run: str = ""
     park_id: str = ""
     swap: Optional[str] = None
+    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -240,7 +245,8 @@ def marked(consumer: Any, request: Any, call: Any) -> Any:
     assert mine is not None
     standby = mine.copies.get(request.id)
     swap = standby.swap if standby is not None and standby.state is State.SWAPPING else None
-    if swap is None and not _may_hold(mine, call.keys[0], standby):
+    if swap is None and not _may_hold(mine, call.keys[0], standby,
+                                      visibility_ceiling(request.task)):
         if standby is not None:
             mine.forget(standby)
         return call
@@ -250,10 +256,18 @@ def marked(consumer: Any, request: Any, call: Any) -> Any:
     return standby_call(call, swap)
 
 
-def _may_hold(mine: Standbys, key: str, standby: Optional[Standby]) -> bool:
+def _may_hold(mine: Standbys, key: str, standby: Optional[Standby],
+              ceiling: Optional[float]) -> bool:
     """Whether a copy (``standby``: its life so far) may ask to be held as a standby of
-    ``key`` here."""
-    return mine.line(key).has_room() and (standby is None or standby.holds < MAX_HOLDS)
+    ``key`` here: room for it, fewer than :data:`MAX_HOLDS` holds so far, and one more
+    :data:`RECHECK` held would end within ``ceiling`` (s) of its first ask (half the
+    broker's visibility timeout; None: no timeout)."""
+    if not mine.line(key).has_room():
+        return False
+    held_for = 0.0 if standby is None else time.monotonic() - standby.since
+    if ceiling is not None and held_for + RECHECK > ceiling:
+        return False
+    return standby is None or standby.holds < MAX_HOLDS
 
 
 def hold_here(consumer: Any, request: Any, handle: Handle, answer: Any, gate: Gate) -> bool:
