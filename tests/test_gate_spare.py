@@ -1,5 +1,5 @@
 """The lease of a run that ended with no run waiting in its worker, kept for the next run
-of its limits for at most ``SPARE_FOR`` (``gate/spare.py``: ``keep``, ``take``): taken,
+of its limits for at most ``SPARE_FOR`` (``gate/kept_leases.py``: ``keep``, ``take``): taken,
 that run goes to the pool under it as a run handed a slot does; not taken, it is given
 back once; never a copy's, an old lease's, or another limits' run's. The real-worker
 checks (the limit holds, each run runs once, every slot comes back) are
@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
-from celery_redislock.gate import gate, hand_on, room, spare
+from celery_redislock.gate import gate, hand_on, kept_leases, room
 from celery_redislock.pool.attempt import ADMITTED, MAIN_RELEASES
 
 
@@ -62,13 +62,13 @@ def _release(limits: Any, given_back: List[str], taken: float = 0.0) -> hand_on.
 
 
 def _time_up(consumer: _Consumer) -> None:
-    """The kept leases' time is up (as the timer finds them :data:`spare.SPARE_FOR` on)."""
+    """The kept leases' time is up (as the timer finds them :data:`kept_leases.SPARE_FOR` on)."""
     leases = _spares(consumer).leases
     for index, (release, _) in enumerate(leases):
         leases[index] = (release, 0.0)
 
 
-def _spares(consumer: _Consumer) -> spare.Spares:
+def _spares(consumer: _Consumer) -> kept_leases.Spares:
     spares = room.rooms[consumer].spares
     assert spares is not None
     return spares  # type: ignore[no-any-return]
@@ -83,24 +83,24 @@ def test_a_kept_lease_goes_to_the_next_run_of_its_limits(consumer: _Consumer) ->
     limits, handled = _limits(), []  # type: Any, List[Any]
     given_back: List[str] = []
     release = _release(limits, given_back)
-    assert spare.keep(consumer, release)
+    assert kept_leases.keep(consumer, release)
     assert [(seconds, fun) for seconds, fun, _ in consumer.timer.calls] == [
-        (spare.SPARE_FOR, spare._unused)]
+        (kept_leases.SPARE_FOR, kept_leases._unused)]
     request = _Request("t2")
     hold = room.Hold(limits=limits)
-    kept = spare.take(consumer, hold)
+    kept = kept_leases.take(consumer, hold)
     assert kept is release and _kept(consumer) == []
     gate._hand_to(consumer, request, handled.append, hold, kept)
     assert handled == [request] and given_back == []
     admitted = request.request_dict[ADMITTED]
     assert admitted[hand_on.HANDED_ON] == 1 and admitted[MAIN_RELEASES]
     assert hand_on.token_of("t2") == "w1|t1|s:ab"
-    spare._unused(*consumer.timer.calls[0][2])  # the timer finds it taken
+    kept_leases._unused(*consumer.timer.calls[0][2])  # the timer finds it taken
     assert given_back == []
     request.on_success()  # its end gives the lease back (no run waits)...
     assert len(_kept(consumer)) == 1  # ...or keeps it again
     _time_up(consumer)
-    spare._unused(*consumer.timer.calls[-1][2])
+    kept_leases._unused(*consumer.timer.calls[-1][2])
     assert given_back == ["w1|t1|s:ab 1 2 {}"]
     hand_on.forget("t2")
 
@@ -108,13 +108,14 @@ def test_a_kept_lease_goes_to_the_next_run_of_its_limits(consumer: _Consumer) ->
 def test_a_kept_lease_no_run_takes_is_given_back_once(consumer: _Consumer) -> None:
     limits, given_back = _limits(), []  # type: Any, List[str]
     release = _release(limits, given_back)
-    assert spare.keep(consumer, release)
-    assert not spare.keep(consumer, _release(limits, given_back))  # one at a time (a pool of one)
+    assert kept_leases.keep(consumer, release)
+    # one at a time (a pool of one)
+    assert not kept_leases.keep(consumer, _release(limits, given_back))
     _time_up(consumer)
-    spare._unused(*consumer.timer.calls[0][2])
-    spare._unused(*consumer.timer.calls[0][2])
+    kept_leases._unused(*consumer.timer.calls[0][2])
+    kept_leases._unused(*consumer.timer.calls[0][2])
     assert given_back == ["w1|t1|s:ab 1 2 {}"]
-    assert spare.take(consumer, room.Hold(limits=limits)) is None
+    assert kept_leases.take(consumer, room.Hold(limits=limits)) is None
 
 
 def test_one_timer_gives_the_kept_leases_back(consumer: _Consumer) -> None:
@@ -122,20 +123,20 @@ def test_one_timer_gives_the_kept_leases_back(consumer: _Consumer) -> None:
     back for it when its time is up, and gives it back then, once."""
     limits, given_back = _limits(), []  # type: Any, List[str]
     first = _release(limits, given_back)
-    assert spare.keep(consumer, first)
-    assert spare.take(consumer, room.Hold(limits=limits)) is first  # taken
+    assert kept_leases.keep(consumer, first)
+    assert kept_leases.take(consumer, room.Hold(limits=limits)) is first  # taken
     second = _release(limits, given_back)
-    assert spare.keep(consumer, second)
+    assert kept_leases.keep(consumer, second)
     assert len(consumer.timer.calls) == 1  # the first one's timer is still set
-    spare._unused(*consumer.timer.calls[0][2])  # the second one's time is not up
+    kept_leases._unused(*consumer.timer.calls[0][2])  # the second one's time is not up
     assert given_back == [] and _kept(consumer) == [second]
     seconds, fun, args = consumer.timer.calls[-1]
-    assert len(consumer.timer.calls) == 2 and 0 < seconds <= spare.SPARE_FOR
+    assert len(consumer.timer.calls) == 2 and 0 < seconds <= kept_leases.SPARE_FOR
     _time_up(consumer)
     fun(*args)
     fun(*args)
     assert given_back == ["w1|t1|s:ab 1 2 {}"] and _kept(consumer) == []
-    assert spare.keep(consumer, _release(limits, given_back))  # a timer anew
+    assert kept_leases.keep(consumer, _release(limits, given_back))  # a timer anew
     assert len(consumer.timer.calls) == 3
 
 
@@ -144,16 +145,16 @@ def test_as_many_leases_as_pool_processes_are_kept(consumer: _Consumer) -> None:
     next two runs in the order kept; a third is given back at once."""
     limits, given_back = _limits(), []  # type: Any, List[str]
     first, second = _release(limits, given_back), _release(limits, given_back)
-    assert spare.keep(consumer, first)
+    assert kept_leases.keep(consumer, first)
     _spares(consumer).most = 2
-    assert spare.keep(consumer, second)
-    assert not spare.keep(consumer, _release(limits, given_back))
+    assert kept_leases.keep(consumer, second)
+    assert not kept_leases.keep(consumer, _release(limits, given_back))
     assert len(consumer.timer.calls) == 1 and _kept(consumer) == [first, second]
-    assert spare.take(consumer, room.Hold(limits=limits)) is first
+    assert kept_leases.take(consumer, room.Hold(limits=limits)) is first
     _time_up(consumer)
-    spare._unused(*consumer.timer.calls[0][2])
+    kept_leases._unused(*consumer.timer.calls[0][2])
     assert given_back == ["w1|t1|s:ab 1 2 {}"] and _kept(consumer) == []
-    assert spare.take(consumer, room.Hold(limits=limits)) is None
+    assert kept_leases.take(consumer, room.Hold(limits=limits)) is None
 
 
 @pytest.mark.parametrize("hold", [
@@ -164,18 +165,18 @@ def test_as_many_leases_as_pool_processes_are_kept(consumer: _Consumer) -> None:
 def test_a_kept_lease_goes_only_to_a_newcomer_of_the_same_limits(
         consumer: _Consumer, hold: Dict[str, Any]) -> None:
     limits, given_back = _limits(), []  # type: Any, List[str]
-    assert spare.keep(consumer, _release(limits, given_back))
+    assert kept_leases.keep(consumer, _release(limits, given_back))
     held = room.Hold(copy=hold.get("copy", False),
                      limits=limits if "limits" not in hold else _limits())
     held.promises = hold.get("promises", {})
-    assert spare.take(consumer, held) is None
+    assert kept_leases.take(consumer, held) is None
     assert len(_kept(consumer)) == 1 and given_back == []
 
 
 def test_an_old_lease_is_not_kept(consumer: _Consumer) -> None:
     limits, given_back = _limits(), []  # type: Any, List[str]
     old = _release(limits, given_back, taken=time.monotonic() - hand_on.HAND_ON_AGE - 0.1)
-    assert not spare.keep(consumer, old)
+    assert not kept_leases.keep(consumer, old)
     assert consumer.timer.calls == [] and _kept(consumer) == []
 
 

@@ -9,7 +9,7 @@ the slots of runs that could not give them back.
 ``room``           the requests held for a free pool process: one queue per worker, its
                    timer, the look-ahead
 ``hand_on``        a slot handed to the next run of its key waiting in this worker
-``spare``          the slots of ended runs kept a moment for the next runs of their key
+``kept_leases``    the slots of ended runs kept a moment for the next runs of their key
 ``standby``        the line's next run held here with no slot, handed an ended run's slot
 ``hub_store``      the worker's connection to the lock store on its event loop
 ``recovery``       a lost run's slots freed; ``LimitedRequest``; a worker's registration

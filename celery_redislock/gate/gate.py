@@ -77,7 +77,7 @@ from ..pool.attempt import ADMITTED, MAIN_RELEASES, PROMISED
 from ..pool.give_back import give_back_unstarted, release_for_pool
 from ..run.limited import limits_of, task_settings
 from ..run.waiting_run import carries_wait
-from . import hand_on, room, spare, standby, thin
+from . import hand_on, kept_leases, room, standby, thin
 from .hub_store import HubStore, hub_store
 from .main_process import (
     MAIN_PROCESS_TIMEOUT,
@@ -441,7 +441,7 @@ class _RunEnd:
         now = time.monotonic()
         if now < release.until and _hand_on(self.consumer, release):
             return True
-        if not spare.keep(self.consumer, release, now):
+        if not kept_leases.keep(self.consumer, release, now):
             release()
         return False
 
@@ -511,8 +511,8 @@ def _hand_kept(consumer: Any, request: Any, handle: Callable[[Any], Any], hold: 
                go: bool) -> bool:
     """Hand ``request`` (not revoked), which may ``go`` to the pool now (or ahead), the
     lease of a run that ended here a moment ago, kept for the next run of its limits
-    (see :func:`.spare.keep`): True. False: none is kept for it, and it asks."""
-    kept = spare.take(consumer, hold) if go else None
+    (see :func:`.kept_leases.keep`): True. False: none is kept for it, and it asks."""
+    kept = kept_leases.take(consumer, hold) if go else None
     return kept is not None and _hand_to(consumer, request, handle, hold, kept)
 
 

@@ -19,9 +19,9 @@ next run asks. A lease that was contended when taken (a line, the last free slot
 never handed on: its release goes to the store at once.
 
 When no run of those limits waits there as a run ends, the slot is kept for the next run
-of them the worker gates within :data:`~.spare.SPARE_FOR` (5 ms, as long as its release
+of them the worker gates within :data:`~.kept_leases.SPARE_FOR` (5 ms, as long as its release
 would wait for an ask to go with), under the same bounds, then given back
-(:mod:`.spare`).
+(:mod:`.kept_leases`).
 
 A run handed a slot holds it under the token of the run its slot was first taken for;
 the worker's recovery frees that token when the run's pool process is lost
@@ -108,7 +108,7 @@ def _until(handed: Mapping[str, Any], limits: TaskLimits) -> float:
     may be handed on to another run of the same limits (slots only, constant keys: see
     :func:`alike_runs`; fewer than :data:`HAND_ON_RUNS` runs so far, younger than
     :data:`HAND_ON_AGE` and a sixth of its lease); :data:`_NEVER` when it may not be."""
-    if int(handed.get(HANDED_ON) or 0) >= HAND_ON_RUNS or handed.get("parts"):
+    if runs_handed_on(handed) >= HAND_ON_RUNS or handed.get("parts"):
         return _NEVER
     taken = float(handed.get("taken") or "-inf")
     if not alike_runs(limits):
@@ -132,9 +132,14 @@ def alike_runs(limits: TaskLimits) -> bool:
 _alike: Dict[int, Any] = {}
 
 
+def runs_handed_on(handed: Mapping[str, Any]) -> int:
+    """How many runs in a row the lease ``handed`` was handed on to (:data:`HANDED_ON`)."""
+    return int(handed.get(HANDED_ON) or 0)
+
+
 def handed_on(handed: Mapping[str, Any]) -> Dict[str, Any]:
     """The record of ``handed`` for the next run it is handed on to."""
-    return {**handed, HANDED_ON: int(handed.get(HANDED_ON) or 0) + 1}
+    return {**handed, HANDED_ON: runs_handed_on(handed) + 1}
 
 
 #: The holder tokens of the runs of this worker that were handed a slot, by task id,

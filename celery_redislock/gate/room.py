@@ -97,7 +97,7 @@ class Room:
         #: :data:`ROOM_POLL_SERVED`).
         self.served = 0.0
         #: The leases of runs that ended when no run waited here, kept for the next
-        #: runs of their limits (a :class:`~.spare.Spares`, made on first use).
+        #: runs of their limits (a :class:`~.kept_leases.Spares`, made on first use).
         self.spares: Any = None
         #: The thread that made the queue (the worker's consumer), which serves it.
         self.thread = threading.get_ident()

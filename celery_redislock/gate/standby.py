@@ -369,7 +369,7 @@ def _chained_out(handed: Dict[str, Any]) -> bool:
     """Whether the lease ``handed`` was handed on :data:`CHAIN_RUNS` times in a row
     (to standbys, or as :mod:`.hand_on` hands a slot on): it goes back to the store, not
     to a standby held here."""
-    return int(handed.get(hand_on.HANDED_ON) or 0) >= CHAIN_RUNS
+    return hand_on.runs_handed_on(handed) >= CHAIN_RUNS
 
 
 def _young(handed: Dict[str, Any]) -> bool:

@@ -11,10 +11,11 @@
 -- holds its key's turn however long it waits, and K's slot is not handed on. A copy a
 -- worker received takes the reservation tied to it and is forgotten here at once
 -- (parking.lua's take_reservation); once no look names a copy (lost and put back), its
--- reservation lapses ARGV[1] ms after the last look. A copy only presumed there (a move id written
--- '~<id>': its queue was too long to look in, see restore.lua) is kept no later than
--- ARGV[2] ms after it was last seen (or first named): a copy lost from a queue that
--- stays long holds the slot that long at most. Companions of K (same hash tag):
+-- reservation lapses ARGV[1] ms after the last look. A copy only presumed there (a move
+-- id written '~<id>': its queue was too long to look in, see restore.lua) is kept no
+-- later than ARGV[2] ms after it was last seen (or first named): a copy lost from a
+-- queue that stays long holds the slot that long at most. Companions of K (same hash
+-- tag):
 --
 --   '}:pl:'  hash, move id -> its reservation ('<n>' or '<n>*<cost>', as in '}:pv:'),
 --            '#' .. reservation -> that move id, '@' .. move id -> the latest end (ms)
